@@ -1,0 +1,118 @@
+//! GPU figures of the device layer, event-timed: copy bandwidth (against the HBM floor), NVRTC build
+//! cold and from the cache, and 79 launches issued directly vs replayed from one graph.
+//! `cargo bench -p device --bench probes` on a GPU machine; prints "skipped" without one.
+
+use device::{Args, Device, Launch, ModuleCache};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("probes skipped: {e}");
+            return Ok(());
+        }
+    };
+    let info = dev.info().clone();
+    println!(
+        "device: {} ({}, {} SMs, {:.1} GiB, {})",
+        info.name,
+        info.arch,
+        info.multiprocessors,
+        info.total_memory as f64 / (1u64 << 30) as f64,
+        info.driver_version
+    );
+    println!("compiler: {}", dev.compiler_version());
+
+    // Build: cold (fresh cache, first NVRTC use), cold again with NVRTC warm, then from the cache.
+    let dir = std::env::temp_dir().join(format!("mono-probe-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dev.set_cache(ModuleCache::at(&dir));
+    let t = Instant::now();
+    let module = dev.build(&device::probes::copy_source())?;
+    let first = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    dev.build(&device::probes::copy_source().define("MONO_PROBE_VARIANT", 1))?;
+    let warm_compiler = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let again = dev.build(&device::probes::copy_source())?;
+    let cached = t.elapsed().as_secs_f64() * 1e3;
+    assert!(again.build_report().cached && !module.build_report().cached);
+    println!("build copy.hip: first {first:.1} ms (cold NVRTC), {warm_compiler:.1} ms (compiler warm, cache miss), {cached:.2} ms (from the cache, load included)");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Copy bandwidth: 2 GiB read + 2 GiB written per copy.
+    let copy = module.kernel("copy_16b")?;
+    let words = (2usize << 30) / 16;
+    let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    let stream = dev.new_stream()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let args = Args::new().buf(&src).buf(&dst).u64(words as u64);
+    let mut best = (0.0f64, 0u32);
+    for blocks_per_sm in [2u32, 4, 8] {
+        let launch = Launch::new(info.multiprocessors * blocks_per_sm, 512);
+        stream.launch(&copy, launch, &args)?;
+        let mut times = Vec::new();
+        for _ in 0..10 {
+            t0.record(&stream)?;
+            stream.launch(&copy, launch, &args)?;
+            t1.record(&stream)?;
+            t1.sync()?;
+            times.push(t0.elapsed_ms(&t1)? as f64);
+        }
+        let tbps = 2.0 * (words * 16) as f64 / (median(times) * 1e-3) / 1e12;
+        println!("copy_16b {blocks_per_sm} blocks/SM x 512: {tbps:.2} TB/s (read + written)");
+        if tbps > best.0 {
+            best = (tbps, blocks_per_sm);
+        }
+    }
+    println!(
+        "copy bandwidth: {:.2} TB/s best ({} blocks/SM)",
+        best.0, best.1
+    );
+
+    // 79 launches (one step's layer launches) issued directly vs replayed from one captured graph.
+    let bump = module.kernel("bump")?;
+    let counter = dev.alloc_zeroed::<u32>(1)?;
+    let bargs = Args::new().buf(&counter);
+    let one = Launch::new(1, 32);
+    let direct = |stream: &device::Stream| -> device::Result<f64> {
+        t0.record(stream)?;
+        for _ in 0..79 {
+            stream.launch(&bump, one, &bargs)?;
+        }
+        t1.record(stream)?;
+        t1.sync()?;
+        Ok(t0.elapsed_ms(&t1)? as f64 * 1e3)
+    };
+    direct(&stream)?;
+    let direct_us = median((0..50).map(|_| direct(&stream)).collect::<Result<_, _>>()?);
+    stream.begin_capture()?;
+    for _ in 0..79 {
+        stream.launch(&bump, one, &bargs)?;
+    }
+    let graph = stream.end_capture()?;
+    graph.upload(&stream)?;
+    let replay = || -> device::Result<f64> {
+        t0.record(&stream)?;
+        graph.launch(&stream)?;
+        t1.record(&stream)?;
+        t1.sync()?;
+        Ok(t0.elapsed_ms(&t1)? as f64 * 1e3)
+    };
+    replay()?;
+    let graph_us = median((0..50).map(|_| replay()).collect::<Result<_, _>>()?);
+    let expected = 79 * (1 + 50 + 1 + 50);
+    let got = counter.download()?[0];
+    println!("79 launches: direct {direct_us:.1} us, one graph {graph_us:.1} us (median of 50; counter {got}, expected {expected})");
+    if got != expected {
+        return Err(format!("counter {got} != {expected}").into());
+    }
+    Ok(())
+}

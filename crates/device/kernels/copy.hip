@@ -1,0 +1,15 @@
+// Bandwidth probe and launch-overhead probe.
+#include "prelude.h"
+
+// Grid-stride copy with 16-byte accesses: the kernel-side ceiling for streaming stages.
+MONO_KERNEL void copy_16b(const mono_u32x4* src, mono_u32x4* dst, u64 count) {
+  const u64 stride = (u64)mono_grid_dim() * mono_block_dim();
+  for (u64 i = (u64)mono_block() * mono_block_dim() + mono_thread(); i < count; i += stride) {
+    dst[i] = src[i];
+  }
+}
+
+// One thread adds one: N launches leave N, so direct and graph-replayed launches can be checked.
+MONO_KERNEL void bump(u32* counter) {
+  if (mono_block() == 0 && mono_thread() == 0) counter[0] += 1;
+}

@@ -1,0 +1,22 @@
+//! GPU backends behind one API: CUDA (driver + NVRTC) and HIP (feature `hip`), both loaded at run
+//! time, so one binary starts on any machine and says clearly when there is no GPU.
+
+mod backend;
+mod cache;
+mod compile;
+mod cuda;
+mod device;
+mod error;
+#[cfg(feature = "hip")]
+mod hip;
+pub mod probes;
+mod resources;
+mod source;
+
+pub use backend::{DeviceInfo, Launch};
+pub use cache::{BuildReport, ModuleCache};
+pub use compile::{Clang, Compiled, Compiler, Nvrtc};
+pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Module, Stream};
+pub use error::{DeviceError, Result};
+pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};
+pub use source::{KernelSource, NUMERICS, PRELUDE};

@@ -1,0 +1,210 @@
+//! GPU checks of the prelude's conversions, bit for bit against the `float8` and `half` crates.
+//! Run on a GPU machine: `cargo test --release -p device --test gpu -- --ignored`.
+
+use device::{Args, Device, Launch};
+use float8::F8E4M3;
+use half::bf16;
+
+fn open() -> Device {
+    Device::open(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Normals, subnormals (of f32 and of E4M3), halfway cases, values past 448, +-0, +-inf, NaN.
+fn sweep() -> Vec<u32> {
+    let mut bits: Vec<u32> = Vec::new();
+    for code in 0u32..=255 {
+        let v = F8E4M3::from_bits(code as u8).to_f32();
+        if v.is_finite() {
+            let b = v.to_bits();
+            // The value, its neighbours, and the midpoints to the next code (ties go to even).
+            bits.extend([b, b.wrapping_add(1), b.wrapping_sub(1)]);
+            let next = F8E4M3::from_bits((code as u8).wrapping_add(1)).to_f32();
+            if next.is_finite() {
+                let mid = (v as f64 + next as f64) / 2.0;
+                let m = (mid as f32).to_bits();
+                bits.extend([m, m + 1, m.wrapping_sub(1)]);
+            }
+        }
+    }
+    for v in [
+        0.0f32,
+        -0.0,
+        448.0,
+        449.0,
+        463.99,
+        464.0,
+        464.01,
+        480.0,
+        1e4,
+        3.4e38,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        1e-45,
+        1.17e-38,
+        0.0009765625,
+        f32::from_bits(0x3a80_0001),
+        0.0019531,
+    ] {
+        bits.extend([v.to_bits(), (-v).to_bits()]);
+    }
+    // bf16 ties: exactly halfway between two bf16 values, for even and odd lower halves.
+    for hi in [0x3f80u32, 0x3f81, 0x4000, 0x4001, 0x7f7f, 0x0001] {
+        bits.extend([
+            (hi << 16) | 0x8000,
+            (hi << 16) | 0x7fff,
+            (hi << 16) | 0x8001,
+        ]);
+    }
+    // A deterministic spread over all exponents.
+    let mut x = 0x9e3779b9u32;
+    for _ in 0..100_000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        bits.push(x);
+    }
+    bits
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn e4m3_all_codes_match_float8() {
+    let dev = open();
+    let module = dev.build(&device::probes::convert_source()).unwrap();
+    let kernel = module.kernel("e4m3_all_codes").unwrap();
+    let decoded = dev.alloc_zeroed::<u32>(256).unwrap();
+    let reencoded = dev.alloc_zeroed::<u8>(256).unwrap();
+    dev.stream()
+        .launch(
+            &kernel,
+            Launch::new(1, 256),
+            &Args::new().buf(&decoded).buf(&reencoded),
+        )
+        .unwrap();
+    dev.stream().sync().unwrap();
+    let (decoded, reencoded) = (decoded.download().unwrap(), reencoded.download().unwrap());
+    let mut wrong = 0;
+    for code in 0..256usize {
+        let want = F8E4M3::from_bits(code as u8).to_f32();
+        let want_back = F8E4M3::from_f32(want).to_bits();
+        if decoded[code] != want.to_bits() || reencoded[code] != want_back {
+            wrong += 1;
+            eprintln!("code {code:#04x}: decoded {:#010x} want {:#010x}, re-encoded {:#04x} want {want_back:#04x}", decoded[code], want.to_bits(), reencoded[code]);
+        }
+    }
+    assert_eq!(wrong, 0);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn f32_sweep_matches_float8_and_half() {
+    let dev = open();
+    for soft in [false, true] {
+        let mut source = device::probes::convert_source();
+        if soft {
+            source = source.define("MONO_SOFT_FP8", 1);
+        }
+        let module = dev.build(&source).unwrap();
+        let kernel = module.kernel("encode_f32").unwrap();
+        let input = sweep();
+        let n = input.len();
+        let inp = dev.upload(&input).unwrap();
+        let fast = dev.alloc_zeroed::<u8>(n).unwrap();
+        let portable = dev.alloc_zeroed::<u8>(n).unwrap();
+        let b16 = dev.alloc_zeroed::<u16>(n).unwrap();
+        let args = Args::new()
+            .buf(&inp)
+            .buf(&fast)
+            .buf(&portable)
+            .buf(&b16)
+            .u32(n as u32);
+        dev.stream()
+            .launch(&kernel, Launch::new((n as u32).div_ceil(256), 256), &args)
+            .unwrap();
+        dev.stream().sync().unwrap();
+        let (fast, portable, b16) = (
+            fast.download().unwrap(),
+            portable.download().unwrap(),
+            b16.download().unwrap(),
+        );
+        let mut wrong = [0usize; 3];
+        for (i, &bits) in input.iter().enumerate() {
+            let v = f32::from_bits(bits);
+            let want8 = F8E4M3::from_f32(v).to_bits();
+            let want16 = bf16::from_f32(v).to_bits();
+            for (slot, (got, want)) in [
+                (fast[i] as u16, want8 as u16),
+                (portable[i] as u16, want8 as u16),
+                (b16[i], want16),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if got != want {
+                    if wrong[slot] < 8 {
+                        eprintln!("soft={soft} path {slot}: {v:e} ({bits:#010x}) gave {got:#06x}, want {want:#06x}");
+                    }
+                    wrong[slot] += 1;
+                }
+            }
+        }
+        eprintln!("soft={soft}: {n} values, wrong (fast e4m3, portable e4m3, bf16) = {wrong:?}");
+        assert_eq!(wrong, [0, 0, 0]);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn graph_replays_its_launches() {
+    let dev = open();
+    let module = dev.build(&device::probes::copy_source()).unwrap();
+    let bump = module.kernel("bump").unwrap();
+    let counter = dev.alloc_zeroed::<u32>(1).unwrap();
+    let stream = dev.new_stream().unwrap();
+    let args = Args::new().buf(&counter);
+    stream.begin_capture().unwrap();
+    for _ in 0..79 {
+        stream.launch(&bump, Launch::new(1, 32), &args).unwrap();
+    }
+    let graph = stream.end_capture().unwrap();
+    assert_eq!(
+        counter.download().unwrap()[0],
+        0,
+        "capture must not run the launches"
+    );
+    for _ in 0..3 {
+        graph.launch(&stream).unwrap();
+    }
+    stream.sync().unwrap();
+    assert_eq!(counter.download().unwrap()[0], 3 * 79);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cooperative_launch_and_large_shared_memory() {
+    let dev = open();
+    let module = dev.build(&device::probes::copy_source()).unwrap();
+    let bump = module.kernel("bump").unwrap();
+    let grid = bump.max_coresident_grid(256, 200 * 1024).unwrap();
+    assert!(
+        grid >= dev.info().multiprocessors,
+        "one 200 KiB block per SM must fit, got {grid}"
+    );
+    let counter = dev.alloc_zeroed::<u32>(1).unwrap();
+    let launch = Launch::new(grid, 256).shared(200 * 1024).cooperative();
+    dev.stream()
+        .launch(&bump, launch, &Args::new().buf(&counter))
+        .unwrap();
+    dev.stream().sync().unwrap();
+    assert_eq!(counter.download().unwrap()[0], 1);
+    // Past the device's limit is refused before it reaches the driver.
+    let too_big = Launch::new(1, 32).shared(dev.info().max_shared_per_block + 1);
+    let err = dev
+        .stream()
+        .launch(&bump, too_big, &Args::new().buf(&counter))
+        .unwrap_err();
+    assert!(err.to_string().contains("dynamic shared memory"), "{err}");
+}

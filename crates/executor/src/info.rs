@@ -1,0 +1,170 @@
+//! `mono info`: per-rank shapes, the bytes each launch kind must read, and the HBM floors.
+
+use model::traffic::{launch_traffic, step_traffic, Formats, LaunchTraffic, Load};
+use model::{LayerPlan, ModelConfig, RankShapes};
+use std::fmt::Write;
+
+pub struct InfoRequest {
+    pub config: ModelConfig,
+    pub preset_name: String,
+    pub tp: usize,
+    pub load: Load,
+    pub formats: Formats,
+    /// Bytes per second the floors are computed against.
+    pub bandwidth: f64,
+}
+
+fn gb(bytes: u64) -> String {
+    format!("{:.3} GB", bytes as f64 / 1e9)
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.2} MB", bytes as f64 / 1e6)
+}
+
+pub fn render(req: &InfoRequest) -> model::Result<String> {
+    let cfg = &req.config;
+    let shapes = RankShapes::new(cfg, req.tp)?;
+    let plan: Vec<LayerPlan> = cfg.layer_plan()?;
+    let mut out = String::new();
+    let full = plan
+        .iter()
+        .filter(|l| matches!(l.indexer, model::IndexerKind::Full))
+        .count();
+    let dense = plan
+        .iter()
+        .filter(|l| matches!(l.mlp, model::MlpKind::Dense))
+        .count();
+    let _ = writeln!(
+        out,
+        "{}: {} layers ({} dense, {} MoE), indexer on {} of them; TP {} (this is one rank)",
+        req.preset_name,
+        plan.len(),
+        dense,
+        plan.len() - dense,
+        full,
+        req.tp
+    );
+    let _ = writeln!(
+        out,
+        "load: {} request(s) x {} row(s), context {} tokens; weights {:?}, MLA cache {:?}",
+        req.load.requests,
+        req.load.rows_per_request,
+        req.load.context,
+        req.formats.weights,
+        req.formats.cache
+    );
+    let _ = writeln!(out, "\nper-rank shapes");
+    let _ = writeln!(
+        out,
+        "  heads {} of {}, q_b rows {}, kv_b rows {}, o_proj in {}, dense MLP inter {}, expert inter {} (shared {}), lm_head rows {}",
+        shapes.heads,
+        cfg.num_attention_heads,
+        shapes.q_b_rows,
+        shapes.kv_b_rows,
+        shapes.o_proj_cols,
+        shapes.dense_intermediate,
+        shapes.expert_intermediate,
+        shapes.shared_intermediate,
+        shapes.vocab_rows
+    );
+    let mut shown = Vec::new();
+    for layer in &plan {
+        let kind = model::traffic::LaunchKind::of(layer);
+        if shown.contains(&kind) {
+            continue;
+        }
+        shown.push(kind);
+        let _ = writeln!(out, "  {} (layer {}):", kind.name(), layer.index);
+        for w in shapes.layer_weights(layer) {
+            let _ = writeln!(
+                out,
+                "    {:<46} [{:>6}, {:>6}] x{:<3} {:<12} {:>10}",
+                w.name,
+                w.shape[0],
+                w.shape[1],
+                w.count,
+                format!("{:?}", w.class),
+                mb(w.total_bytes(req.formats.weights))
+            );
+        }
+    }
+
+    let _ = writeln!(
+        out,
+        "\nbytes each launch kind must read (floor at {:.2} TB/s)",
+        req.bandwidth / 1e12
+    );
+    let _ = writeln!(
+        out,
+        "  {:<26} {:>5} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>10}",
+        "launch",
+        "count",
+        "replicated",
+        "sharded",
+        "experts",
+        "touched",
+        "expert@1row",
+        "caches",
+        "total",
+        "floor us"
+    );
+    let step = step_traffic(&shapes, &plan, req.formats, req.load);
+    let one_row = Load {
+        requests: 1,
+        rows_per_request: 1,
+        context: req.load.context,
+    };
+    let row = |t: &LaunchTraffic, count: u64| {
+        let at_one = launch_traffic(&shapes, t.kind, req.formats, one_row);
+        format!(
+            "  {:<26} {:>5} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>10.1}",
+            t.kind.name(),
+            count,
+            mb(t.weights.replicated),
+            mb(t.weights.sharded),
+            mb(t.weights.experts()),
+            t.experts_touched,
+            mb(at_one.weights.experts()),
+            mb(t.cache_bytes()),
+            mb(t.total_bytes()),
+            model::traffic::floor_us(t.total_bytes(), req.bandwidth)
+        )
+    };
+    for (t, count) in &step.launches {
+        let _ = writeln!(out, "{}", row(t, *count));
+    }
+    let _ = writeln!(
+        out,
+        "\nstep: weights {}, caches {}, embedding rows {}; total {} -> HBM floor {:.1} us",
+        gb(step.weight_bytes()),
+        gb(step.cache_bytes()),
+        mb(step.embedding_read),
+        gb(step.total_bytes()),
+        model::traffic::floor_us(step.total_bytes(), req.bandwidth)
+    );
+    Ok(out)
+}
+
+/// The `--gpu` part: the device, its SMs and memory, or why there is none.
+pub fn render_gpu() -> String {
+    match device::Device::open(0) {
+        Ok(dev) => {
+            let i = dev.info();
+            format!(
+                "gpu: {} ({} backend, {}), {} SMs/CUs, {:.1} GiB, wave {}, {} KiB shared per block, {} MiB L2, {}; compiler {}\n",
+                i.name,
+                i.backend,
+                i.arch,
+                i.multiprocessors,
+                i.total_memory as f64 / (1u64 << 30) as f64,
+                i.wave_size,
+                i.max_shared_per_block / 1024,
+                i.l2_bytes >> 20,
+                i.driver_version,
+                dev.compiler_version()
+            )
+        }
+        Err(e) => format!("gpu: none usable: {e}\n"),
+    }
+}

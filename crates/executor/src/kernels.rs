@@ -1,0 +1,122 @@
+//! Every kernel source of the workspace, and the build table CI prints: each kernel built for each
+//! target (NVRTC for sm_90a, clang for gfx950) with its registers, spills, scratch and shared memory.
+
+use device::{Clang, Compiler, KernelResources, KernelSource, Nvrtc};
+use std::fmt::Write;
+
+/// A kernel source and the workspace path of its `.hip` file.
+pub struct RegisteredSource {
+    pub path: String,
+    pub source: KernelSource,
+}
+
+fn register(
+    crate_dir: &str,
+    sources: Vec<KernelSource>,
+) -> impl Iterator<Item = RegisteredSource> + '_ {
+    sources.into_iter().map(move |source| RegisteredSource {
+        path: format!("{crate_dir}/kernels/{}", source.name()),
+        source,
+    })
+}
+
+/// All `.hip` files the workspace builds.
+pub fn registry() -> Vec<RegisteredSource> {
+    register("crates/device", device::probes::sources()).collect()
+}
+
+/// The targets CI builds for.
+pub const TARGETS: [&str; 2] = ["sm_90a", "gfx950"];
+
+pub fn compiler_for(target: &str) -> device::Result<Box<dyn Compiler>> {
+    if target.starts_with("gfx") {
+        Ok(Box::new(Clang::find(target)?))
+    } else {
+        Ok(Box::new(Nvrtc::new(target)?))
+    }
+}
+
+/// One row of the table.
+pub struct BuiltKernel {
+    pub path: String,
+    pub target: String,
+    pub resources: KernelResources,
+}
+
+/// What building everything gave: the rows, and each failure (a missing compiler or a compile error).
+#[derive(Default)]
+pub struct BuildTable {
+    pub rows: Vec<BuiltKernel>,
+    pub failures: Vec<String>,
+    pub skipped: Vec<String>,
+}
+
+/// Builds every registered source for each target. A missing compiler is a failure when
+/// `require_compilers` is set, else the target is skipped with the reason.
+pub fn build_all(targets: &[&str], require_compilers: bool) -> BuildTable {
+    let mut table = BuildTable::default();
+    for target in targets {
+        let compiler = match compiler_for(target) {
+            Ok(c) => c,
+            Err(e) if require_compilers => {
+                table.failures.push(format!("{target}: {e}"));
+                continue;
+            }
+            Err(e) => {
+                table.skipped.push(format!("{target}: {e}"));
+                continue;
+            }
+        };
+        for entry in registry() {
+            match compiler.compile(&entry.source) {
+                Ok(compiled) => {
+                    table
+                        .rows
+                        .extend(compiled.resources.into_iter().map(|resources| BuiltKernel {
+                            path: entry.path.clone(),
+                            target: target.to_string(),
+                            resources,
+                        }))
+                }
+                Err(e) => table
+                    .failures
+                    .push(format!("{} for {target}: {e}", entry.path)),
+            }
+        }
+    }
+    table
+}
+
+impl BuildTable {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<36} {:<22} {:<7} {:>5} {:>5} {:>6} {:>8} {:>8}",
+            "file", "kernel", "target", "regs", "sgprs", "spills", "scratch", "shared"
+        );
+        for row in &self.rows {
+            let r = &row.resources;
+            let sgprs = r.sgprs.map_or("-".to_string(), |s| s.to_string());
+            let _ = writeln!(
+                out,
+                "{:<36} {:<22} {:<7} {:>5} {:>5} {:>6} {:>8} {:>8}",
+                row.path,
+                r.kernel,
+                row.target,
+                r.registers,
+                sgprs,
+                r.spills,
+                r.scratch_bytes,
+                r.shared_bytes
+            );
+        }
+        for s in &self.skipped {
+            let _ = writeln!(out, "skipped {s}");
+        }
+        for f in &self.failures {
+            let _ = writeln!(out, "FAILED {f}");
+        }
+        out
+    }
+}

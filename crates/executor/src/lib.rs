@@ -1,0 +1,4 @@
+//! The layer task graph, placement, the CPU emulator and the `mono` binary.
+
+pub mod info;
+pub mod kernels;

@@ -1,0 +1,155 @@
+//! `mono`: the monokernel command line.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use executor::{info, kernels};
+use model::traffic::{Formats, Load};
+use model::{CacheFormat, ModelConfig, WeightFormat};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "mono",
+    version,
+    about = "GLM-5-class decode as one persistent GPU kernel per layer"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Fp8,
+    Bf16,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one decode step (the CPU emulator with the tiny preset when there is no GPU).
+    Step,
+    /// Per-rank shapes, the bytes each launch kind must read, and their HBM floors.
+    Info {
+        /// Model preset: glm-5, glm-5.2 or tiny.
+        #[arg(long, default_value = "glm-5", conflicts_with = "config")]
+        preset: String,
+        /// A Hugging Face config.json instead of a preset.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Tensor-parallel size (1, 2, 4 or 8); the figures are for one rank.
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
+        /// Query rows per launch (one per request).
+        #[arg(long, default_value_t = 1)]
+        rows: u64,
+        /// Rows per request (MTP verify: draft steps + 1); --rows counts requests times this.
+        #[arg(long, default_value_t = 1)]
+        rows_per_request: u64,
+        /// Cached tokens each request sees, this step's rows included.
+        #[arg(long, default_value_t = 4096)]
+        context: u64,
+        #[arg(long, value_enum, default_value = "fp8")]
+        weights: Format,
+        #[arg(long, value_enum, default_value = "fp8")]
+        cache: Format,
+        /// HBM bandwidth for the floors, TB/s (default: the H200 copy figure).
+        #[arg(long, default_value_t = 3.99)]
+        bandwidth: f64,
+        /// Also describe the GPU of this machine.
+        #[arg(long)]
+        gpu: bool,
+    },
+    /// Build every kernel for sm_90a and gfx950 and print registers, spills, scratch and shared memory.
+    Kernels {
+        /// Targets to build for.
+        #[arg(long, default_values_t = kernels::TARGETS.map(String::from))]
+        target: Vec<String>,
+        /// Fail when a compiler is missing instead of skipping its target.
+        #[arg(long)]
+        require_compilers: bool,
+    },
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Step => {
+            println!("mono step: not built yet. The CPU reference step and the fused launch come with the executor issues; nothing was run.");
+            Ok(())
+        }
+        Command::Info {
+            preset,
+            config,
+            tp,
+            rows,
+            rows_per_request,
+            context,
+            weights,
+            cache,
+            bandwidth,
+            gpu,
+        } => {
+            let (cfg, name) = match &config {
+                Some(path) => (ModelConfig::from_file(path), path.display().to_string()),
+                None => (ModelConfig::preset(&preset), preset.clone()),
+            };
+            let cfg = cfg.map_err(|e| e.to_string())?;
+            if rows == 0 || rows_per_request == 0 || rows % rows_per_request != 0 {
+                return Err(format!("--rows ({rows}) must be a positive multiple of --rows-per-request ({rows_per_request})"));
+            }
+            if !bandwidth.is_finite() || bandwidth <= 0.0 {
+                return Err(format!("--bandwidth must be positive, got {bandwidth}"));
+            }
+            let req = info::InfoRequest {
+                config: cfg,
+                preset_name: name,
+                tp,
+                load: Load {
+                    requests: rows / rows_per_request,
+                    rows_per_request,
+                    context,
+                },
+                formats: Formats {
+                    weights: match weights {
+                        Format::Fp8 => WeightFormat::Fp8,
+                        Format::Bf16 => WeightFormat::Bf16,
+                    },
+                    cache: match cache {
+                        Format::Fp8 => CacheFormat::Fp8,
+                        Format::Bf16 => CacheFormat::Bf16,
+                    },
+                },
+                bandwidth: bandwidth * 1e12,
+            };
+            print!("{}", info::render(&req).map_err(|e| e.to_string())?);
+            if gpu {
+                print!("{}", info::render_gpu());
+            }
+            Ok(())
+        }
+        Command::Kernels {
+            target,
+            require_compilers,
+        } => {
+            let require = require_compilers
+                || std::env::var("MONO_REQUIRE_COMPILERS").is_ok_and(|v| v == "1");
+            let targets: Vec<&str> = target.iter().map(String::as_str).collect();
+            let table = kernels::build_all(&targets, require);
+            print!("{}", table.render());
+            if table.failures.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} kernel build(s) failed", table.failures.len()))
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mono: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

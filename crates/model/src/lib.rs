@@ -1,0 +1,18 @@
+//! The model as data: config (Hugging Face `config.json` or a preset), per-rank shapes under
+//! tensor parallelism, the bytes a launch must move, and the CPU numerics every stage's
+//! reference shares. See `spec/glm5.md` for the math.
+
+mod config;
+mod error;
+mod format;
+pub mod numerics;
+mod shapes;
+pub mod traffic;
+
+pub use config::{IndexerKind, IndexerType, LayerPlan, MlpKind, ModelConfig, Preset};
+pub use error::{ModelError, Result};
+pub use format::{
+    index_cache_bytes_per_token, mla_cache_bytes_per_token, CacheFormat, Storage, WeightFormat,
+    E4M3_MAX, INDEX_K_PAGE_TOKENS, MLA_CACHE_TILE, WEIGHT_BLOCK,
+};
+pub use shapes::{RankShapes, WeightClass, WeightSpec, SUPPORTED_TP};

@@ -1,0 +1,241 @@
+// The platform prelude: everything a stage's .hip file needs from the platform, for AMD (clang -x hip,
+// no ROCm headers) and NVIDIA (NVRTC, no CUDA headers). Stage code uses only the mono_* names below, so
+// per-platform code lives here and nowhere else.
+#pragma once
+
+#if defined(__HIP__)
+#define MONO_AMD 1
+#define MONO_NVIDIA 0
+#define MONO_WAVE 64
+#elif defined(__CUDACC__)
+#define MONO_AMD 0
+#define MONO_NVIDIA 1
+#define MONO_WAVE 32
+#else
+#error "prelude.h: compile as HIP (clang -x hip) or CUDA (NVRTC)"
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// 16 bytes moved as one access.
+struct __attribute__((aligned(16))) mono_u32x4 {
+  u32 x, y, z, w;
+};
+
+#if MONO_AMD
+// Without the HIP headers clang knows the attributes but not the keywords.
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(threads, ...) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#endif
+
+#define MONO_DEV __device__ __forceinline__
+// Entry points keep C names so hosts and resource reports find them without demangling.
+#define MONO_KERNEL extern "C" __global__
+
+// ---- indices ---------------------------------------------------------------------------------------
+#if MONO_AMD
+MONO_DEV u32 mono_thread() { return __builtin_amdgcn_workitem_id_x(); }
+MONO_DEV u32 mono_block() { return __builtin_amdgcn_workgroup_id_x(); }
+MONO_DEV u32 mono_block_dim() { return __builtin_amdgcn_workgroup_size_x(); }
+MONO_DEV u32 mono_grid_dim() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
+#else
+MONO_DEV u32 mono_thread() { return threadIdx.x; }
+MONO_DEV u32 mono_block() { return blockIdx.x; }
+MONO_DEV u32 mono_block_dim() { return blockDim.x; }
+MONO_DEV u32 mono_grid_dim() { return gridDim.x; }
+#endif
+MONO_DEV u32 mono_lane() { return mono_thread() & (MONO_WAVE - 1); }
+MONO_DEV u32 mono_wave() { return mono_thread() / MONO_WAVE; }
+MONO_DEV u32 mono_waves_per_block() { return mono_block_dim() / MONO_WAVE; }
+
+// ---- block barrier ---------------------------------------------------------------------------------
+MONO_DEV void mono_sync_block() {
+#if MONO_AMD
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#else
+  __syncthreads();
+#endif
+}
+
+// ---- bit casts -------------------------------------------------------------------------------------
+MONO_DEV u32 mono_f32_bits(float f) {
+#if MONO_AMD
+  return __builtin_bit_cast(u32, f);
+#else
+  u32 u;
+  asm("mov.b32 %0, %1;" : "=r"(u) : "f"(f));
+  return u;
+#endif
+}
+MONO_DEV float mono_bits_f32(u32 u) {
+#if MONO_AMD
+  return __builtin_bit_cast(float, u);
+#else
+  float f;
+  asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));
+  return f;
+#endif
+}
+
+// ---- wave shuffles and ballots (whole wave active) -------------------------------------------------
+MONO_DEV u32 mono_shfl(u32 v, u32 src_lane) {
+#if MONO_AMD
+  return (u32)__builtin_amdgcn_ds_bpermute((int)(src_lane << 2), (int)v);
+#else
+  u32 r;
+  asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(src_lane));
+  return r;
+#endif
+}
+MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) {
+#if MONO_AMD
+  return mono_shfl(v, mono_lane() ^ mask);
+#else
+  u32 r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(mask));
+  return r;
+#endif
+}
+MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
+// Bit i is lane i's predicate; on NVIDIA the upper 32 bits are zero.
+MONO_DEV u64 mono_ballot(bool pred) {
+#if MONO_AMD
+  return __builtin_amdgcn_ballot_w64(pred);
+#else
+  u32 r;
+  asm volatile("{ .reg .pred p; setp.ne.u32 p, %1, 0; vote.sync.ballot.b32 %0, p, 0xffffffff; }"
+               : "=r"(r) : "r"((u32)pred));
+  return r;
+#endif
+}
+MONO_DEV u32 mono_popc64(u64 v) {
+#if MONO_AMD
+  return (u32)__builtin_popcountll(v);
+#else
+  u32 n;
+  asm("popc.b64 %0, %1;" : "=r"(n) : "l"(v));
+  return n;
+#endif
+}
+
+// ---- device-scope memory ordering ------------------------------------------------------------------
+// Hand-offs between CTAs go through these: relaxed/acquire loads that bypass the non-coherent L1,
+// relaxed/release stores, and device-scope fences.
+#if MONO_AMD
+#define MONO_LD(order, p) __hip_atomic_load(p, order, __HIP_MEMORY_SCOPE_AGENT)
+#define MONO_ST(order, p, v) __hip_atomic_store(p, v, order, __HIP_MEMORY_SCOPE_AGENT)
+MONO_DEV u64 mono_ld_relaxed_u64(const u64* p) { return MONO_LD(__ATOMIC_RELAXED, p); }
+MONO_DEV u64 mono_ld_acquire_u64(const u64* p) { return MONO_LD(__ATOMIC_ACQUIRE, p); }
+MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) { return MONO_LD(__ATOMIC_RELAXED, p); }
+MONO_DEV u32 mono_ld_acquire_u32(const u32* p) { return MONO_LD(__ATOMIC_ACQUIRE, p); }
+MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) { MONO_ST(__ATOMIC_RELAXED, p, v); }
+MONO_DEV void mono_st_release_u64(u64* p, u64 v) { MONO_ST(__ATOMIC_RELEASE, p, v); }
+MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) { MONO_ST(__ATOMIC_RELAXED, p, v); }
+MONO_DEV void mono_st_release_u32(u32* p, u32 v) { MONO_ST(__ATOMIC_RELEASE, p, v); }
+MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+MONO_DEV void mono_fence_acquire() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent"); }
+MONO_DEV void mono_fence_release() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
+MONO_DEV void mono_fence_acq_rel() { __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "agent"); }
+#undef MONO_LD
+#undef MONO_ST
+#else
+MONO_DEV u64 mono_ld_relaxed_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MONO_DEV u64 mono_ld_acquire_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+MONO_DEV u32 mono_ld_acquire_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MONO_DEV void mono_st_release_u64(u64* p, u64 v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+MONO_DEV void mono_st_release_u32(u32* p, u32 v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) {
+  u32 old;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+MONO_DEV void mono_fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+MONO_DEV void mono_fence_release() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+MONO_DEV void mono_fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+#endif
+
+// ---- timers ----------------------------------------------------------------------------------------
+// Nanoseconds on a clock shared by all SMs/CUs, for in-kernel timestamps that can be compared across CTAs.
+MONO_DEV u64 mono_timer_ns() {
+#if MONO_AMD
+  return __builtin_amdgcn_s_memrealtime() * 10;  // the real-time counter runs at 100 MHz
+#else
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+// The SM (NVIDIA) or hardware wave slot id (AMD) this CTA runs on, for traces.
+MONO_DEV u32 mono_sm_id() {
+#if MONO_AMD
+  return __builtin_amdgcn_s_getreg((4 << 0) | (0 << 6) | (31 << 11));  // HW_REG_HW_ID, all 32 bits
+#else
+  u32 id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+#endif
+}
+
+// ---- math (device builtins on both platforms, no libm headers) -------------------------------------
+#if MONO_AMD
+MONO_DEV float mono_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+MONO_DEV float mono_fminf(float a, float b) { return __builtin_fminf(a, b); }
+MONO_DEV float mono_sqrtf(float a) { return __builtin_sqrtf(a); }
+MONO_DEV float mono_expf(float a) { return __builtin_expf(a); }
+#else
+MONO_DEV float mono_fmaxf(float a, float b) { return fmaxf(a, b); }
+MONO_DEV float mono_fminf(float a, float b) { return fminf(a, b); }
+MONO_DEV float mono_sqrtf(float a) { return sqrtf(a); }
+MONO_DEV float mono_expf(float a) { return expf(a); }
+#endif
+
+MONO_DEV void mono_trap() {
+#if MONO_AMD
+  __builtin_trap();
+#else
+  asm volatile("trap;");
+#endif
+}
+
+#include "numerics.h"
