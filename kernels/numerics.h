@@ -42,7 +42,9 @@ MONO_DEV u8 mono_f32_to_e4m3(float f) {
 #if MONO_NVIDIA && !defined(MONO_SOFT_FP8)
   u16 pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
-  return (u8)(pair & 0xffu);
+  // The hardware gives every NaN as 0x7f; the sign of the input is kept everywhere else, so
+  // copying it in makes -NaN 0xff (as float8 and the portable path do) and changes nothing else.
+  return (u8)((pair & 0xffu) | ((mono_f32_bits(f) >> 24) & 0x80u));
 #else
   return mono_f32_to_e4m3_soft(f);
 #endif

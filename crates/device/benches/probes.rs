@@ -49,7 +49,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Copy bandwidth: 2 GiB read + 2 GiB written per copy.
     let copy = module.kernel("copy_16b")?;
     let words = (2usize << 30) / 16;
-    let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    // Not zeros: a pattern that a skipped or misplaced word would break, checked after timing.
+    let pattern: Vec<[u32; 4]> = (0..words as u32)
+        .map(|i| [i, !i, i.rotate_left(7), i ^ 0x5bd1_e995])
+        .collect();
+    let src = dev.upload(&pattern)?;
     let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
@@ -72,8 +76,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             best = (tbps, blocks_per_sm);
         }
     }
+    if dst.download()? != pattern {
+        return Err("copy_16b: destination differs from the source".into());
+    }
+    drop(pattern);
     println!(
-        "copy bandwidth: {:.2} TB/s best ({} blocks/SM)",
+        "copy bandwidth: {:.2} TB/s best ({} blocks/SM), destination checked",
         best.0, best.1
     );
 

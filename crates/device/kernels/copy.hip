@@ -1,12 +1,23 @@
 // Bandwidth probe and launch-overhead probe.
 #include "prelude.h"
 
-// Grid-stride copy with 16-byte accesses: the kernel-side ceiling for streaming stages.
+#ifndef COPY_UNROLL
+#define COPY_UNROLL 4
+#endif
+
+// Grid-stride copy with 16-byte accesses, COPY_UNROLL loads in flight per thread before the first
+// store: the kernel-side ceiling for streaming stages.
 MONO_KERNEL void copy_16b(const mono_u32x4* src, mono_u32x4* dst, u64 count) {
   const u64 stride = (u64)mono_grid_dim() * mono_block_dim();
-  for (u64 i = (u64)mono_block() * mono_block_dim() + mono_thread(); i < count; i += stride) {
-    dst[i] = src[i];
+  u64 i = (u64)mono_block() * mono_block_dim() + mono_thread();
+  for (; i + (COPY_UNROLL - 1) * stride < count; i += COPY_UNROLL * stride) {
+    mono_u32x4 v[COPY_UNROLL];
+#pragma unroll
+    for (u32 u = 0; u < COPY_UNROLL; ++u) v[u] = src[i + u * stride];
+#pragma unroll
+    for (u32 u = 0; u < COPY_UNROLL; ++u) dst[i + u * stride] = v[u];
   }
+  for (; i < count; i += stride) dst[i] = src[i];
 }
 
 // One thread adds one: N launches leave N, so direct and graph-replayed launches can be checked.

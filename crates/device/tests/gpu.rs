@@ -208,3 +208,53 @@ fn cooperative_launch_and_large_shared_memory() {
         .unwrap_err();
     assert!(err.to_string().contains("dynamic shared memory"), "{err}");
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn copy_moves_every_word_including_the_tail() {
+    let dev = open();
+    let module = dev.build(&device::probes::copy_source()).unwrap();
+    let copy = module.kernel("copy_16b").unwrap();
+    for count in [1usize, 31, 1_000_003] {
+        let src: Vec<[u32; 4]> = (0..count as u32)
+            .map(|i| [i, !i, i * 3, i ^ 0xdead_beef])
+            .collect();
+        let src_buf = dev.upload(&src).unwrap();
+        let dst = dev.upload(&vec![[0xffff_ffffu32; 4]; count]).unwrap();
+        let args = Args::new().buf(&src_buf).buf(&dst).u64(count as u64);
+        dev.stream()
+            .launch(&copy, Launch::new(7, 128), &args)
+            .unwrap();
+        dev.stream().sync().unwrap();
+        assert!(dst.download().unwrap() == src, "count {count}");
+    }
+}
+
+/// Negative control for the conversion checks above (runs without a GPU): the sweep holds values
+/// on which a truncating bf16 conversion and a non-saturating E4M3 conversion disagree with the
+/// references, so a kernel with either mistake would be reported.
+#[test]
+fn sweep_catches_truncation_and_missing_saturation() {
+    let input = sweep();
+    let truncation_misses = input
+        .iter()
+        .filter(|&&b| {
+            !f32::from_bits(b).is_nan()
+                && (b >> 16) as u16 != bf16::from_f32(f32::from_bits(b)).to_bits()
+        })
+        .count();
+    let overflow_to_nan = |v: f32| {
+        if v.abs() > 464.0 {
+            0x7f | ((v.to_bits() >> 24) as u8 & 0x80)
+        } else {
+            F8E4M3::from_f32(v).to_bits()
+        }
+    };
+    let saturation_misses = input
+        .iter()
+        .map(|&b| f32::from_bits(b))
+        .filter(|&v| overflow_to_nan(v) != F8E4M3::from_f32(v).to_bits())
+        .count();
+    assert!(truncation_misses > 1000, "{truncation_misses}");
+    assert!(saturation_misses > 100, "{saturation_misses}");
+}
