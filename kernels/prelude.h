@@ -22,10 +22,13 @@ typedef int i32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// 16 bytes moved as one access.
-struct __attribute__((aligned(16))) mono_u32x4 {
-  u32 x, y, z, w;
-};
+// 16 bytes moved as one access, with .x .y .z .w. Native vector types on both platforms: on AMD
+// a plain struct would be copied through private memory (scratch or even LDS).
+#if MONO_AMD
+typedef u32 mono_u32x4 __attribute__((ext_vector_type(4)));
+#else
+typedef uint4 mono_u32x4;
+#endif
 
 #if MONO_AMD
 // Without the HIP headers clang knows the attributes but not the keywords.

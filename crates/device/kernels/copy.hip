@@ -1,21 +1,18 @@
 // Bandwidth probe and launch-overhead probe.
 #include "prelude.h"
 
-#ifndef COPY_UNROLL
-#define COPY_UNROLL 4
-#endif
-
-// Grid-stride copy with 16-byte accesses, COPY_UNROLL loads in flight per thread before the first
-// store: the kernel-side ceiling for streaming stages.
+// Grid-stride copy with 16-byte accesses, four loads in flight per thread before the first store:
+// the kernel-side ceiling for streaming stages. (Named values, not an array: clang would move a
+// private array into LDS on AMD.)
 MONO_KERNEL void copy_16b(const mono_u32x4* src, mono_u32x4* dst, u64 count) {
   const u64 stride = (u64)mono_grid_dim() * mono_block_dim();
   u64 i = (u64)mono_block() * mono_block_dim() + mono_thread();
-  for (; i + (COPY_UNROLL - 1) * stride < count; i += COPY_UNROLL * stride) {
-    mono_u32x4 v[COPY_UNROLL];
-#pragma unroll
-    for (u32 u = 0; u < COPY_UNROLL; ++u) v[u] = src[i + u * stride];
-#pragma unroll
-    for (u32 u = 0; u < COPY_UNROLL; ++u) dst[i + u * stride] = v[u];
+  for (; i + 3 * stride < count; i += 4 * stride) {
+    const mono_u32x4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
   }
   for (; i < count; i += stride) dst[i] = src[i];
 }

@@ -185,6 +185,9 @@ impl Compiler for Clang {
         cmd.args(["-x", "hip", "-std=c++17", "-O3", "-nogpulib", "-nogpuinc"])
             .args(["--cuda-device-only", "--no-gpu-bundle-output"])
             .arg(format!("--offload-arch={}", self.target))
+            // LDS holds only what a kernel declares: clang would otherwise move private arrays
+            // into LDS, changing occupancy (and the persistent grid) behind the kernel's back.
+            .args(["-mllvm", "-disable-promote-alloca-to-lds"])
             .arg("-Rpass-analysis=kernel-resource-usage")
             .args(source.defines().iter().map(|(k, v)| format!("-D{k}={v}")))
             .arg("-o")
