@@ -226,3 +226,30 @@ fn scratch_dir() -> Result<PathBuf> {
     })?;
     Ok(dir)
 }
+
+/// The compiler for `target`: clang for `gfx*`, NVRTC for `sm_*`.
+pub fn compiler_for(target: &str) -> Result<Box<dyn Compiler>> {
+    if target.starts_with("gfx") {
+        Ok(Box::new(Clang::find(target)?))
+    } else {
+        Ok(Box::new(Nvrtc::new(target)?))
+    }
+}
+
+/// Whether a missing compiler must fail a build check (`MONO_REQUIRE_COMPILERS=1`, as CI sets it).
+pub fn compilers_required() -> bool {
+    std::env::var("MONO_REQUIRE_COMPILERS").is_ok_and(|v| v == "1")
+}
+
+/// For build checks: the compiler for `target`, `Ok(None)` when it is missing and not required
+/// (the reason goes to stderr), an error when it is missing and required.
+pub fn optional_compiler(target: &str) -> Result<Option<Box<dyn Compiler>>> {
+    match compiler_for(target) {
+        Ok(c) => Ok(Some(c)),
+        Err(e) if !compilers_required() => {
+            eprintln!("{target} skipped (set MONO_REQUIRE_COMPILERS=1 to fail instead): {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

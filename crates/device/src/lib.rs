@@ -15,7 +15,9 @@ mod source;
 
 pub use backend::{DeviceInfo, Launch};
 pub use cache::{BuildReport, ModuleCache};
-pub use compile::{Clang, Compiled, Compiler, Nvrtc};
+pub use compile::{
+    compiler_for, compilers_required, optional_compiler, Clang, Compiled, Compiler, Nvrtc,
+};
 pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Module, Stream};
 pub use error::{DeviceError, Result};
 pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};

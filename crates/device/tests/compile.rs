@@ -1,29 +1,14 @@
 //! Builds the device crate's kernels for both targets without a GPU, and shows the module cache.
 //! With MONO_REQUIRE_COMPILERS=1 (set by CI) a missing compiler fails instead of skipping.
 
-use device::{Clang, Compiler, ModuleCache, Nvrtc};
-
-fn compilers_required() -> bool {
-    std::env::var("MONO_REQUIRE_COMPILERS").is_ok_and(|v| v == "1")
-}
-
-fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
-    match make() {
-        Ok(c) => Some(c),
-        Err(e) if !compilers_required() => {
-            eprintln!("skipped (set MONO_REQUIRE_COMPILERS=1 to fail instead): {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
+use device::{optional_compiler, Compiler, ModuleCache};
 
 fn nvrtc() -> Option<Box<dyn Compiler>> {
-    compiler(|| Ok(Box::new(Nvrtc::new("sm_90a")?)))
+    optional_compiler("sm_90a").unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn clang() -> Option<Box<dyn Compiler>> {
-    compiler(|| Ok(Box::new(Clang::find("gfx950")?)))
+    optional_compiler("gfx950").unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn builds_every_probe(compiler: &dyn Compiler, expected: &[&str]) {

@@ -1,7 +1,7 @@
 //! Every kernel source of the workspace, and the build table CI prints: each kernel built for each
 //! target (NVRTC for sm_90a, clang for gfx950) with its registers, spills, scratch and shared memory.
 
-use device::{Clang, Compiler, KernelResources, KernelSource, Nvrtc};
+use device::{compiler_for, KernelResources, KernelSource};
 use std::fmt::Write;
 
 /// A kernel source and the workspace path of its `.hip` file.
@@ -22,19 +22,16 @@ fn register(
 
 /// All `.hip` files the workspace builds.
 pub fn registry() -> Vec<RegisteredSource> {
-    register("crates/device", device::probes::sources()).collect()
+    let mailbox = mailbox::gpu::KERNEL_FILES
+        .map(mailbox::gpu::source)
+        .to_vec();
+    register("crates/device", device::probes::sources())
+        .chain(register("crates/mailbox", mailbox))
+        .collect()
 }
 
 /// The targets CI builds for.
 pub const TARGETS: [&str; 2] = ["sm_90a", "gfx950"];
-
-pub fn compiler_for(target: &str) -> device::Result<Box<dyn Compiler>> {
-    if target.starts_with("gfx") {
-        Ok(Box::new(Clang::find(target)?))
-    } else {
-        Ok(Box::new(Nvrtc::new(target)?))
-    }
-}
 
 /// One row of the table.
 pub struct BuiltKernel {

@@ -1,0 +1,246 @@
+// Tagged-pair hand-offs between the CTAs of a persistent launch (DESIGN.md sections 4 and 5).
+// The host side of every formula here is crates/mailbox/src/layout.rs; the CPU twin of the
+// protocol is src/protocol.rs. Keep the three in step.
+//
+// A box is one 64-bit word: tag in the high 32 bits, value in the low 32. A box is ready when
+// its tag is this launch's tag, so boxes are never cleared between launches.
+//
+// Defines:
+//   MBX_POLL_ACQUIRE  0: relaxed polls, then one acquire fence (default); 1: acquire polls.
+//   MBX_DEBUG         1: every poll is bounded by MBX_POLL_LIMIT tries; the first poller to give
+//                     up writes who waited on what to the diagnostics area (layout in
+//                     src/diag.rs) and, with MBX_DEBUG_TRAP=1 (default), traps.
+//   MBX_DEBUG_TRAP    0: give up without trapping: every CTA stops at its next wait and the launch
+//                     ends normally, so the host can read the diagnostics (a trap can leave the
+//                     context unusable, diagnostics included).
+//   MBX_EPOCH_CLEAR   0: the epoch node skips clearing the scratch on wrap (only for the test that
+//                     shows why it must).
+#pragma once
+#include "prelude.h"
+
+#ifndef MBX_POLL_ACQUIRE
+#define MBX_POLL_ACQUIRE 0
+#endif
+#ifndef MBX_DEBUG
+#define MBX_DEBUG 0
+#endif
+#ifndef MBX_DEBUG_TRAP
+#define MBX_DEBUG_TRAP 1
+#endif
+#ifndef MBX_POLL_LIMIT
+#define MBX_POLL_LIMIT (1u << 30)
+#endif
+#ifndef MBX_EPOCH_CLEAR
+#define MBX_EPOCH_CLEAR 1
+#endif
+
+#define MBX_DIAG_WORDS 8
+#define MBX_MAX_INPUTS 4
+#define MBX_TASK_ARGS 3
+
+// ---- task descriptor (src/task.rs `Task`, 64 bytes) ----------------------------------------------
+struct mbx_range {
+  u32 first;
+  u32 len;
+};
+struct mbx_task {
+  u32 kind;
+  u32 order;  // position in the launch's global topological order
+  u32 n_inputs;
+  u32 args[MBX_TASK_ARGS];
+  mbx_range out;
+  mbx_range in[MBX_MAX_INPUTS];
+};
+static_assert(sizeof(mbx_task) == 64, "mbx_task must match the Rust Task");
+
+// ---- box words and tags --------------------------------------------------------------------------
+MONO_DEV u64 mbx_pack(u32 tag, u32 value) { return ((u64)tag << 32) | (u64)value; }
+MONO_DEV u32 mbx_tag_of(u64 word) { return (u32)(word >> 32); }
+MONO_DEV u32 mbx_value_of(u64 word) { return (u32)word; }
+MONO_DEV u32 mbx_min(u32 a, u32 b) { return a < b ? a : b; }
+
+// The largest epoch whose tags all fit below 2^32 (launches_per_step >= 1, checked by the host).
+MONO_DEV u32 mbx_last_epoch(u32 launches_per_step) { return 0xffffffffu / launches_per_step - 1u; }
+// Never 0, one more every launch of a step and every step.
+MONO_DEV u32 mbx_tag(u32 epoch, u32 launches_per_step, u32 launch_index) {
+  return epoch * launches_per_step + launch_index + 1u;
+}
+// The tag of this launch. The epoch word is read, not passed: a replayed graph freezes arguments,
+// and the epoch node advanced the word before this launch (stream order), so every CTA reads the same.
+MONO_DEV u32 mbx_launch_tag(const u32* epoch_word, u32 launches_per_step, u32 launch_index) {
+  return mbx_tag(mono_ld_relaxed_u32(epoch_word), launches_per_step, launch_index);
+}
+
+// The epoch node's body. Launch it with one CTA, stream-ordered before the launches it tags.
+// It advances the epoch once; at the last epoch it zeroes the scratch and restarts at 0, since the
+// restarted tags were used before and old boxes could otherwise look ready.
+MONO_DEV void mbx_advance_epoch(u32* epoch_word, u64* scratch, u32 n_boxes, u32 launches_per_step) {
+  if (mono_block() != 0 || launches_per_step == 0) return;
+  const u32 epoch = mono_ld_relaxed_u32(epoch_word);
+  const bool wrap = epoch >= mbx_last_epoch(launches_per_step);
+#if MBX_EPOCH_CLEAR
+  if (wrap)
+    for (u32 i = mono_thread(); i < n_boxes; i += mono_block_dim()) mono_st_relaxed_u64(scratch + i, 0);
+#endif
+  // Every thread has read the old epoch before thread 0 replaces it.
+  mono_sync_block();
+  if (mono_thread() == 0) mono_st_relaxed_u32(epoch_word, wrap ? 0u : epoch + 1u);
+}
+
+// ---- the per-launch context ----------------------------------------------------------------------
+struct mbx_ctx {
+  u64* scratch;  // box 0; box indices are relative to it
+  u32 tag;       // this launch's tag (what a ready box holds)
+  u32 task;      // global order of the running task, for reports
+  u32* diag;     // MBX_DIAG_WORDS words zeroed by the host; written only by debug builds
+  u32* fail;     // shared flag: a wait of this CTA gave up (debug builds)
+};
+
+// Block-wide: every thread of the CTA calls it once, before any wait.
+MONO_DEV mbx_ctx mbx_begin(u64* scratch, u32 tag, u32* diag) {
+  mbx_ctx c;
+  c.scratch = scratch;
+  c.tag = tag;
+  c.task = 0xffffffffu;
+  c.diag = diag;
+  c.fail = nullptr;
+#if MBX_DEBUG
+  __shared__ u32 fail;
+  c.fail = &fail;
+  if (mono_thread() == 0) fail = 0;
+  mono_sync_block();
+#endif
+  return c;
+}
+
+// ---- producer ------------------------------------------------------------------------------------
+// One store of (tag, value), with release: what this thread wrote before (and, after a block
+// barrier, what its CTA wrote) is visible to a waiter after its acquire.
+MONO_DEV void mbx_put(const mbx_ctx& c, u32 box, u32 value) {
+  mono_st_release_u64(c.scratch + box, mbx_pack(c.tag, value));
+}
+
+// Block-wide: vals[0..n) to boxes first.. as tagged pairs, box i by thread i % block_dim (the same
+// thread that mbx_wait_all gives box i, so a caller may pass values it computed itself without a
+// barrier). The row carries its own data, so the stores are relaxed: no flag, no drain. To publish
+// other data beside a row, call mbx_publish() first.
+MONO_DEV void mbx_put_row(const mbx_ctx& c, u32 first, const u32* vals, u32 n) {
+  for (u32 i = mono_thread(); i < n; i += mono_block_dim())
+    mono_st_relaxed_u64(c.scratch + first + i, mbx_pack(c.tag, vals[i]));
+}
+
+// Orders this thread's earlier writes before its later relaxed box stores.
+MONO_DEV void mbx_publish() { mono_fence_release(); }
+
+// ---- consumer ------------------------------------------------------------------------------------
+MONO_DEV u64 mbx_load(const u64* p) {
+#if MBX_POLL_ACQUIRE
+  return mono_ld_acquire_u64(p);
+#else
+  return mono_ld_relaxed_u64(p);
+#endif
+}
+
+// After the polls and before reading anything published with a release.
+MONO_DEV void mbx_after_polls() {
+#if !MBX_POLL_ACQUIRE
+  mono_fence_acquire();
+#endif
+}
+
+#if MBX_DEBUG
+// The first poller to give up fills the diagnostics area (src/diag.rs reads it).
+MONO_DEV void mbx_report(const mbx_ctx& c, u32 box, u64 seen) {
+  if (mono_atomic_add_u32(c.diag, 1) == 0) {
+    mono_st_relaxed_u32(c.diag + 1, c.task);
+    mono_st_relaxed_u32(c.diag + 2, box);
+    mono_st_relaxed_u32(c.diag + 3, mono_block());
+    mono_st_relaxed_u32(c.diag + 4, c.tag);
+    mono_st_relaxed_u32(c.diag + 5, mbx_tag_of(seen));
+    mono_st_relaxed_u32(c.diag + 6, mbx_value_of(seen));
+    mono_st_relaxed_u32(c.diag + 7, mono_thread());
+    mono_fence_release();
+  }
+#if MBX_DEBUG_TRAP
+  mono_trap();
+#endif
+}
+#endif
+
+// Polls one box until it holds c.tag, without the fence. Returns false only in debug builds:
+// the bound expired (reported), or another poller already gave up.
+MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
+  const u64* p = c.scratch + box;
+  u64 word = mbx_load(p);
+#if MBX_DEBUG
+  u32 polls = 1;
+#endif
+  while (mbx_tag_of(word) != c.tag) {
+#if MBX_DEBUG
+    if (polls >= (u32)MBX_POLL_LIMIT) {
+      mbx_report(c, box, word);
+      return false;
+    }
+    // Once someone gave up, stop soon rather than after a full bound per waiter down the chain.
+    if ((polls & 1023u) == 0 && mono_ld_relaxed_u32(c.diag) != 0) return false;
+    ++polls;
+#endif
+    word = mbx_load(p);
+  }
+  *value = mbx_value_of(word);
+  return true;
+}
+
+// One box, by the calling thread alone, then the acquire fence.
+MONO_DEV bool mbx_wait(const mbx_ctx& c, u32 box, u32* value) {
+  const bool ok = mbx_poll(c, box, value);
+  mbx_after_polls();
+  return ok;
+}
+
+// Block-wide agreement on a wait's outcome; ends with every thread past a barrier.
+MONO_DEV bool mbx_block_agree(const mbx_ctx& c, bool ok) {
+#if MBX_DEBUG
+  if (!ok) *c.fail = 1;
+  mono_sync_block();
+  const bool all_ok = *(volatile u32*)c.fail == 0;
+  // No thread may set the flag again before every thread has read it.
+  mono_sync_block();
+  return all_ok;
+#else
+  (void)c;
+  (void)ok;
+  mono_sync_block();
+  return true;
+#endif
+}
+
+// Block-wide: waits for boxes first..first+n, box i by thread i % block_dim (a lane per box, so a
+// wave polls MONO_WAVE boxes at once), values to dst[0..n) (shared or global memory), one acquire
+// fence per thread, then a block barrier. Returns the same in every thread: false only in debug
+// builds when a wait gave up; the CTA should then stop.
+MONO_DEV bool mbx_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
+  bool ok = true;
+  for (u32 i = mono_thread(); i < n && ok; i += mono_block_dim()) ok = mbx_poll(c, first + i, dst + i);
+  mbx_after_polls();
+  return mbx_block_agree(c, ok);
+}
+
+// ---- the persistent task loop --------------------------------------------------------------------
+// Runs this CTA's list: tasks[offsets[cta] .. offsets[cta+1]) in order (src/placement.rs
+// TaskTable). body(c, task) is called by every thread and returns false to stop the CTA (a debug
+// wait gave up). A block barrier separates tasks, so a task may reuse the shared memory of the last.
+template <class Body>
+MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets, u32 n_ctas, Body body) {
+  const u32 cta = mono_block();
+  if (cta >= n_ctas) return;
+  const u32 end = offsets[cta + 1];
+  for (u32 i = offsets[cta]; i < end; ++i) {
+    // A reference into the table, not a copy: on AMD a copy indexed by input number lands in
+    // scratch memory, while uniform loads from the table stay in scalar registers.
+    const mbx_task& task = tasks[i];
+    c.task = task.order;
+    if (!body(c, task)) return;
+    mono_sync_block();
+  }
+}

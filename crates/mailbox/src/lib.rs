@@ -1,0 +1,23 @@
+//! Tagged-pair hand-offs between the stages of a persistent launch (DESIGN.md sections 4 and 5).
+//!
+//! - [`layout`]: the box format, launch tags from the device-side epoch, named scratch regions.
+//! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule.
+//! - [`protocol`], [`emulator`]: the protocol on CPU atomics and a one-thread-per-CTA emulator.
+//! - [`synth`]: synthetic tasks for exercising all of the above; [`gpu`]: the device side's host code.
+//! - `kernels/mailbox.h`: the device header every stage includes.
+
+pub mod diag;
+pub mod emulator;
+pub mod gpu;
+pub mod layout;
+pub mod placement;
+pub mod protocol;
+pub mod synth;
+pub mod task;
+
+pub use diag::{Stall, DIAG_WORDS};
+pub use emulator::{EmuConfig, EmuError, Scratch, TaskFailed, TaskFn};
+pub use layout::{pack, tag_of, value_of, BoxRange, BoxValue, Region, ScratchLayout, Tags};
+pub use placement::{Limits, Placement, PlacementError, TaskTable, ValidPlacement};
+pub use protocol::{BoxWord, Patience, PollMode};
+pub use task::{Task, MAX_INPUTS};

@@ -1,0 +1,257 @@
+//! Synthetic tasks for testing the launch machinery without model math: a random DAG of tasks
+//! that combine their inputs with integer hashes, computed bit-identically here and on the device
+//! (`kernels/synthetic.hip`). Every output word depends on every input word of its task (through
+//! a row sum), so a single changed input reaches every sink downstream of it.
+
+use crate::emulator::{TaskFailed, TaskFn};
+use crate::layout::{value_of, BoxRange, LayoutError, ScratchLayout};
+use crate::placement::Placement;
+use crate::task::{Task, MAX_INPUTS};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Reads its row from the launch's input buffer: `args[1]` is the offset there.
+pub const KIND_LEAF: u32 = 1;
+/// Combines its input rows.
+pub const KIND_MIX: u32 = 2;
+/// `args[2]` of a task that writes no row to the output buffer.
+pub const NO_OUTPUT: u32 = u32::MAX;
+/// The longest synthetic row; the kernel stages rows of this size (`MBX_SYN_ROW_MAX`).
+pub const ROW_MAX: u32 = 64;
+
+/// A bijective 32-bit mixer (xorshift-multiply rounds); each step is invertible, so a change of
+/// the input always changes the output.
+pub fn mix32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x85eb_ca6b);
+    x ^= x >> 13;
+    x = x.wrapping_mul(0xc2b2_ae35);
+    x ^ (x >> 16)
+}
+
+fn row_sum(row: &[u32]) -> u32 {
+    row.iter().fold(0u32, |s, &v| s.wrapping_add(v))
+}
+
+fn seed_word(salt: u32, i: u32) -> u32 {
+    mix32(salt ^ i.wrapping_mul(0x9e37_79b9))
+}
+
+/// A leaf's row, from its slice of the launch inputs (as long as the row) and the step counter.
+pub fn leaf_row(salt: u32, slice: &[u32], step: u32, out: &mut [u32]) {
+    let sum = row_sum(slice);
+    for (i, o) in out.iter_mut().enumerate() {
+        let mut h = seed_word(salt, i as u32);
+        h = mix32(h ^ slice[i % slice.len()]);
+        h = mix32(h.wrapping_add(sum));
+        *o = mix32(h ^ step.wrapping_mul(0x27d4_eb2f));
+    }
+}
+
+/// A mixing task's row from its input rows (empty rows are skipped).
+pub fn mix_row(salt: u32, inputs: &[&[u32]], out: &mut [u32]) {
+    let sums: Vec<u32> = inputs.iter().map(|r| row_sum(r)).collect();
+    for (i, o) in out.iter_mut().enumerate() {
+        let i = i as u32;
+        let mut h = seed_word(salt, i);
+        for (r, row) in inputs.iter().enumerate().filter(|(_, row)| !row.is_empty()) {
+            let len = row.len() as u32;
+            let a = row[(i % len) as usize];
+            let b = row[((i.wrapping_mul(7).wrapping_add(3)) % len) as usize];
+            h = mix32(h ^ a);
+            h = mix32(h.wrapping_add(b.rotate_left(5 * r as u32 + 1)));
+            h = mix32(h ^ sums[r]);
+        }
+        *o = h;
+    }
+}
+
+/// The synthetic task function of one launch.
+#[derive(Clone, Copy, Debug)]
+pub struct Synthetic<'a> {
+    /// The launch's input buffer (leaves read slices of it).
+    pub inputs: &'a [u32],
+    /// The step counter the device reads from its step word.
+    pub step: u32,
+}
+
+impl TaskFn for Synthetic<'_> {
+    fn run(&self, task: &Task, inputs: &[&[u32]], out: &mut [u32]) -> Result<(), TaskFailed> {
+        let salt = task.args[0];
+        match task.kind {
+            KIND_LEAF if out.is_empty() => {}
+            KIND_LEAF => {
+                let start = task.args[1] as usize;
+                let slice = self
+                    .inputs
+                    .get(start..start + out.len())
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| {
+                        TaskFailed(format!(
+                            "leaf reads inputs {start}..{} of {}",
+                            start + out.len(),
+                            self.inputs.len()
+                        ))
+                    })?;
+                leaf_row(salt, slice, self.step, out);
+            }
+            KIND_MIX => mix_row(salt, inputs, out),
+            kind => return Err(TaskFailed(format!("unknown synthetic kind {kind}"))),
+        }
+        Ok(())
+    }
+}
+
+/// The size of a random DAG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DagShape {
+    pub tasks: u32,
+    /// The first `leaves` tasks are leaves.
+    pub leaves: u32,
+    /// Input ranges of a mixing task, 1 to this many (at most [`MAX_INPUTS`]).
+    pub max_inputs: u32,
+    /// Row length, 1 to this many boxes (at most [`ROW_MAX`]).
+    pub max_row: u32,
+    /// A task takes inputs from the `window` tasks before it: small windows make long chains.
+    pub window: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SynthError {
+    #[error("bad DAG shape {0:?}: need 1 <= leaves <= tasks, 1 <= max_inputs <= {MAX_INPUTS}, 1 <= max_row <= {ROW_MAX}, window >= 1")]
+    Shape(DagShape),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+/// A random DAG of synthetic tasks; `tasks[i].order == i`, a topological order.
+#[derive(Clone, Debug)]
+pub struct SynthDag {
+    pub tasks: Vec<Task>,
+    /// One region, `rows`: a slot per task.
+    pub layout: ScratchLayout,
+    /// Words of the input buffer the leaves read.
+    pub input_words: u32,
+    /// Words of one launch's output: the rows of the sinks (tasks nobody reads), back to back.
+    pub out_words: u32,
+}
+
+impl SynthDag {
+    pub fn random(seed: u64, shape: DagShape) -> Result<SynthDag, SynthError> {
+        let ok = shape.leaves >= 1
+            && shape.leaves <= shape.tasks
+            && (1..=MAX_INPUTS as u32).contains(&shape.max_inputs)
+            && (1..=ROW_MAX).contains(&shape.max_row)
+            && shape.window >= 1;
+        if !ok {
+            return Err(SynthError::Shape(shape));
+        }
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut builder = ScratchLayout::builder();
+        let rows = builder.region::<u32>("rows", shape.tasks, shape.max_row)?;
+        let mut tasks: Vec<Task> = Vec::with_capacity(shape.tasks as usize);
+        let mut input_words = 0;
+        let mut read = vec![false; shape.tasks as usize];
+        for order in 0..shape.tasks {
+            let len = rng.gen_range(1..=shape.max_row);
+            let first = rows
+                .box_index(order, 0)
+                .ok_or(LayoutError::TooLarge { boxes: 0 })?;
+            let out = BoxRange::new(first, len);
+            let salt = rng.gen();
+            let task = if order < shape.leaves {
+                input_words += len;
+                Task::new(
+                    KIND_LEAF,
+                    order,
+                    out,
+                    &[],
+                    [salt, input_words - len, NO_OUTPUT],
+                )
+            } else {
+                let lo = order.saturating_sub(shape.window);
+                let n = rng.gen_range(1..=shape.max_inputs.min(order - lo));
+                let mut producers: Vec<u32> = Vec::new();
+                while producers.len() < n as usize {
+                    let p = rng.gen_range(lo..order);
+                    if !producers.contains(&p) {
+                        producers.push(p);
+                        read[p as usize] = true;
+                    }
+                }
+                let inputs: Vec<BoxRange> = producers
+                    .iter()
+                    .map(|&p| {
+                        let row = tasks[p as usize].out;
+                        let start = rng.gen_range(0..row.len);
+                        BoxRange::new(row.first + start, rng.gen_range(1..=row.len - start))
+                    })
+                    .collect();
+                Task::new(KIND_MIX, order, out, &inputs, [salt, 0, NO_OUTPUT])
+            };
+            // At most MAX_INPUTS ranges were made, so this cannot fail; map it anyway.
+            tasks.push(task.map_err(|_| SynthError::Shape(shape))?);
+        }
+        let out_words = mark_sinks(&mut tasks, &read);
+        Ok(SynthDag {
+            tasks,
+            layout: builder.build(),
+            input_words,
+            out_words,
+        })
+    }
+
+    /// Each task on a random CTA; every CTA's list in global order, so the placement is valid.
+    pub fn place_random(&self, ctas: u32, seed: u64) -> Placement {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let n = ctas.max(1) as usize;
+        let mut lists = vec![Vec::new(); n];
+        for t in &self.tasks {
+            lists[rng.gen_range(0..n)].push(*t);
+        }
+        Placement::new(lists)
+    }
+
+    /// Task `i` on CTA `i % ctas`.
+    pub fn place_round_robin(&self, ctas: u32) -> Placement {
+        let mut lists = vec![Vec::new(); ctas.max(1) as usize];
+        let n = lists.len();
+        for (i, t) in self.tasks.iter().enumerate() {
+            lists[i % n].push(*t);
+        }
+        Placement::new(lists)
+    }
+
+    /// Random launch inputs.
+    pub fn random_inputs(&self, seed: u64) -> Vec<u32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..self.input_words).map(|_| rng.gen()).collect()
+    }
+
+    /// One launch's output words, gathered from a scratch image as the kernel writes them.
+    pub fn outputs(&self, image: &[u64]) -> Vec<u32> {
+        let mut out = vec![0; self.out_words as usize];
+        for t in self.tasks.iter().filter(|t| t.args[2] != NO_OUTPUT) {
+            for (i, b) in t.out.boxes().enumerate() {
+                if let (Some(o), Some(&w)) =
+                    (out.get_mut(t.args[2] as usize + i), image.get(b as usize))
+                {
+                    *o = value_of(w);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Gives every task whose row no task reads an offset in the output; returns the output's size.
+fn mark_sinks(tasks: &mut [Task], read: &[bool]) -> u32 {
+    let mut words = 0;
+    for (t, &was_read) in tasks.iter_mut().zip(read) {
+        if !was_read {
+            t.args[2] = words;
+            words += t.out.len;
+        }
+    }
+    words
+}

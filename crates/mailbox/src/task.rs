@@ -1,0 +1,68 @@
+//! The task descriptor: what one CTA of a persistent launch runs, in the byte layout the device
+//! reads (`struct mbx_task` in `kernels/mailbox.h`).
+
+use crate::layout::BoxRange;
+
+/// Input ranges a task may wait on.
+pub const MAX_INPUTS: usize = 4;
+/// Kind-specific 32-bit arguments.
+pub const TASK_ARGS: usize = 3;
+
+/// One task: its kind (the device dispatches on it), its place in the launch's global topological
+/// order, the boxes it writes, the box ranges it waits on (in order), and kind-specific arguments.
+/// 64 bytes, all 32-bit fields, so the host and device layouts agree without padding rules.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Task {
+    pub kind: u32,
+    /// Position in the launch's global topological order; unique within a launch.
+    pub order: u32,
+    /// How many of `inputs` are used.
+    pub n_inputs: u32,
+    pub args: [u32; TASK_ARGS],
+    /// The boxes this task writes (possibly none).
+    pub out: BoxRange,
+    pub inputs: [BoxRange; MAX_INPUTS],
+}
+
+const _: () = assert!(std::mem::size_of::<Task>() == 64);
+
+/// A task with more input ranges than [`MAX_INPUTS`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("task {order} waits on {inputs} ranges; a task holds at most {MAX_INPUTS}")]
+pub struct TooManyInputs {
+    pub order: u32,
+    pub inputs: usize,
+}
+
+impl Task {
+    pub fn new(
+        kind: u32,
+        order: u32,
+        out: BoxRange,
+        inputs: &[BoxRange],
+        args: [u32; TASK_ARGS],
+    ) -> Result<Task, TooManyInputs> {
+        if inputs.len() > MAX_INPUTS {
+            return Err(TooManyInputs {
+                order,
+                inputs: inputs.len(),
+            });
+        }
+        let mut task = Task {
+            kind,
+            order,
+            n_inputs: inputs.len() as u32,
+            args,
+            out,
+            inputs: [BoxRange::default(); MAX_INPUTS],
+        };
+        task.inputs[..inputs.len()].copy_from_slice(inputs);
+        Ok(task)
+    }
+
+    /// The input ranges in use. A corrupt `n_inputs` is clamped here; the placement check reports it.
+    pub fn inputs(&self) -> &[BoxRange] {
+        &self.inputs[..(self.n_inputs as usize).min(MAX_INPUTS)]
+    }
+}
