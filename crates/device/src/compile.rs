@@ -83,6 +83,12 @@ impl Compiler for Nvrtc {
         ];
         options.extend(source.defines().iter().map(|(k, v)| format!("-D{k}={v}")));
 
+        // One compile at a time: on the H200 image, concurrent compiles lost the ptxas -v lines of
+        // one program (its resource report came back empty).
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let program =
             result::create_program(&text, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
         let compiled = unsafe { result::compile_program(program, &options) };

@@ -4,7 +4,7 @@
 #include "prelude.h"
 #include "mailbox.h"
 
-// Longest row; rows of 1 use mbx_put (one release store), longer ones mbx_put_row.
+// Longest row; rows of 1 use mbx_put (thread 0), longer ones mbx_put_row.
 #ifndef MBX_LAT_ROW_MAX
 #define MBX_LAT_ROW_MAX 64
 #endif
@@ -12,8 +12,8 @@
 // boxes: grid slots of `stride` boxes (a multiple of 16, so slots sit on their own lines).
 // times[0]: CTA 0 starting hop `grid` (every CTA has started by then); times[1]: the last hop done.
 // errors: words that arrived with a wrong value. payload_words > 0 (1-box rows only): each hop also
-// writes that many plain words beside its box before the release store, and the next hop checks
-// them after its acquire, so the test covers data published outside the boxes.
+// writes that many plain words beside its box, mbx_publish() before its put, and the next hop
+// checks them after mbx_acquire(), so the test covers data published outside the boxes.
 MONO_KERNEL void mailbox_latency_ring(u64* boxes, u32 row_words, u32 stride, u32 rounds, u32 tag_base,
                                       u64* times, u32* errors, u32* sm_ids, u32* payload, u32 payload_words,
                                       u32* diag) {
@@ -33,6 +33,7 @@ MONO_KERNEL void mailbox_latency_ring(u64* boxes, u32 row_words, u32 stride, u32
       if (!mbx_wait_all(c, prev * stride, words, got)) return;
       u32 bad = 0;
       for (u32 i = mono_thread(); i < words; i += mono_block_dim()) bad += got[i] != (h - 1u) * MBX_LAT_ROW_MAX + i;
+      if (payload_words > 0) mbx_acquire();
       if (payload_words > 0 && mono_thread() == 0)
         for (u32 j = 0; j < payload_words; ++j) bad += payload[prev * payload_words + j] != (h - 1u) * payload_words + j;
       if (bad) mono_atomic_add_u32(errors, bad);
@@ -42,6 +43,7 @@ MONO_KERNEL void mailbox_latency_ring(u64* boxes, u32 row_words, u32 stride, u32
     if (words == 1) {
       if (mono_thread() == 0) {
         for (u32 j = 0; j < payload_words; ++j) payload[cta * payload_words + j] = h * payload_words + j;
+        if (payload_words > 0) mbx_publish();
         mbx_put(c, cta * stride, h * MBX_LAT_ROW_MAX);
       }
     } else {

@@ -6,7 +6,7 @@
 // its tag is this launch's tag, so boxes are never cleared between launches.
 //
 // Defines:
-//   MBX_POLL_ACQUIRE  0: relaxed polls, then one acquire fence (default); 1: acquire polls.
+//   MBX_POLL_ACQUIRE  0: relaxed polls, mbx_acquire() a fence (default); 1: acquire polls.
 //   MBX_DEBUG         1: every poll is bounded by MBX_POLL_LIMIT tries; the first poller to give
 //                     up writes who waited on what to the diagnostics area (layout in
 //                     src/diag.rs) and, with MBX_DEBUG_TRAP=1 (default), traps.
@@ -114,22 +114,25 @@ MONO_DEV mbx_ctx mbx_begin(u64* scratch, u32 tag, u32* diag) {
 }
 
 // ---- producer ------------------------------------------------------------------------------------
-// One store of (tag, value), with release: what this thread wrote before (and, after a block
-// barrier, what its CTA wrote) is visible to a waiter after its acquire.
+// A pair carries its value in the same word as its tag, so a waiter that reads only box values
+// needs no fence and no release: stores are relaxed. Data published beside boxes (a buffer the
+// consumer reads directly) is the exception: mbx_publish() before the puts, mbx_acquire() after
+// the waits.
+
+// One store of (tag, value).
 MONO_DEV void mbx_put(const mbx_ctx& c, u32 box, u32 value) {
-  mono_st_release_u64(c.scratch + box, mbx_pack(c.tag, value));
+  mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, value));
 }
 
 // Block-wide: vals[0..n) to boxes first.. as tagged pairs, box i by thread i % block_dim (the same
 // thread that mbx_wait_all gives box i, so a caller may pass values it computed itself without a
-// barrier). The row carries its own data, so the stores are relaxed: no flag, no drain. To publish
-// other data beside a row, call mbx_publish() first.
+// barrier). No flag, no drain: the consumer polls the data itself.
 MONO_DEV void mbx_put_row(const mbx_ctx& c, u32 first, const u32* vals, u32 n) {
   for (u32 i = mono_thread(); i < n; i += mono_block_dim())
     mono_st_relaxed_u64(c.scratch + first + i, mbx_pack(c.tag, vals[i]));
 }
 
-// Orders this thread's earlier writes before its later relaxed box stores.
+// Orders this thread's earlier writes (after a block barrier: its CTA's) before its later box stores.
 MONO_DEV void mbx_publish() { mono_fence_release(); }
 
 // ---- consumer ------------------------------------------------------------------------------------
@@ -141,8 +144,9 @@ MONO_DEV u64 mbx_load(const u64* p) {
 #endif
 }
 
-// After the polls and before reading anything published with a release.
-MONO_DEV void mbx_after_polls() {
+// After the waits and before reading data published beside the boxes (mbx_publish). Not needed
+// to read the boxes' own values.
+MONO_DEV void mbx_acquire() {
 #if !MBX_POLL_ACQUIRE
   mono_fence_acquire();
 #endif
@@ -167,7 +171,7 @@ MONO_DEV void mbx_report(const mbx_ctx& c, u32 box, u64 seen) {
 }
 #endif
 
-// Polls one box until it holds c.tag, without the fence. Returns false only in debug builds:
+// Polls one box until it holds c.tag. Returns false only in debug builds:
 // the bound expired (reported), or another poller already gave up.
 MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
   const u64* p = c.scratch + box;
@@ -191,12 +195,8 @@ MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
   return true;
 }
 
-// One box, by the calling thread alone, then the acquire fence.
-MONO_DEV bool mbx_wait(const mbx_ctx& c, u32 box, u32* value) {
-  const bool ok = mbx_poll(c, box, value);
-  mbx_after_polls();
-  return ok;
-}
+// One box, by the calling thread alone.
+MONO_DEV bool mbx_wait(const mbx_ctx& c, u32 box, u32* value) { return mbx_poll(c, box, value); }
 
 // Block-wide agreement on a wait's outcome; ends with every thread past a barrier.
 MONO_DEV bool mbx_block_agree(const mbx_ctx& c, bool ok) {
@@ -216,13 +216,12 @@ MONO_DEV bool mbx_block_agree(const mbx_ctx& c, bool ok) {
 }
 
 // Block-wide: waits for boxes first..first+n, box i by thread i % block_dim (a lane per box, so a
-// wave polls MONO_WAVE boxes at once), values to dst[0..n) (shared or global memory), one acquire
-// fence per thread, then a block barrier. Returns the same in every thread: false only in debug
+// wave polls MONO_WAVE boxes at once), values to dst[0..n) (shared or global memory), then a block
+// barrier. Returns the same in every thread: false only in debug
 // builds when a wait gave up; the CTA should then stop.
 MONO_DEV bool mbx_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
   bool ok = true;
   for (u32 i = mono_thread(); i < n && ok; i += mono_block_dim()) ok = mbx_poll(c, first + i, dst + i);
-  mbx_after_polls();
   return mbx_block_agree(c, ok);
 }
 

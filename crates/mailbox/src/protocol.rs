@@ -1,6 +1,7 @@
 //! The tagged-pair protocol on CPU atomics, step for step what `kernels/mailbox.h` does on the
-//! device: a producer stores (tag, value) in one store; a consumer polls until the tag is its
-//! launch's, then issues one acquire fence before it reads anything published with a release.
+//! device: a producer stores (tag, value) in one relaxed store; a consumer polls until the tag is
+//! its launch's and takes the value from the same word. Data beside the boxes is the one case that
+//! needs ordering: [`publish`] before the puts, [`acquire`] after the waits.
 //!
 //! It is generic over [`BoxWord`] so that loom can model-check the very same functions.
 
@@ -41,10 +42,10 @@ impl BoxWord for AtomicU64 {
 /// How a consumer polls; the device header selects the same two with `MBX_POLL_ACQUIRE`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PollMode {
-    /// Relaxed loads until every tag matches, then one acquire fence.
+    /// Relaxed loads; [`acquire`] is then one acquire fence (only needed for side data).
     #[default]
     RelaxedThenFence,
-    /// Acquire loads; no fence after.
+    /// Acquire loads; [`acquire`] is then nothing.
     Acquire,
 }
 
@@ -97,10 +98,10 @@ impl Patience<'_> {
     }
 }
 
-/// One store of (tag, value), with release so data written before it is visible to a waiter
-/// after its acquire.
+/// One store of (tag, value). The pair carries its value, so the store is relaxed; to publish
+/// other data beside it, call [`publish`] first (and the consumer [`acquire`] after its wait).
 pub fn put<W: BoxWord>(cell: &W, tag: u32, value: u32) {
-    cell.store(pack(tag, value), Ordering::Release);
+    cell.store(pack(tag, value), Ordering::Relaxed);
 }
 
 /// A row of values as tagged pairs (`min(row.len(), values.len())` of them). The row carries its
@@ -118,8 +119,14 @@ pub fn publish<W: BoxWord>() {
     W::fence(Ordering::Release);
 }
 
-/// One poll: `Ok(value)` when the box holds `tag` (the caller still owes the acquire fence of
-/// its mode), else `Err(word)`. A box with any other tag, the previous launch's included, is not ready.
+/// After a wait, before reading data a producer published beside its boxes: an acquire fence
+/// after relaxed polls, nothing after acquire polls (`mbx_acquire` on the device). Reading only the
+/// boxes' own values needs no fence: each value arrives in the same word as its tag.
+pub fn acquire<W: BoxWord>(mode: PollMode) {
+    mode.after_polls::<W>();
+}
+
+/// One poll: `Ok(value)` when the box holds `tag`, else `Err(word)`. A box with any other tag, the previous launch's included, is not ready.
 pub fn poll<W: BoxWord>(cell: &W, tag: u32, mode: PollMode) -> Result<u32, u64> {
     let word = cell.load(mode.load_order());
     if tag_of(word) == tag {
@@ -129,7 +136,7 @@ pub fn poll<W: BoxWord>(cell: &W, tag: u32, mode: PollMode) -> Result<u32, u64> 
     }
 }
 
-/// Waits until the box holds `tag`; returns its value, ordered after the producer's release.
+/// Waits until the box holds `tag`; returns its value.
 pub fn wait<W: BoxWord>(
     cell: &W,
     tag: u32,
@@ -141,8 +148,7 @@ pub fn wait<W: BoxWord>(
     Ok(out[0])
 }
 
-/// Waits until every box of `row` holds `tag`, then fences once. Values land in `out` (`min` of
-/// the two lengths). Boxes are polled in turn; a box found ready stays ready (its one writer
+/// Waits until every box of `row` holds `tag`. Values land in `out` (`min` of the two lengths). Boxes are polled in turn; a box found ready stays ready (its one writer
 /// writes it once per launch), so this ends when polling them all at once, as a wave does, would.
 pub fn wait_all<W: BoxWord>(
     row: &[W],
@@ -174,6 +180,5 @@ pub fn wait_all<W: BoxWord>(
             }
         }
     }
-    mode.after_polls::<W>();
     Ok(())
 }

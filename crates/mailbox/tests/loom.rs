@@ -8,7 +8,9 @@ use loom::sync::atomic::AtomicU64 as LoomU64;
 use loom::sync::Arc;
 use loom::thread;
 use mailbox::layout::pack;
-use mailbox::protocol::{poll, publish, put, put_row, wait, wait_all, BoxWord, Patience, PollMode};
+use mailbox::protocol::{
+    acquire, publish, put, put_row, wait, wait_all, BoxWord, Patience, PollMode,
+};
 use std::sync::atomic::Ordering;
 
 struct Cell(LoomU64);
@@ -43,8 +45,8 @@ const POLLS: Patience<'static> = Patience {
 const OLD: u32 = 6;
 const NEW: u32 = 7;
 
-/// A producer writes a payload (plain memory) and then puts the box; a consumer waits on the box
-/// (holding the previous launch's tag at first) and then reads the payload. Loom checks every
+/// A producer writes a payload (plain memory), publishes, and puts the box; a consumer waits on the
+/// box (holding the previous launch's tag at first), acquires, and reads the payload. Loom checks every
 /// outcome: the stale pair is never taken as ready, and a successful wait sees the payload.
 fn publish_and_wait(mode: PollMode) {
     loom::model(move || {
@@ -54,12 +56,14 @@ fn publish_and_wait(mode: PollMode) {
             let (payload, cell) = (payload.clone(), cell.clone());
             thread::spawn(move || {
                 payload.with_mut(|p| unsafe { *p = 42 });
+                publish::<Cell>();
                 put(&*cell, NEW, 7);
             })
         };
         match wait(&*cell, NEW, mode, &POLLS) {
             Ok(v) => {
                 assert_eq!(v, 7);
+                acquire::<Cell>(mode);
                 assert_eq!(payload.with(|p| unsafe { *p }), 42);
             }
             Err(e) => assert_eq!(
@@ -122,7 +126,7 @@ fn wait_all_gets_every_word_of_a_row() {
     });
 }
 
-/// Data beside a row: `publish` then `put_row`, and `wait_all` sees the data.
+/// Data beside a row: `publish` then `put_row`; `wait_all` then `acquire` sees the data.
 #[test]
 fn publish_orders_data_before_a_row() {
     loom::model(|| {
@@ -138,14 +142,15 @@ fn publish_orders_data_before_a_row() {
         };
         let mut out = [0u32];
         if wait_all(&row[..], NEW, PollMode::default(), &POLLS, &mut out).is_ok() {
+            acquire::<Cell>(PollMode::default());
             assert_eq!((out[0], payload.with(|p| unsafe { *p })), (3, 42));
         }
         producer.join().unwrap();
     });
 }
 
-/// Negative control: relaxed polls with no acquire fence after them. The tag can be seen while the
-/// payload write is not yet ordered before the read; loom reports the race.
+/// Negative control: a consumer that reads the side data without `acquire` after relaxed polls.
+/// The tag can be seen while the payload write is not yet ordered before the read; loom reports it.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn without_the_acquire_fence_loom_finds_the_race() {
@@ -156,25 +161,21 @@ fn without_the_acquire_fence_loom_finds_the_race() {
             let (payload, cell) = (payload.clone(), cell.clone());
             thread::spawn(move || {
                 payload.with_mut(|p| unsafe { *p = 42 });
+                publish::<Cell>();
                 put(&*cell, NEW, 7);
             })
         };
-        for _ in 0..3 {
-            // `poll` is the protocol minus the fence that `wait` adds.
-            if poll(&*cell, NEW, PollMode::RelaxedThenFence).is_ok() {
-                payload.with(|p| unsafe { *p });
-                break;
-            }
-            thread::yield_now();
+        if wait(&*cell, NEW, PollMode::RelaxedThenFence, &POLLS).is_ok() {
+            payload.with(|p| unsafe { *p });
         }
         producer.join().unwrap();
     });
 }
 
-/// Negative control: a producer that stores the pair relaxed instead of with `put`'s release.
+/// Negative control: a producer that puts the pair without `publish` before it.
 #[test]
 #[should_panic(expected = "Causality violation")]
-fn without_the_release_store_loom_finds_the_race() {
+fn without_publish_loom_finds_the_race() {
     loom::model(|| {
         let payload = Arc::new(UnsafeCell::new(0u32));
         let cell = Arc::new(Cell::new(pack(OLD, 99)));
@@ -182,10 +183,11 @@ fn without_the_release_store_loom_finds_the_race() {
             let (payload, cell) = (payload.clone(), cell.clone());
             thread::spawn(move || {
                 payload.with_mut(|p| unsafe { *p = 42 });
-                cell.store(pack(NEW, 7), Ordering::Relaxed);
+                put(&*cell, NEW, 7);
             })
         };
         if wait(&*cell, NEW, PollMode::RelaxedThenFence, &POLLS).is_ok() {
+            acquire::<Cell>(PollMode::RelaxedThenFence);
             payload.with(|p| unsafe { *p });
         }
         producer.join().unwrap();
