@@ -78,7 +78,15 @@ impl ModuleCache {
                     cached: true,
                     millis: start.elapsed().as_secs_f64() * 1e3,
                 };
-                return Ok((Compiled { image, resources }, report));
+                let log = String::new();
+                return Ok((
+                    Compiled {
+                        image,
+                        resources,
+                        log,
+                    },
+                    report,
+                ));
             }
         }
         let compiled = compiler.compile(source)?;

@@ -13,6 +13,8 @@ use std::process::Command;
 pub struct Compiled {
     pub image: Vec<u8>,
     pub resources: Vec<KernelResources>,
+    /// The compiler's messages (warnings, the resource report); empty when read from the cache.
+    pub log: String,
 }
 
 /// A compiler for one target architecture.
@@ -110,6 +112,7 @@ impl Compiler for Nvrtc {
         Ok(Compiled {
             image: image?,
             resources: parse_ptxas_log(&log),
+            log,
         })
     }
 }
@@ -205,6 +208,7 @@ impl Compiler for Clang {
             std::fs::read(&output).map_err(io).map(|image| Compiled {
                 image,
                 resources: parse_clang_remarks(&log),
+                log,
             })
         } else {
             Err(DeviceError::Compile {

@@ -16,6 +16,13 @@ fn builds_every_probe(compiler: &dyn Compiler, expected: &[&str]) {
     for source in device::probes::sources() {
         let compiled = compiler.compile(&source).unwrap_or_else(|e| panic!("{e}"));
         assert!(!compiled.image.is_empty());
+        if compiled.resources.is_empty() {
+            eprintln!(
+                "{}: no resource report in the log:\n{}",
+                source.name(),
+                compiled.log
+            );
+        }
         names.extend(compiled.resources.into_iter().map(|r| r.kernel));
     }
     names.sort();

@@ -4,7 +4,8 @@
 #include "prelude.h"
 #include "mailbox.h"
 
-// Longest row; rows of 1 use mbx_put (thread 0), longer ones mbx_put_row.
+// Longest row. A row of 1 without payload is the bare hand-off (thread 0 waits and puts); with a
+// payload, thread 0 puts and the block waits; longer rows use mbx_put_row and mbx_wait_all.
 #ifndef MBX_LAT_ROW_MAX
 #define MBX_LAT_ROW_MAX 64
 #endif
@@ -26,6 +27,24 @@ MONO_KERNEL void mailbox_latency_ring(u64* boxes, u32 row_words, u32 stride, u32
   const u32 prev = (cta + n - 1u) % n;
   if (mono_thread() == 0) sm_ids[cta] = mono_sm_id();
   mbx_ctx c = mbx_begin(boxes, 0, diag);
+  if (words == 1 && payload_words == 0) {
+    // One box that one thread consumes: the bare hand-off, no barrier and no shared memory.
+    if (mono_thread() != 0) return;
+    for (u32 r = 0; r < rounds; ++r) {
+      const u32 h = r * n + cta;
+      if (h > 0) {
+        c.tag = tag_base + h;
+        u32 v;
+        if (!mbx_wait(c, prev * stride, &v)) return;
+        if (v != (h - 1u) * MBX_LAT_ROW_MAX) mono_atomic_add_u32(errors, 1);
+      }
+      if (h == n) times[0] = mono_timer_ns();
+      c.tag = tag_base + h + 1u;
+      mbx_put(c, cta * stride, h * MBX_LAT_ROW_MAX);
+      if (h == total - 1u) times[1] = mono_timer_ns();
+    }
+    return;
+  }
   for (u32 r = 0; r < rounds; ++r) {
     const u32 h = r * n + cta;
     if (h > 0) {

@@ -273,8 +273,9 @@ impl LatencyRing {
     }
 
     /// Runs `rounds` times around a ring of `ctas` CTAs with rows of `row_words` boxes
-    /// (1: one box put by one thread; more: a tagged row), each hop also publishing
-    /// `payload_words` plain words beside the box (publish/acquire) when `row_words` is 1.
+    /// (1: one box that one thread waits for and puts, the bare hand-off; more: a tagged row that
+    /// the block waits for), each hop also publishing `payload_words` plain words beside the box
+    /// (publish/acquire, block-wide wait) when `row_words` is 1.
     pub fn run(
         &self,
         dev: &Device,
