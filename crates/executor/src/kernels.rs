@@ -27,6 +27,8 @@ pub fn registry() -> Vec<RegisteredSource> {
         .to_vec();
     register("crates/device", device::probes::sources())
         .chain(register("crates/mailbox", mailbox))
+        .chain(register("crates/select", select::gpu::sources()))
+        .chain(register("crates/indexer", indexer::gpu::sources()))
         .collect()
 }
 

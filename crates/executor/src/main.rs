@@ -26,8 +26,9 @@ enum Format {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one decode step (the CPU emulator with the tiny preset when there is no GPU).
-    Step,
+    /// Run one decode step. For now the CPU reference step (tiny preset, synthetic weights by
+    /// default), with per-layer progress and the argmax tokens.
+    Step(executor::reference::cli::StepArgs),
     /// Per-rank shapes, the bytes each launch kind must read, and their HBM floors.
     Info {
         /// Model preset: glm-5, glm-5.2 or tiny.
@@ -72,10 +73,7 @@ enum Command {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Step => {
-            println!("mono step: not built yet. The CPU reference step and the fused launch come with the executor issues; nothing was run.");
-            Ok(())
-        }
+        Command::Step(args) => executor::reference::cli::run(&args),
         Command::Info {
             preset,
             config,

@@ -8,6 +8,7 @@ mod format;
 pub mod numerics;
 mod shapes;
 pub mod traffic;
+pub mod weights;
 
 pub use config::{IndexerKind, IndexerType, LayerPlan, MlpKind, ModelConfig, Preset};
 pub use error::{ModelError, Result};

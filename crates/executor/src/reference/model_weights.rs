@@ -1,0 +1,116 @@
+//! Every weight a reference step reads, loaded once from a [`WeightSource`].
+
+use indexer::reference::IndexerWeights;
+use mla::reference::MlaWeights;
+use model::weights::{layer_tensor_name, Matrix, WeightSource};
+use model::{IndexerKind, LayerPlan, MlpKind, ModelConfig};
+use moe::reference::{MlpWeights, MoeWeights};
+
+use super::Result;
+
+/// A full layer's indexer weights, owned (the indexer reference borrows them).
+#[derive(Debug, Clone)]
+pub struct OwnedIndexerWeights {
+    pub wq_b: Vec<f32>,
+    pub wk: Vec<f32>,
+    pub k_norm_weight: Vec<f32>,
+    pub k_norm_bias: Vec<f32>,
+    pub weights_proj: Vec<f32>,
+}
+
+impl OwnedIndexerWeights {
+    fn load(source: &dyn WeightSource, cfg: &ModelConfig, layer: usize) -> Result<Self> {
+        let name = |suffix: &str| layer_tensor_name(layer, &format!("self_attn.indexer.{suffix}"));
+        let (heads, dim, hidden) = (cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size);
+        Ok(OwnedIndexerWeights {
+            wq_b: source.tensor(&name("wq_b.weight"), &[heads * dim, cfg.q_lora_rank])?,
+            wk: source.tensor(&name("wk.weight"), &[dim, hidden])?,
+            k_norm_weight: source.vector(&name("k_norm.weight"), dim)?,
+            k_norm_bias: source.vector(&name("k_norm.bias"), dim)?,
+            weights_proj: source.tensor(&name("weights_proj.weight"), &[heads, hidden])?,
+        })
+    }
+
+    pub fn view(&self) -> IndexerWeights<'_> {
+        IndexerWeights {
+            wq_b: &self.wq_b,
+            wk: &self.wk,
+            k_norm_weight: &self.k_norm_weight,
+            k_norm_bias: &self.k_norm_bias,
+            weights_proj: &self.weights_proj,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum MlpBlock {
+    Dense(MlpWeights),
+    Moe(MoeWeights),
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub plan: LayerPlan,
+    pub input_norm: Vec<f32>,
+    pub mla: MlaWeights,
+    /// Present on full indexer layers only.
+    pub indexer: Option<OwnedIndexerWeights>,
+    pub post_norm: Vec<f32>,
+    pub mlp: MlpBlock,
+}
+
+/// The whole model's weights, TP 1.
+#[derive(Debug, Clone)]
+pub struct ReferenceModel {
+    pub cfg: ModelConfig,
+    pub embedding: Matrix,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,
+    pub lm_head: Matrix,
+}
+
+impl ReferenceModel {
+    pub fn load(cfg: &ModelConfig, source: &dyn WeightSource) -> Result<Self> {
+        cfg.validate()?;
+        let hidden = cfg.hidden_size;
+        let layers = cfg
+            .layer_plan()?
+            .into_iter()
+            .map(|plan| {
+                let i = plan.index;
+                let mlp = match plan.mlp {
+                    MlpKind::Dense => MlpBlock::Dense(MlpWeights::load(
+                        source,
+                        &layer_tensor_name(i, "mlp"),
+                        hidden,
+                        cfg.intermediate_size,
+                    )?),
+                    MlpKind::Moe => MlpBlock::Moe(MoeWeights::load(source, cfg, i)?),
+                };
+                let indexer = match plan.indexer {
+                    IndexerKind::Full => Some(OwnedIndexerWeights::load(source, cfg, i)?),
+                    IndexerKind::Shared { .. } => None,
+                };
+                Ok(LayerWeights {
+                    plan,
+                    input_norm: source
+                        .vector(&layer_tensor_name(i, "input_layernorm.weight"), hidden)?,
+                    mla: MlaWeights::load(source, cfg, i)?,
+                    indexer,
+                    post_norm: source.vector(
+                        &layer_tensor_name(i, "post_attention_layernorm.weight"),
+                        hidden,
+                    )?,
+                    mlp,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ReferenceModel {
+            cfg: cfg.clone(),
+            embedding: source.matrix("model.embed_tokens.weight", cfg.vocab_size, hidden)?,
+            layers,
+            final_norm: source.vector("model.norm.weight", hidden)?,
+            lm_head: source.matrix("lm_head.weight", cfg.vocab_size, hidden)?,
+        })
+    }
+}

@@ -1,0 +1,56 @@
+//! The caches a decode keeps between steps: per request, per layer, the MLA cache; per full
+//! indexer layer, the index keys.
+
+use indexer::reference::ScaledVector;
+use mla::reference::MlaCache;
+use model::IndexerKind;
+
+use super::{ReferenceModel, ReferenceOptions, Result};
+
+/// One request's caches.
+#[derive(Debug, Clone)]
+pub(super) struct RequestCache {
+    pub mla: Vec<MlaCache>,
+    /// `Some` on full indexer layers: one key per cached position.
+    pub index_keys: Vec<Option<Vec<ScaledVector>>>,
+}
+
+/// The caches of every request, created empty for `requests` requests.
+#[derive(Debug, Clone)]
+pub struct DecodeState {
+    pub(super) requests: Vec<RequestCache>,
+    pub(super) options: ReferenceOptions,
+}
+
+impl DecodeState {
+    /// Empty caches in the formats `options` picks; the same options must be used for every step.
+    pub fn new(model: &ReferenceModel, requests: usize, options: ReferenceOptions) -> Result<Self> {
+        let request = RequestCache {
+            mla: model
+                .layers
+                .iter()
+                .map(|_| MlaCache::new(&model.cfg, options.mla_cache))
+                .collect::<mla::Result<_>>()?,
+            index_keys: model
+                .layers
+                .iter()
+                .map(|l| (l.plan.indexer == IndexerKind::Full).then(Vec::new))
+                .collect(),
+        };
+        Ok(DecodeState {
+            requests: vec![request; requests],
+            options,
+        })
+    }
+
+    pub fn options(&self) -> &ReferenceOptions {
+        &self.options
+    }
+
+    /// Tokens cached for `request` (every layer holds the same count).
+    pub fn cached(&self, request: usize) -> Option<usize> {
+        self.requests
+            .get(request)
+            .map(|r| r.mla.first().map_or(0, MlaCache::len))
+    }
+}

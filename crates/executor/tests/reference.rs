@@ -1,0 +1,261 @@
+//! The reference step's own contract: prefill as one step, MTP verify rows and interleaved
+//! requests all give what single-row steps give; rows that break the cache order are refused;
+//! shared layers reuse their source's top-k; each "difference on purpose" switch has an effect.
+
+use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput};
+use indexer::reference::IndexerOptions;
+use mla::reference::{CacheStore, MlaOptions};
+use model::weights::Synthetic;
+use model::{CacheFormat, IndexerKind, ModelConfig, WeightFormat};
+
+fn tiny() -> ModelConfig {
+    ModelConfig::preset("tiny").unwrap()
+}
+
+fn model() -> ReferenceModel {
+    let cfg = tiny();
+    ReferenceModel::load(&cfg, &Synthetic::new(&cfg, 21, WeightFormat::Bf16).unwrap()).unwrap()
+}
+
+fn rows(request: usize, positions: std::ops::Range<usize>) -> Vec<Row> {
+    positions
+        .map(|p| Row {
+            request,
+            token: ((p * 733 + request * 97 + 5) % 2048) as u32,
+            position: p,
+        })
+        .collect()
+}
+
+/// Row `r` of a step's output: every layer's hidden state and the logits.
+fn row_of(out: &StepOutput, r: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
+    (
+        out.hidden.iter().map(|l| l[r].clone()).collect(),
+        out.logits[r].clone(),
+    )
+}
+
+fn one_by_one(
+    model: &ReferenceModel,
+    state: &mut DecodeState,
+    rows: &[Row],
+) -> Vec<(Vec<Vec<f32>>, Vec<f32>)> {
+    rows.iter()
+        .map(|r| row_of(&model.step(state, std::slice::from_ref(r)).unwrap(), 0))
+        .collect()
+}
+
+#[test]
+fn batched_rows_equal_single_row_steps_bit_for_bit() {
+    let model = model();
+    let cfg = tiny();
+    for options in [
+        ReferenceOptions::transformers(&cfg, false),
+        ReferenceOptions::engines(&cfg),
+    ] {
+        // 24 + 4 > index_topk = 16, so selection drops tokens.
+        let prompt = rows(0, 0..24);
+        let verify = rows(0, 24..28);
+        let mut batched = DecodeState::new(&model, 1, options).unwrap();
+        let prefill = model.step(&mut batched, &prompt).unwrap();
+        let step = model.step(&mut batched, &verify).unwrap();
+        let mut single = DecodeState::new(&model, 1, options).unwrap();
+        let expected_prefill = one_by_one(&model, &mut single, &prompt);
+        let expected_verify = one_by_one(&model, &mut single, &verify);
+        for (r, expected) in expected_prefill.iter().enumerate() {
+            assert_eq!(&row_of(&prefill, r), expected, "prefill row {r}");
+        }
+        for (r, expected) in expected_verify.iter().enumerate() {
+            assert_eq!(&row_of(&step, r), expected, "verify row {r}");
+        }
+        assert_eq!(batched.cached(0), Some(28));
+    }
+}
+
+#[test]
+fn interleaved_requests_equal_each_request_alone() {
+    let model = model();
+    let options = ReferenceOptions::engines(&tiny());
+    let (a, b) = (rows(0, 0..20), rows(1, 0..20));
+    let mut both = DecodeState::new(&model, 2, options).unwrap();
+    let mixed: Vec<Row> = a.iter().zip(&b).flat_map(|(x, y)| [*x, *y]).collect();
+    let out = model.step(&mut both, &mixed).unwrap();
+    for (request, rows) in [(0, &a), (1, &b)] {
+        let mut alone = DecodeState::new(&model, 1, options).unwrap();
+        let rows: Vec<Row> = rows.iter().map(|r| Row { request: 0, ..*r }).collect();
+        let expected = model.step(&mut alone, &rows).unwrap();
+        for r in 0..rows.len() {
+            assert_eq!(
+                row_of(&out, 2 * r + request),
+                row_of(&expected, r),
+                "request {request} row {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rows_that_break_the_cache_order_are_refused() {
+    let model = model();
+    let mut state = DecodeState::new(&model, 1, ReferenceOptions::engines(&tiny())).unwrap();
+    let error =
+        |state: &mut DecodeState, rows: &[Row]| model.step(state, rows).unwrap_err().to_string();
+    assert!(error(&mut state, &[]).contains("at least one row"));
+    let skip = error(&mut state, &rows(0, 1..2));
+    assert!(skip.contains("next row must be at 0, not 1"), "{skip}");
+    let unknown = error(&mut state, &rows(3, 0..1));
+    assert!(
+        unknown.contains("request 3 but the state holds 1"),
+        "{unknown}"
+    );
+    let token = error(
+        &mut state,
+        &[Row {
+            request: 0,
+            token: 2048,
+            position: 0,
+        }],
+    );
+    assert!(token.contains("outside the vocabulary"), "{token}");
+    model.step(&mut state, &rows(0, 0..3)).unwrap();
+    let repeat = error(&mut state, &rows(0, 2..3));
+    assert!(repeat.contains("must be at 3, not 2"), "{repeat}");
+}
+
+#[test]
+fn shared_layers_reuse_their_source_top_k_and_short_rows_select_everything() {
+    let model = model();
+    let cfg = tiny();
+    let mut state = DecodeState::new(&model, 1, ReferenceOptions::engines(&cfg)).unwrap();
+    let out = model.step(&mut state, &rows(0, 0..40)).unwrap();
+    for plan in cfg.layer_plan().unwrap() {
+        match plan.indexer {
+            IndexerKind::Shared { source_layer } => {
+                assert_eq!(
+                    out.topk[plan.index], out.topk[source_layer],
+                    "layer {}",
+                    plan.index
+                );
+                assert!(out.index_scores[plan.index].is_none());
+            }
+            IndexerKind::Full => assert!(out.index_scores[plan.index].is_some()),
+        }
+    }
+    let k = cfg.index_topk;
+    for (p, list) in out.topk[0].iter().enumerate() {
+        let selected: Vec<i32> = list.iter().copied().filter(|&t| t >= 0).collect();
+        assert_eq!(list.len(), k);
+        if p < k {
+            assert_eq!(selected, (0..=p as i32).collect::<Vec<_>>(), "row {p}");
+        } else {
+            assert_eq!(selected.len(), k);
+            assert!(
+                selected.iter().all(|&t| t <= p as i32),
+                "row {p} selected a future key"
+            );
+        }
+    }
+}
+
+/// Relative L2 distance of layer `layer`'s hidden states, all rows.
+fn distance(a: &StepOutput, b: &StepOutput, layer: usize) -> f64 {
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for (x, y) in a.hidden[layer].iter().zip(&b.hidden[layer]) {
+        for (&u, &v) in x.iter().zip(y) {
+            diff += (f64::from(u) - f64::from(v)).powi(2);
+            norm += f64::from(v).powi(2);
+        }
+    }
+    (diff / norm).sqrt()
+}
+
+#[test]
+fn each_switch_changes_the_result_by_its_own_amount() {
+    let model = model();
+    let cfg = tiny();
+    let base = ReferenceOptions::transformers(&cfg, false);
+    let run = |options: ReferenceOptions| {
+        let mut state = DecodeState::new(&model, 1, options).unwrap();
+        model.step(&mut state, &rows(0, 0..32)).unwrap()
+    };
+    let reference = run(base);
+    let switches: [(&str, ReferenceOptions, f64, f64); 5] = [
+        (
+            "bf16 MLA cache",
+            ReferenceOptions {
+                mla_cache: CacheStore::Format(CacheFormat::Bf16),
+                ..base
+            },
+            1e-4,
+            2e-2,
+        ),
+        (
+            "FP8 MLA cache",
+            ReferenceOptions {
+                mla_cache: CacheStore::Format(CacheFormat::Fp8),
+                ..base
+            },
+            1e-3,
+            1e-1,
+        ),
+        (
+            "latent eps 1e-5",
+            ReferenceOptions {
+                mla: MlaOptions {
+                    latent_norm_eps: 1e-5,
+                    ..base.mla
+                },
+                ..base
+            },
+            0.0,
+            1e-4,
+        ),
+        (
+            "bf16 activations",
+            ReferenceOptions::transformers(&cfg, true),
+            1e-4,
+            3e-2,
+        ),
+        (
+            "FP8 + Hadamard indexer",
+            ReferenceOptions {
+                indexer: IndexerOptions {
+                    bf16_projections: false,
+                    ..IndexerOptions::deepseek(&cfg)
+                },
+                ..base
+            },
+            0.0,
+            1.0,
+        ),
+    ];
+    for (name, options, lower, upper) in switches {
+        let out = run(options);
+        // Layer 0 before any top-k can differ much; the indexer switch shows in the scores.
+        let d = distance(&out, &reference, 0);
+        println!("{name}: layer-0 distance {d:.3e}");
+        assert!(
+            d > lower && d < upper,
+            "{name}: layer-0 distance {d:e} outside ({lower:e}, {upper:e})"
+        );
+        assert_ne!(out.logits, reference.logits, "{name} changed nothing");
+    }
+    let fp8_indexer = run(ReferenceOptions {
+        indexer: IndexerOptions {
+            bf16_projections: false,
+            ..IndexerOptions::deepseek(&cfg)
+        },
+        ..base
+    });
+    let (ours, theirs) = (
+        fp8_indexer.index_scores[0].as_ref().unwrap(),
+        reference.index_scores[0].as_ref().unwrap(),
+    );
+    let worst = ours
+        .iter()
+        .flatten()
+        .zip(theirs.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(worst > 0.0, "FP8 index scores equal the exact ones");
+}

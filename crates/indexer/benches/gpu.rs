@@ -1,0 +1,161 @@
+//! Scoring on the GPU: rows 1, 2, 4, 8 (one request's draft chain, and separate requests) at 8K,
+//! 128K and 512K keys. Each figure is the median of event-timed launches of the scoring kernel
+//! alone, the L2 flushed before each, beside the floor: the key and scale bytes the rows'
+//! requests must read, once, over the copy bandwidth measured in the same run.
+//!
+//! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use device::{Args, Device, Launch};
+use indexer::gpu::KernelConfig;
+use indexer::layout::pages_through;
+use indexer::reference::{IndexerDims, IndexerOptions};
+use model::ModelConfig;
+use support::{CacheKind, Error, Inputs, LaunchBuffers, Request, Scene, Stage};
+
+const KEYS: [u32; 3] = [8192, 131_072, 524_288];
+const ROWS: [u32; 4] = [1, 2, 4, 8];
+const TIMED: usize = 30;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Copy bandwidth (bytes read + written per second) of the device crate's 16-byte copy probe.
+fn copy_bandwidth(dev: &Device) -> Result<f64, Error> {
+    let module = dev.build(&device::probes::copy_source())?;
+    let copy = module.kernel("copy_16b")?;
+    let words = (1usize << 30) / 16;
+    let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    let stream = dev.new_stream()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let launch = Launch::new(dev.info().multiprocessors * 4, 512);
+    let args = Args::new().buf(&src).buf(&dst).u64(words as u64);
+    stream.launch(&copy, launch, &args)?;
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        t0.record(&stream)?;
+        stream.launch(&copy, launch, &args)?;
+        t1.record(&stream)?;
+        t1.sync()?;
+        times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e-3);
+    }
+    Ok(2.0 * (words * 16) as f64 / median(times))
+}
+
+fn main() -> Result<(), Error> {
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("indexer gpu bench skipped: {e}");
+            return Ok(());
+        }
+    };
+    println!(
+        "device: {} ({} SMs)",
+        dev.info().name,
+        dev.info().multiprocessors
+    );
+    let bandwidth = copy_bandwidth(&dev)?;
+    println!(
+        "copy bandwidth: {:.2} TB/s (read + written)",
+        bandwidth / 1e12
+    );
+
+    let cfg = ModelConfig::preset("glm-5")?;
+    let dims = IndexerDims::new(&cfg)?;
+    let config = KernelConfig::new(dims, &IndexerOptions::kernels(&cfg))?;
+    let stage = Stage::new(dev, config)?;
+    let flush = stage.dev.alloc_zeroed::<u8>(256 << 20)?;
+    let stream = stage.dev.new_stream()?;
+    let (t0, t1) = (stage.dev.timer()?, stage.dev.timer()?);
+
+    let mut lines = Vec::new();
+    for &keys in &KEYS {
+        // Requests 0..4: chains of 1, 2, 4, 8 rows; 4..12: single rows. All end at key `keys`.
+        let mut requests: Vec<Request> = ROWS
+            .iter()
+            .map(|&rows| Request {
+                rows,
+                last_position: keys - 1,
+            })
+            .collect();
+        requests.extend((0..8).map(|_| Request {
+            rows: 1,
+            last_position: keys - 1,
+        }));
+        let scene = Scene::new(dims, requests, CacheKind::Random, u64::from(keys));
+        let cache = stage.dev.upload(&scene.bytes)?;
+        let page_bytes = scene.cache.page_bytes() as f64;
+        for (ri, &rows) in ROWS.iter().enumerate() {
+            for chain in [true, false] {
+                if rows == 1 && !chain {
+                    continue; // one row is one request either way
+                }
+                let set: Vec<usize> = if chain {
+                    vec![ri]
+                } else {
+                    (4..4 + rows as usize).collect()
+                };
+                let plan = stage.plan(&scene, &set)?;
+                let inputs = Inputs::random(&dims, plan.rows.len(), 1);
+                let buffers = LaunchBuffers::new(&stage, &scene, &plan, &inputs)?;
+                let args = buffers.stage(&stage, &cache, &cache);
+                // One whole-stage launch publishes the queries and new keys under this tag; the
+                // timed scoring launches then find them ready.
+                stage.next_tag()?;
+                stage.kernels.launch(&stream, &args)?;
+                stream.sync()?;
+                let mut times = Vec::new();
+                for i in 0..=TIMED {
+                    stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                    t0.record(&stream)?;
+                    stage.kernels.score(&stream, &args)?;
+                    t1.record(&stream)?;
+                    t1.sync()?;
+                    if i > 0 {
+                        times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+                    }
+                }
+                let requests = if chain { 1.0 } else { f64::from(rows) };
+                let floor_bytes = requests * f64::from(pages_through(keys - 1)) * page_bytes;
+                lines.push((
+                    keys,
+                    rows,
+                    chain,
+                    plan.runs.len(),
+                    median(times),
+                    floor_bytes / bandwidth * 1e6,
+                ));
+            }
+        }
+    }
+
+    println!("\nindexer scoring, GLM-5 (32 heads x 128), median of {TIMED} launches, L2 flushed before each");
+    println!(
+        "{:>7} {:>4} {:>9} {:>5} {:>10} {:>10} {:>8} {:>9}",
+        "keys", "rows", "requests", "runs", "time us", "floor us", "x floor", "x 1 row"
+    );
+    for &(keys, rows, chain, runs, us, floor) in &lines {
+        let one_row = lines
+            .iter()
+            .find(|l| l.0 == keys && l.1 == 1)
+            .map_or(f64::NAN, |l| l.4);
+        println!(
+            "{:>7} {:>4} {:>9} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2}",
+            keys,
+            rows,
+            if chain { "1 (chain)" } else { "separate" },
+            runs,
+            us,
+            floor,
+            us / floor,
+            us / one_row
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,262 @@
+// Shapes, descriptors and shared numerics of the indexer kernels. The descriptors mirror
+// src/layout.rs (RequestDesc, GroupDesc, RunDesc, Row) and src/gpu.rs (LaunchArgs): keep them in step.
+#pragma once
+#include "prelude.h"
+#include "mailbox.h"
+
+// ---- shape defines (from the Rust config; defaults are GLM-5's) ------------------------------------
+#ifndef IDX_HEADS
+#define IDX_HEADS 32
+#endif
+#ifndef IDX_HEAD_DIM
+#define IDX_HEAD_DIM 128
+#endif
+#ifndef IDX_ROPE_DIM
+#define IDX_ROPE_DIM 64
+#endif
+// 1: GPT-J pairs (2i, 2i+1) as GLM-5; 0: NeoX pairs (i, i + ROPE_DIM/2) as DeepSeek-V3.2.
+#ifndef IDX_ROPE_INTERLEAVED
+#define IDX_ROPE_INTERLEAVED 1
+#endif
+// 1: the 1/sqrt(HEAD_DIM) Hadamard rotation of q and k (spec §3.3); 0: SGLang's fused GLM-5 path.
+#ifndef IDX_HADAMARD
+#define IDX_HADAMARD 1
+#endif
+#ifndef IDX_BLOCK
+#define IDX_BLOCK 256
+#endif
+// Pages a scoring CTA holds in LDS at once (and loads ahead while it scores the previous ones).
+#ifndef IDX_BATCH_PAGES
+#define IDX_BATCH_PAGES 2
+#endif
+// Rows one scoring pass holds (layout.rs MAX_GROUP_ROWS).
+#ifndef IDX_GROUP_ROWS
+#define IDX_GROUP_ROWS 4
+#endif
+// Test only: 1 patches only the scoring group's own new keys, not the request's other rows'
+// (the negative control of the poison check).
+#ifndef IDX_PATCH_GROUP_ONLY
+#define IDX_PATCH_GROUP_ONLY 0
+#endif
+
+#define IDX_PAGE_TOKENS 64
+#define IDX_PAGE_KEY_BYTES (IDX_PAGE_TOKENS * IDX_HEAD_DIM)
+#define IDX_PAGE_BYTES (IDX_PAGE_TOKENS * (IDX_HEAD_DIM + 4))
+// Hand-off words (layout.rs key_box_words / query_box_words).
+#define IDX_KEY_WORDS (IDX_HEAD_DIM / 4 + 1)
+#define IDX_QUERY_WORDS (IDX_HEADS * IDX_HEAD_DIM / 2 + IDX_HEADS)
+// Elements of one head that a lane holds in the key and query tasks (a wave per vector).
+#define IDX_LANE_DIMS (IDX_HEAD_DIM / MONO_WAVE)
+#define IDX_WAVES (IDX_BLOCK / MONO_WAVE)
+
+static_assert(IDX_HEAD_DIM % MONO_WAVE == 0 && (IDX_LANE_DIMS == 1 || IDX_LANE_DIMS == 2 || IDX_LANE_DIMS == 4),
+              "a wave holds a head at 1, 2 or 4 elements a lane");
+static_assert((IDX_HEAD_DIM & (IDX_HEAD_DIM - 1)) == 0, "the Hadamard rotation needs a power-of-two head dim");
+static_assert(IDX_ROPE_DIM % 2 == 0 && IDX_ROPE_DIM <= IDX_HEAD_DIM, "rope turns pairs within the head");
+static_assert(IDX_ROPE_INTERLEAVED || (IDX_ROPE_DIM / 2 >= IDX_LANE_DIMS && (IDX_ROPE_DIM / 2 & (IDX_ROPE_DIM / 2 - 1)) == 0),
+              "half-split partners (d XOR ROPE_DIM/2) must sit in other lanes");
+static_assert(IDX_GROUP_ROWS <= IDX_WAVES, "every row of a group needs a wave");
+
+struct idx_row {
+  u32 request;
+  u32 position;
+};
+struct idx_request {
+  u32 first_row;
+  u32 n_rows;
+  u32 first_position;
+  u32 page_offset;
+};
+struct idx_group {
+  u32 request;
+  u32 first_row;
+  u32 n_rows;
+  u32 last_position;
+};
+struct idx_run {
+  u32 group;
+  u32 first_page;
+  u32 n_pages;
+  u32 tail_pages;
+};
+
+// Everything a launch reads and writes (src/gpu.rs LaunchArgs, same order, no padding).
+struct idx_args {
+  const u16* key_proj;      // [rows][HEAD_DIM] bf16: W_k x̂
+  const float* norm_weight;  // [HEAD_DIM]
+  const float* norm_bias;    // [HEAD_DIM]
+  const u16* query_proj;     // [rows][HEADS * HEAD_DIM] bf16: W_qb c^Q
+  const float* gates;        // [rows][HEADS]: W_w x̂
+  const double* inv_freq;    // [ROPE_DIM / 2]: theta^(-2i / ROPE_DIM)
+  const idx_row* rows;
+  const idx_request* requests;
+  const idx_group* groups;
+  const idx_run* runs;
+  const u32* page_list;  // every request's physical pages, at its page_offset
+  const u8* cache_read;  // what scorers read
+  u8* cache_write;       // where key tasks store (the same buffer outside the poison check)
+  float* scores;         // [rows][stride]
+  u64* scratch;
+  const u32* epoch;
+  u32* diag;
+  u32 launches_per_step;
+  u32 launch_index;
+  u32 n_rows;
+  u32 n_runs;
+  u32 stride;
+  u32 key_box_offset;
+  u32 key_box_stride;
+  u32 query_box_offset;
+  u32 query_box_stride;
+  float weight_scale;  // (HEADS * HEAD_DIM)^-1/2
+};
+
+MONO_DEV u32 idx_key_box(const idx_args& a, u32 row, u32 word) { return a.key_box_offset + row * a.key_box_stride + word; }
+MONO_DEV u32 idx_query_box(const idx_args& a, u32 row, u32 word) {
+  return a.query_box_offset + row * a.query_box_stride + word;
+}
+
+// Byte offset of (physical page, slot) in the cache (layout.rs CacheLayout).
+MONO_DEV u64 idx_key_offset(u32 page, u32 slot) { return (u64)page * IDX_PAGE_BYTES + slot * IDX_HEAD_DIM; }
+MONO_DEV u64 idx_scale_offset(u32 page, u32 slot) {
+  return (u64)page * IDX_PAGE_BYTES + IDX_PAGE_KEY_BYTES + slot * 4u;
+}
+
+// ---- sin and cos in f64 ------------------------------------------------------------------------------
+// Without libm: Cody-Waite reduction by pi/2 (the first 33 bits of pi/2, so k * PIO2_1 is exact for
+// k < 2^20, angles to about 1.6e6 rad), then Taylor polynomials on |r| <= pi/4 whose first omitted
+// term is below 2^-55. The reference takes f64 sin_cos of the same f64 angle, so the two agree to
+// an ulp or two of f64, far below the f32 the rotation returns.
+MONO_DEV void idx_sincos(double x, double* s, double* c) {
+  const double pio2_1 = 1.57079632673412561417e+00;
+  const double pio2_1t = 6.07710050650619224932e-11;
+  const i64 k = (i64)(x * 0.63661977236758134308 + 0.5);  // x >= 0: angles are position * frequency
+  const double kd = (double)k;
+  const double r = (x - kd * pio2_1) - kd * pio2_1t;
+  const double r2 = r * r;
+  double sp = 1.0 / 355687428096000.0;  // 1/17!
+  sp = sp * -r2 + 1.0 / 1307674368000.0;
+  sp = sp * -r2 + 1.0 / 6227020800.0;
+  sp = sp * -r2 + 1.0 / 39916800.0;
+  sp = sp * -r2 + 1.0 / 362880.0;
+  sp = sp * -r2 + 1.0 / 5040.0;
+  sp = sp * -r2 + 1.0 / 120.0;
+  sp = sp * -r2 + 1.0 / 6.0;
+  const double sin_r = r - r * r2 * sp;
+  double cp = 1.0 / 20922789888000.0;  // 1/16!
+  cp = cp * -r2 + 1.0 / 87178291200.0;
+  cp = cp * -r2 + 1.0 / 479001600.0;
+  cp = cp * -r2 + 1.0 / 3628800.0;
+  cp = cp * -r2 + 1.0 / 40320.0;
+  cp = cp * -r2 + 1.0 / 720.0;
+  cp = cp * -r2 + 1.0 / 24.0;
+  cp = cp * -r2 + 0.5;
+  const double cos_r = 1.0 - r2 * cp;
+  switch (k & 3) {
+    case 0: *s = sin_r; *c = cos_r; break;
+    case 1: *s = cos_r; *c = -sin_r; break;
+    case 2: *s = -sin_r; *c = -cos_r; break;
+    default: *s = -cos_r; *c = sin_r; break;
+  }
+}
+
+// ---- a head held by a wave: lane l has dims l*LANE_DIMS .. +LANE_DIMS --------------------------------
+// Rope on dims 0..ROPE_DIM-1 at `position`, in f64 from f32 values as the reference does.
+MONO_DEV void idx_rope(float (&v)[IDX_LANE_DIMS], u32 position, const double* inv_freq) {
+  const u32 lane = mono_lane();
+  float partner[IDX_LANE_DIMS];
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
+#if IDX_ROPE_INTERLEAVED
+#if IDX_LANE_DIMS >= 2
+    partner[i] = v[i ^ 1u];
+#else
+    partner[i] = mono_bits_f32(mono_shfl_xor(mono_f32_bits(v[i]), 1u));
+#endif
+#else
+    partner[i] = mono_bits_f32(mono_shfl_xor(mono_f32_bits(v[i]), (IDX_ROPE_DIM / 2) / IDX_LANE_DIMS));
+#endif
+  }
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
+    const u32 d = lane * IDX_LANE_DIMS + i;
+    if (d >= IDX_ROPE_DIM) continue;
+#if IDX_ROPE_INTERLEAVED
+    const u32 pair = d / 2;
+    const bool first = (d & 1u) == 0;
+#else
+    const u32 pair = d % (IDX_ROPE_DIM / 2);
+    const bool first = d < IDX_ROPE_DIM / 2;
+#endif
+    double s, c;
+    idx_sincos((double)position * inv_freq[pair], &s, &c);
+    const double self = v[i], other = partner[i];
+    // First of a pair: x cos - y sin; second: y cos + x sin.
+    v[i] = (float)(first ? self * c - other * s : self * c + other * s);
+  }
+}
+
+// x <- H x / sqrt(HEAD_DIM), by butterflies: in-lane spans first, then across lanes.
+MONO_DEV void idx_hadamard(float (&v)[IDX_LANE_DIMS]) {
+  const u32 lane = mono_lane();
+#pragma unroll
+  for (u32 span = 1; span < IDX_LANE_DIMS; span <<= 1) {
+#pragma unroll
+    for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
+      if (i & span) continue;
+      const float a = v[i], b = v[i + span];
+      v[i] = a + b;
+      v[i + span] = a - b;
+    }
+  }
+#pragma unroll
+  for (u32 mask = 1; mask < MONO_WAVE; mask <<= 1) {
+#pragma unroll
+    for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
+      const float other = mono_shfl_xor_f32(v[i], mask);
+      v[i] = (lane & mask) ? other - v[i] : v[i] + other;
+    }
+  }
+  const float scale = 1.0f / mono_sqrtf((float)IDX_HEAD_DIM);
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) v[i] *= scale;
+}
+
+// The power-of-two ("ue8m0") scale of a block with largest magnitude amax, as model::numerics::ue8m0_scale:
+// 2^ceil(log2(max(amax, 1e-4) / 448)), the ceiling taken from the bits.
+MONO_DEV float idx_ue8m0_scale(float amax) {
+  const u32 bits = mono_f32_bits(mono_fmaxf(amax, 1e-4f) / 448.0f);
+  i32 e = (i32)((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
+  e = e < -126 ? -126 : (e > 127 ? 127 : e);
+  return mono_bits_f32((u32)(e + 127) << 23);
+}
+
+// ---- block-wide waits on many boxes -------------------------------------------------------------------
+#define IDX_POLL_BATCH 8
+// Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`) into
+// dst[slot * words + word], box i by thread i % BLOCK. Each thread loads POLL_BATCH boxes before
+// looking at any, so boxes already ready cost one round trip per batch rather than one each; a box
+// not ready yet is polled alone (mbx_poll, bounded in debug builds). Only the boxes' own values
+// are read, so no acquire is needed. Ends with a block barrier.
+MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
+  const u32 n = slots * words;
+  bool ok = true;
+  for (u32 base = mono_thread(); base < n; base += IDX_POLL_BATCH * IDX_BLOCK) {
+    u64 w[IDX_POLL_BATCH];
+#pragma unroll
+    for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
+      const u32 i = base + k * IDX_BLOCK;
+      w[k] = i < n ? mbx_load(c.scratch + first + (i / words) * stride + i % words) : 0;
+    }
+#pragma unroll
+    for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
+      const u32 i = base + k * IDX_BLOCK;
+      if (i >= n) continue;
+      if (mbx_tag_of(w[k]) == c.tag)
+        dst[i] = mbx_value_of(w[k]);
+      else
+        ok = ok && mbx_poll(c, first + (i / words) * stride + i % words, dst + i);
+    }
+  }
+  return mbx_block_agree(c, ok);
+}

@@ -1,0 +1,74 @@
+// The index key of one row (spec §3.1-3.5): LayerNorm, rope, Hadamard, E4M3 with a power-of-two
+// scale, stored into the row's cache slot and published as tagged pairs, so this launch's scorers
+// need not wait for the store to become visible.
+#pragma once
+#include "idx_common.h"
+
+// Packs each lane's E4M3 codes into 32-bit words of four; returns true in the lane that owns word
+// (lane * LANE_DIMS) / 4, whose value is `word`.
+MONO_DEV bool idx_pack_codes(const u8 (&codes)[IDX_LANE_DIMS], u32* word) {
+  const u32 lane = mono_lane();
+  u32 packed = 0;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) packed |= (u32)codes[i] << (8u * ((lane * IDX_LANE_DIMS + i) & 3u));
+#pragma unroll
+  for (u32 m = 1; m < 4 / IDX_LANE_DIMS; m <<= 1) packed |= mono_shfl_xor(packed, m);
+  *word = packed;
+  return (lane * IDX_LANE_DIMS) % 4 == 0;
+}
+
+// Wave 0 of the CTA computes the row's key (one HEAD_DIM vector, a wave's worth); the other waves
+// have nothing to do.
+MONO_DEV void idx_key_task(const idx_args& a, const mbx_ctx& c, u32 row) {
+  if (mono_wave() != 0) return;
+  const u32 lane = mono_lane();
+  const idx_row r = a.rows[row];
+  float v[IDX_LANE_DIMS];
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i)
+    v[i] = mono_bf16_to_f32(a.key_proj[(u64)row * IDX_HEAD_DIM + lane * IDX_LANE_DIMS + i]);
+
+  // LayerNorm in fp32, mean then variance (two passes, as torch), eps 1e-6, affine.
+  float sum = 0.0f;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) sum += v[i];
+  const float mean = mono_wave_sum(sum) / (float)IDX_HEAD_DIM;
+  float squares = 0.0f;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) squares += (v[i] - mean) * (v[i] - mean);
+  const float inv_std = 1.0f / mono_sqrtf(mono_wave_sum(squares) / (float)IDX_HEAD_DIM + 1e-6f);
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
+    const u32 d = lane * IDX_LANE_DIMS + i;
+    v[i] = (v[i] - mean) * inv_std * a.norm_weight[d] + a.norm_bias[d];
+  }
+
+  idx_rope(v, r.position, a.inv_freq);
+#if IDX_HADAMARD
+  idx_hadamard(v);
+#endif
+
+  float amax = 0.0f;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) amax = mono_fmaxf(amax, v[i] < 0.0f ? -v[i] : v[i]);
+  const float scale = idx_ue8m0_scale(mono_wave_max(amax));
+  u8 codes[IDX_LANE_DIMS];
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i)
+    codes[i] = mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[i] / scale, -448.0f), 448.0f));
+  u32 word;
+  const bool owner = idx_pack_codes(codes, &word);
+
+  const idx_request q = a.requests[r.request];
+  const u32 page = a.page_list[q.page_offset + r.position / IDX_PAGE_TOKENS];
+  const u32 slot = r.position % IDX_PAGE_TOKENS;
+  const u32 w = lane * IDX_LANE_DIMS / 4;
+  if (owner) {
+    *(u32*)(a.cache_write + idx_key_offset(page, slot) + 4u * w) = word;
+    mono_st_relaxed_u64(c.scratch + idx_key_box(a, row, w), mbx_pack(c.tag, word));
+  }
+  if (lane == 0) {
+    *(float*)(a.cache_write + idx_scale_offset(page, slot)) = scale;
+    mono_st_relaxed_u64(c.scratch + idx_key_box(a, row, IDX_HEAD_DIM / 4), mbx_pack(c.tag, mono_f32_bits(scale)));
+  }
+}

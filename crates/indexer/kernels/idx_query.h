@@ -1,0 +1,49 @@
+// The index query of one row (spec §3.1-3.3, §3.6): rope and Hadamard of every head, once per row,
+// published in bf16 with the head weights w_h = g_h * (HEADS * HEAD_DIM)^-1/2 for the scorers.
+#pragma once
+#include "idx_common.h"
+
+// Words of two bf16 (lower dim in the low half) of a head: a lane owns LANE_DIMS / 2 of them, or
+// with one dim a lane, even lanes own one (their dim and the next lane's).
+#define IDX_LANE_PAIRS (IDX_LANE_DIMS >= 2 ? IDX_LANE_DIMS / 2 : 1)
+
+// A wave a head: wave w does heads w, w + WAVES, ...
+MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
+  const u32 lane = mono_lane();
+  const u32 position = a.rows[row].position;
+  for (u32 h = mono_wave(); h < IDX_HEADS; h += mono_waves_per_block()) {
+    const u16* in = a.query_proj + ((u64)row * IDX_HEADS + h) * IDX_HEAD_DIM + lane * IDX_LANE_DIMS;
+    float v[IDX_LANE_DIMS];
+#pragma unroll
+    for (u32 i = 0; i < IDX_LANE_DIMS; ++i) v[i] = mono_bf16_to_f32(in[i]);
+    idx_rope(v, position, a.inv_freq);
+#if IDX_HADAMARD
+    idx_hadamard(v);
+#endif
+    u32 pairs[IDX_LANE_PAIRS];
+#if IDX_LANE_DIMS >= 2
+#pragma unroll
+    for (u32 p = 0; p < IDX_LANE_PAIRS; ++p)
+      pairs[p] = (u32)mono_f32_to_bf16(v[2 * p]) | ((u32)mono_f32_to_bf16(v[2 * p + 1]) << 16);
+    const bool owner = true;
+    const u32 first_word = lane * IDX_LANE_PAIRS;
+#else
+    const u32 mine = (u32)mono_f32_to_bf16(v[0]) << (16u * (lane & 1u));
+    pairs[0] = mine | mono_shfl_xor(mine, 1u);
+    const bool owner = (lane & 1u) == 0;
+    const u32 first_word = lane / 2;
+#endif
+    if (owner) {
+#pragma unroll
+      for (u32 p = 0; p < IDX_LANE_PAIRS; ++p) {
+        const u32 box = idx_query_box(a, row, h * (IDX_HEAD_DIM / 2) + first_word + p);
+        mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, pairs[p]));
+      }
+    }
+    if (lane == 0) {
+      const float w = a.gates[(u64)row * IDX_HEADS + h] * a.weight_scale;
+      mono_st_relaxed_u64(c.scratch + idx_query_box(a, row, IDX_HEADS * IDX_HEAD_DIM / 2 + h),
+                          mbx_pack(c.tag, mono_f32_bits(w)));
+    }
+  }
+}

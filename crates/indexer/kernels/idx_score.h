@@ -1,0 +1,234 @@
+// Scoring one run of pages for one row group (spec §3.6-3.7): I[r, t] = sum_h w_rh ReLU(q_rh . k_t) s_t
+// for t <= p_r, -inf past it, into scores[r * stride + t].
+//
+// The CTA copies its run into LDS a batch of pages at a time (16-byte loads into registers, so the
+// next batch's loads are in flight while the waves score the current one), converting the keys to
+// f16 once for all the group's rows. Each row of the group has its own waves, which hold the row's
+// query and head weights in registers (on NVIDIA, a wave holds half the heads and the halves' sums
+// meet in LDS), so every key is read from memory once for the whole group.
+// Keys this launch writes are taken from their published pairs (idx_key.h), not from the cache:
+// the store need not be visible yet.
+#pragma once
+#include "idx_common.h"
+#include "idx_tile.h"
+
+#define IDX_BATCH_TOKENS (IDX_BATCH_PAGES * IDX_PAGE_TOKENS)
+#define IDX_KEYS_WORDS (IDX_BATCH_TOKENS * IDX_TOKEN_BYTES / 4)
+#define IDX_STAGE_WORDS (IDX_GROUP_ROWS * IDX_QUERY_WORDS)
+#define IDX_SMEM_WORDS \
+  (IDX_KEYS_WORDS + IDX_BATCH_TOKENS > IDX_STAGE_WORDS ? IDX_KEYS_WORDS + IDX_BATCH_TOKENS : IDX_STAGE_WORDS)
+// 16-byte pieces of a page's keys, of a batch's keys, and a batch's scales.
+#define IDX_PAGE_CHUNKS (IDX_PAGE_KEY_BYTES / 16)
+#define IDX_BATCH_KEY_CHUNKS (IDX_BATCH_PAGES * IDX_PAGE_CHUNKS)
+#define IDX_KEY_LOADS ((IDX_BATCH_KEY_CHUNKS + IDX_BLOCK - 1) / IDX_BLOCK)
+static_assert(IDX_BATCH_TOKENS <= IDX_BLOCK, "a thread loads at most one scale");
+static_assert(IDX_BATCH_TOKENS % IDX_TILE_TOKENS == 0, "tiles cover a batch");
+static_assert(IDX_GROUP_ROWS * IDX_HEAD_GROUPS <= IDX_WAVES, "every (row, head group) of a group needs a wave");
+
+// LDS of a scoring task: first the group's published queries, then (reused) a batch of keys as f16
+// followed by their scales; and the waves' partial sums of two batches (a batch's are summed and
+// written while the next is scored).
+struct idx_score_smem {
+  mono_u32x4 words[(IDX_SMEM_WORDS + 3) / 4];
+  float partial[2][IDX_HEAD_GROUPS][IDX_GROUP_ROWS][IDX_BATCH_TOKENS];
+};
+
+// One batch's loads, held in registers until the LDS is free. Scales go one a thread (4-byte
+// loads): a 16-byte piece would hold 3 more registers in every thread for 32 threads' use.
+struct idx_prefetch {
+  mono_u32x4 key[IDX_KEY_LOADS];
+  float scale;
+};
+
+MONO_DEV u32 idx_batch_pages(const idx_run& run, u32 batch) {
+  const u32 left = run.n_pages - batch * IDX_BATCH_PAGES;
+  return left < IDX_BATCH_PAGES ? left : IDX_BATCH_PAGES;
+}
+
+// Physical pages of `batch` (loaded a batch ahead, so the key loads need not wait for them).
+MONO_DEV void idx_page_ids(const idx_args& a, const idx_request& q, const idx_run& run, u32 batch,
+                           u32 (&phys)[IDX_BATCH_PAGES]) {
+#pragma unroll
+  for (u32 p = 0; p < IDX_BATCH_PAGES; ++p) {
+    const u32 page = batch * IDX_BATCH_PAGES + p;
+    phys[p] = page < run.n_pages ? a.page_list[q.page_offset + run.first_page + page] : 0u;
+  }
+}
+
+MONO_DEV u32 idx_pick(const u32 (&phys)[IDX_BATCH_PAGES], u32 p) {
+  u32 id = phys[0];
+#pragma unroll
+  for (u32 k = 1; k < IDX_BATCH_PAGES; ++k) id = p == k ? phys[k] : id;
+  return id;
+}
+
+// Issues the loads of a batch: keys in 16-byte pieces (piece i by thread i % BLOCK), scales one a thread.
+MONO_DEV void idx_load_batch(const idx_args& a, const u32 (&phys)[IDX_BATCH_PAGES], u32 pages, idx_prefetch& f) {
+  const u32 thread = mono_thread();
+#pragma unroll
+  for (u32 k = 0; k < IDX_KEY_LOADS; ++k) {
+    const u32 i = thread + k * IDX_BLOCK;
+    const u32 page = i / IDX_PAGE_CHUNKS;
+    if (i < IDX_BATCH_KEY_CHUNKS && page < pages)
+      f.key[k] = *(const mono_u32x4*)(a.cache_read + (u64)idx_pick(phys, page) * IDX_PAGE_BYTES +
+                                      16u * (i % IDX_PAGE_CHUNKS));
+  }
+  const u32 page = thread / IDX_PAGE_TOKENS;
+  if (thread < IDX_BATCH_TOKENS && page < pages)
+    f.scale = *(const float*)(a.cache_read + idx_scale_offset(idx_pick(phys, page), thread % IDX_PAGE_TOKENS));
+}
+
+MONO_DEV u8* idx_keys(idx_score_smem& sm) { return (u8*)sm.words; }
+MONO_DEV float* idx_scales(idx_score_smem& sm) { return (float*)sm.words + IDX_KEYS_WORDS; }
+
+// Four E4M3 words of batch token `token`, dims 16 * piece .. + 15, into LDS as f16.
+MONO_DEV void idx_store_piece(idx_score_smem& sm, u32 token, u32 piece, const mono_u32x4& v) {
+  u32 f[8];
+  idx_e4m3x4_to_f16(v.x, &f[0], &f[1]);
+  idx_e4m3x4_to_f16(v.y, &f[2], &f[3]);
+  idx_e4m3x4_to_f16(v.z, &f[4], &f[5]);
+  idx_e4m3x4_to_f16(v.w, &f[6], &f[7]);
+  u8* keys = idx_keys(sm);
+  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece)) = mono_u32x4{f[0], f[1], f[2], f[3]};
+  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece + 1u)) = mono_u32x4{f[4], f[5], f[6], f[7]};
+}
+
+MONO_DEV void idx_store_batch(idx_score_smem& sm, const idx_prefetch& f, u32 pages) {
+  const u32 thread = mono_thread();
+#pragma unroll
+  for (u32 k = 0; k < IDX_KEY_LOADS; ++k) {
+    const u32 i = thread + k * IDX_BLOCK;
+    if (i < IDX_BATCH_KEY_CHUNKS && i / IDX_PAGE_CHUNKS < pages)
+      idx_store_piece(sm, i / (IDX_HEAD_DIM / 16), i % (IDX_HEAD_DIM / 16), f.key[k]);
+  }
+  if (thread < IDX_BATCH_TOKENS && thread / IDX_PAGE_TOKENS < pages) idx_scales(sm)[thread] = f.scale;
+}
+
+// Overwrites the batch's copies of keys this launch writes with their published pairs: the keys
+// of the request's rows (of the group's own rows only, under PATCH_GROUP_ONLY) that lie in the
+// batch [t0, t0 + tokens) and at or before the group's last position. Block-wide; returns false
+// only when a debug wait gave up.
+MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
+                              u32 t0, u32 tokens, idx_score_smem& sm) {
+#if IDX_PATCH_GROUP_ONLY
+  const u32 lowest = q.first_position + (grp.first_row - q.first_row);
+#else
+  const u32 lowest = q.first_position;
+#endif
+  const u32 first = lowest > t0 ? lowest : t0;
+  const u32 last = grp.last_position < t0 + tokens - 1u ? grp.last_position : t0 + tokens - 1u;
+  if (first > last) return true;
+  const u32 row0 = q.first_row + (first - q.first_position);
+  bool ok = true;
+  for (u32 i = mono_thread(); i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += IDX_BLOCK) {
+    const u32 key = i / IDX_KEY_WORDS, word = i % IDX_KEY_WORDS;
+    u32 value;
+    ok = mbx_poll(c, idx_key_box(a, row0 + key, word), &value);
+    const u32 token = first + key - t0;
+    if (!ok) break;
+    if (word == IDX_HEAD_DIM / 4) {
+      idx_scales(sm)[token] = mono_bits_f32(value);
+    } else {
+      // Dims 4 word .. +3: half of f16 chunk word / 2.
+      u32* dst = (u32*)(idx_keys(sm) + idx_chunk_offset(token, word / 2u) + 8u * (word % 2u));
+      idx_e4m3x4_to_f16(value, dst, dst + 1);
+    }
+  }
+  return mbx_block_agree(c, ok);
+}
+
+// A compute wave's tiles of the batch (tiles part, part + waves_per_unit, ...) for its row and head
+// group, times the key scales, into partial[buf][hg][r].
+MONO_DEV void idx_score_batch(const idx_qfrag& qf, idx_score_smem& sm, u32 buf, u32 hg, u32 r, u32 tokens, u32 part,
+                              u32 waves_per_unit) {
+  const u8* keys = idx_keys(sm);
+  const float* scales = idx_scales(sm);
+  float* out = sm.partial[buf][hg][r];
+  // One tile at a time: the query fragments already take most of the registers.
+#pragma unroll 1
+  for (u32 tile = part; tile < tokens / IDX_TILE_TOKENS; tile += waves_per_unit) {
+    const u32 n0 = tile * IDX_TILE_TOKENS;
+    float s[IDX_LANE_TOKENS];
+    idx_tile(qf, keys, n0, s);
+    if (idx_tile_writer()) {
+#pragma unroll
+      for (u32 i = 0; i < IDX_LANE_TOKENS; ++i) {
+        const u32 n = n0 + idx_tile_token() + i;
+        out[n] = s[i] * scales[n];
+      }
+    }
+  }
+}
+
+// Block-wide: sums a batch's head groups and writes the group's scores for tokens t0 .. t0 + tokens,
+// -inf past each row's position (rows of a group are at consecutive positions).
+MONO_DEV void idx_combine(const idx_args& a, const idx_group& grp, const idx_score_smem& sm, u32 buf, u32 t0,
+                          u32 tokens) {
+  const float minus_inf = mono_bits_f32(0xff800000u);
+  for (u32 i = mono_thread(); i < grp.n_rows * tokens; i += IDX_BLOCK) {
+    const u32 r = i / tokens, n = i % tokens;
+    float s = 0.0f;
+#pragma unroll
+    for (u32 hg = 0; hg < IDX_HEAD_GROUPS; ++hg) s += sm.partial[buf][hg][r][n];
+    const u32 position = grp.last_position - (grp.n_rows - 1u - r);
+    a.scores[(u64)(grp.first_row + r) * a.stride + t0 + n] = t0 + n <= position ? s : minus_inf;
+  }
+}
+
+// The group's last run also fills the rows' scores past the group's pages, up to the stride.
+MONO_DEV void idx_write_tail(const idx_args& a, const idx_group& grp, const idx_run& run) {
+  const float minus_inf = mono_bits_f32(0xff800000u);
+  const u32 begin = (run.first_page + run.n_pages) * IDX_PAGE_TOKENS;
+  const u32 n = run.tail_pages * IDX_PAGE_TOKENS;
+  for (u32 r = 0; r < grp.n_rows; ++r)
+    for (u32 i = mono_thread(); i < n; i += IDX_BLOCK) a.scores[(u64)(grp.first_row + r) * a.stride + begin + i] = minus_inf;
+}
+
+// Block-wide: run `run_index` of the launch.
+MONO_DEV void idx_score_task(const idx_args& a, const mbx_ctx& c, u32 run_index, idx_score_smem& sm) {
+  const idx_run run = a.runs[run_index];
+  const idx_group grp = a.groups[run.group];
+  const idx_request q = a.requests[grp.request];
+  const u32 batches = (run.n_pages + IDX_BATCH_PAGES - 1) / IDX_BATCH_PAGES;
+
+  // The first batch's loads go out before the wait on the queries: they don't depend on it.
+  u32 phys[IDX_BATCH_PAGES];
+  idx_prefetch f;
+  idx_page_ids(a, q, run, 0, phys);
+  idx_load_batch(a, phys, idx_batch_pages(run, 0), f);
+  idx_page_ids(a, q, run, 1, phys);
+
+  // Each (row, head group) of the group gets IDX_WAVES / units waves; wave w takes unit w % units.
+  u32* stage = (u32*)sm.words;
+  if (!idx_wait_slots(c, idx_query_box(a, grp.first_row, 0), a.query_box_stride, IDX_QUERY_WORDS, grp.n_rows, stage))
+    return;
+  const u32 units = grp.n_rows * IDX_HEAD_GROUPS;
+  const u32 waves_per_unit = IDX_WAVES / units;
+  const bool computes = mono_wave() < units * waves_per_unit;
+  const u32 unit = mono_wave() % units;
+  const u32 r = unit % grp.n_rows, hg = unit / grp.n_rows;
+  const u32 part = mono_wave() / units;
+  idx_qfrag qf;
+  if (computes) idx_load_query(stage + r * IDX_QUERY_WORDS, hg * IDX_WAVE_M_TILES, qf);
+  mono_sync_block();  // the staged queries are read; the LDS now holds keys
+
+  for (u32 b = 0; b < batches; ++b) {
+    const u32 pages = idx_batch_pages(run, b);
+    const u32 t0 = (run.first_page + b * IDX_BATCH_PAGES) * IDX_PAGE_TOKENS;
+    idx_store_batch(sm, f, pages);
+    mono_sync_block();
+    // The previous batch was full; its partials were finished before the barrier above.
+    if (b > 0) idx_combine(a, grp, sm, (b - 1u) & 1u, t0 - IDX_BATCH_TOKENS, IDX_BATCH_TOKENS);
+    if (!idx_patch_batch(a, c, q, grp, t0, pages * IDX_PAGE_TOKENS, sm)) return;
+    if (b + 1 < batches) {
+      idx_load_batch(a, phys, idx_batch_pages(run, b + 1), f);
+      idx_page_ids(a, q, run, b + 2, phys);
+    }
+    if (computes) idx_score_batch(qf, sm, b & 1u, hg, r, pages * IDX_PAGE_TOKENS, part, waves_per_unit);
+    mono_sync_block();  // every wave is done with the batch before the next overwrites it
+  }
+  const u32 last = batches - 1u;
+  idx_combine(a, grp, sm, last & 1u, (run.first_page + last * IDX_BATCH_PAGES) * IDX_PAGE_TOKENS,
+              idx_batch_pages(run, last) * IDX_PAGE_TOKENS);
+  idx_write_tail(a, grp, run);
+}

@@ -1,0 +1,405 @@
+//! Shape and placement math of the indexer, shared by the kernels' host side, the reference checks
+//! and the executor:
+//! - the paged index-key cache (spec §3.5): 64-token pages, keys first, then the page's scales;
+//! - page tables and slots (where a request's token t lives);
+//! - row groups: up to [`MAX_GROUP_ROWS`] consecutive rows of one request scored in one pass, so
+//!   a key is read once for all of them;
+//! - runs: a group's pages cut into runs of at least [`MIN_RUN_PAGES`] pages, one run a CTA, at
+//!   most [`Limits::max_runs`] runs in a launch;
+//! - the hand-off boxes of new keys and queries, and the score rows the select stage reads.
+
+use bytemuck::{Pod, Zeroable};
+use mailbox::layout::{LayoutBuilder, Region};
+
+use crate::error::{shape, Result};
+
+/// Tokens of one cache page (DeepGEMM's and SGLang's page size).
+pub const PAGE_TOKENS: u32 = model::INDEX_K_PAGE_TOKENS as u32;
+/// Rows of one request that one pass scores together.
+pub const MAX_GROUP_ROWS: u32 = 4;
+/// A run is at least this long, so a CTA always has a next batch to load while it scores one.
+pub const MIN_RUN_PAGES: u32 = 2;
+/// Default bound on scoring CTAs in a launch: about two per SM on an H200 or MI355X.
+pub const MAX_RUNS: u32 = 256;
+/// Bytes of one fp32 scale.
+const SCALE_BYTES: u32 = 4;
+
+/// Byte layout of the index-key cache for one key width: every page holds PAGE_TOKENS keys of
+/// `head_dim` E4M3 bytes, token-major, then their PAGE_TOKENS fp32 scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLayout {
+    head_dim: u32,
+}
+
+impl CacheLayout {
+    /// Keys move in 16-byte pieces, so the width must be a multiple of 16.
+    pub fn new(head_dim: u32) -> Result<Self> {
+        if head_dim == 0 || head_dim % 16 != 0 {
+            return Err(shape(
+                "index-key cache",
+                format!("key width {head_dim} is not a positive multiple of 16 bytes"),
+            ));
+        }
+        Ok(CacheLayout { head_dim })
+    }
+
+    pub fn head_dim(&self) -> u32 {
+        self.head_dim
+    }
+
+    /// 8448 for GLM-5 (8192 of keys, 256 of scales).
+    pub fn page_bytes(&self) -> u64 {
+        u64::from(PAGE_TOKENS) * u64::from(self.head_dim + SCALE_BYTES)
+    }
+
+    /// Where a page's scales start.
+    pub fn keys_bytes(&self) -> u64 {
+        u64::from(PAGE_TOKENS) * u64::from(self.head_dim)
+    }
+
+    /// Byte offset of the key in `slot` of physical page `page`.
+    pub fn key_offset(&self, page: u32, slot: u32) -> u64 {
+        u64::from(page) * self.page_bytes() + u64::from(slot) * u64::from(self.head_dim)
+    }
+
+    /// Byte offset of the scale in `slot` of physical page `page`.
+    pub fn scale_offset(&self, page: u32, slot: u32) -> u64 {
+        u64::from(page) * self.page_bytes() + self.keys_bytes() + u64::from(slot * SCALE_BYTES)
+    }
+}
+
+/// Logical pages needed to hold tokens 0..=position.
+pub fn pages_through(position: u32) -> u32 {
+    position / PAGE_TOKENS + 1
+}
+
+/// Physical page of each logical page, per request, flattened as the device reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageTable {
+    /// Request i's pages are `pages[offsets[i]..offsets[i + 1]]`.
+    offsets: Vec<u32>,
+    pages: Vec<u32>,
+}
+
+impl PageTable {
+    pub fn new(per_request: &[Vec<u32>]) -> Result<Self> {
+        let mut table = PageTable {
+            offsets: vec![0],
+            pages: Vec::new(),
+        };
+        for pages in per_request {
+            table.pages.extend_from_slice(pages);
+            let end = u32::try_from(table.pages.len())
+                .map_err(|_| shape("page table", "more than 2^32 pages"))?;
+            table.offsets.push(end);
+        }
+        Ok(table)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    pub fn pages(&self, request: usize) -> &[u32] {
+        &self.pages[self.offsets[request] as usize..self.offsets[request + 1] as usize]
+    }
+
+    /// Request i's first entry in [`PageTable::flat`].
+    pub fn offset(&self, request: usize) -> u32 {
+        self.offsets[request]
+    }
+
+    /// Every request's pages back to back (the device's page list).
+    pub fn flat(&self) -> &[u32] {
+        &self.pages
+    }
+
+    /// (physical page, slot) of token `position` of `request`, if its page is in the table.
+    pub fn slot(&self, request: usize, position: u32) -> Option<(u32, u32)> {
+        let page = *self.pages(request).get((position / PAGE_TOKENS) as usize)?;
+        Some((page, position % PAGE_TOKENS))
+    }
+}
+
+/// One query row: its request and its position. Row r sees keys 0..=position.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct Row {
+    pub request: u32,
+    pub position: u32,
+}
+
+/// A request of the page table. Its rows in this launch (maybe none) are rows first_row.., at
+/// positions first_position.. (consecutive), and their keys are the ones this launch writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct RequestDesc {
+    pub first_row: u32,
+    pub n_rows: u32,
+    pub first_position: u32,
+    /// Where the request's pages start in the page list.
+    pub page_offset: u32,
+}
+
+/// Rows first_row..first_row + n_rows of one request, scored in one pass.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct GroupDesc {
+    /// The request (page-table index).
+    pub request: u32,
+    pub first_row: u32,
+    pub n_rows: u32,
+    /// The last row's position: the group reads keys 0..=last_position.
+    pub last_position: u32,
+}
+
+/// What one scoring CTA does: logical pages first_page..first_page + n_pages of its group, then,
+/// for the group's last run only, `tail_pages` more pages of −inf up to the score stride.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct RunDesc {
+    pub group: u32,
+    pub first_page: u32,
+    pub n_pages: u32,
+    pub tail_pages: u32,
+}
+
+/// Bounds the planner keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_runs: u32,
+    pub group_rows: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_runs: MAX_RUNS,
+            group_rows: MAX_GROUP_ROWS,
+        }
+    }
+}
+
+/// The scoring work of one launch: groups, runs, and the score rows' stride.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScorePlan {
+    pub rows: Vec<Row>,
+    /// One per request of the page table, indexed like it.
+    pub requests: Vec<RequestDesc>,
+    pub groups: Vec<GroupDesc>,
+    pub runs: Vec<RunDesc>,
+    /// Scores of row r are `scores[r * stride ..][..stride]`: a whole number of pages, enough for
+    /// the longest row; entries past a row's position are −inf.
+    pub stride: u32,
+}
+
+impl ScorePlan {
+    /// Plans `rows` (each request's rows adjacent, at consecutive increasing positions) over the
+    /// requests' `pages`.
+    pub fn new(rows: &[Row], pages: &PageTable, limits: Limits) -> Result<Self> {
+        if limits.group_rows == 0 || limits.group_rows > MAX_GROUP_ROWS {
+            return Err(shape(
+                "score plan",
+                format!(
+                    "groups of {} rows; the scorer holds 1 to {MAX_GROUP_ROWS}",
+                    limits.group_rows
+                ),
+            ));
+        }
+        let requests = requests_of(rows, pages)?;
+        let groups = groups_of(&requests, rows, limits.group_rows);
+        let stride_pages = rows
+            .iter()
+            .map(|r| pages_through(r.position))
+            .max()
+            .ok_or_else(|| shape("score plan", "a launch needs at least one row"))?;
+        let runs = runs_of(&groups, stride_pages, limits.max_runs)?;
+        Ok(ScorePlan {
+            rows: rows.to_vec(),
+            requests,
+            groups,
+            runs,
+            stride: stride_pages * PAGE_TOKENS,
+        })
+    }
+
+    /// Key and scale bytes the scoring reads from the cache: each group's pages once.
+    pub fn cache_bytes_read(&self, cache: &CacheLayout) -> u64 {
+        self.runs
+            .iter()
+            .map(|run| u64::from(run.n_pages) * cache.page_bytes())
+            .sum()
+    }
+}
+
+/// One descriptor per request of the page table (n_rows 0 for those without rows), after
+/// checking the row rules.
+fn requests_of(rows: &[Row], pages: &PageTable) -> Result<Vec<RequestDesc>> {
+    let mut requests: Vec<RequestDesc> = (0..pages.requests())
+        .map(|r| RequestDesc {
+            page_offset: pages.offset(r),
+            ..RequestDesc::default()
+        })
+        .collect();
+    for (index, row) in rows.iter().enumerate() {
+        let request = row.request as usize;
+        let Some(desc) = requests.get_mut(request) else {
+            return Err(shape(
+                "score plan",
+                format!(
+                    "row {index} names request {request}; the page table has {}",
+                    pages.requests()
+                ),
+            ));
+        };
+        let have = pages.pages(request).len() as u32;
+        if have < pages_through(row.position) {
+            return Err(shape(
+                "score plan",
+                format!(
+                    "row {index} at position {} needs {} pages of request {request}; it has {have}",
+                    row.position,
+                    pages_through(row.position)
+                ),
+            ));
+        }
+        if desc.n_rows == 0 {
+            *desc = RequestDesc {
+                first_row: index as u32,
+                n_rows: 1,
+                first_position: row.position,
+                page_offset: desc.page_offset,
+            };
+            continue;
+        }
+        let (next_row, next_position) = (
+            desc.first_row + desc.n_rows,
+            desc.first_position + desc.n_rows,
+        );
+        if index as u32 != next_row {
+            return Err(shape(
+                "score plan",
+                format!("the rows of request {request} are not adjacent (again at row {index})"),
+            ));
+        }
+        if row.position != next_position {
+            return Err(shape(
+                "score plan",
+                format!(
+                    "row {index} of request {request} is at position {}; the rows before it end at {}",
+                    row.position,
+                    next_position - 1
+                ),
+            ));
+        }
+        desc.n_rows += 1;
+    }
+    Ok(requests)
+}
+
+/// Each request's rows cut into ceil(n / group_rows) groups of near-equal size, longer first.
+fn groups_of(requests: &[RequestDesc], rows: &[Row], group_rows: u32) -> Vec<GroupDesc> {
+    let mut groups = Vec::new();
+    for (index, request) in requests.iter().enumerate() {
+        if request.n_rows == 0 {
+            continue;
+        }
+        let count = request.n_rows.div_ceil(group_rows);
+        let mut first_row = request.first_row;
+        for g in 0..count {
+            let n_rows = request.n_rows / count + u32::from(g < request.n_rows % count);
+            groups.push(GroupDesc {
+                request: index as u32,
+                first_row,
+                n_rows,
+                last_position: rows[(first_row + n_rows - 1) as usize].position,
+            });
+            first_row += n_rows;
+        }
+    }
+    groups
+}
+
+/// Runs a group of `pages` pages is cut into when runs aim at `length` pages: as many as fit,
+/// none shorter than MIN_RUN_PAGES (a group of one page is one run).
+fn run_count(pages: u32, length: u32) -> u32 {
+    pages.div_ceil(length).min(pages / MIN_RUN_PAGES).max(1)
+}
+
+/// The shortest run length whose runs fit in `max_runs`, then each group's runs of near-equal size.
+fn runs_of(groups: &[GroupDesc], stride_pages: u32, max_runs: u32) -> Result<Vec<RunDesc>> {
+    if groups.len() as u64 > u64::from(max_runs) {
+        return Err(shape(
+            "score plan",
+            format!(
+                "{} row groups need at least as many runs; the limit is {max_runs}",
+                groups.len()
+            ),
+        ));
+    }
+    let group_pages: Vec<u32> = groups
+        .iter()
+        .map(|g| pages_through(g.last_position))
+        .collect();
+    let total: u64 = group_pages.iter().map(|&p| u64::from(p)).sum();
+    let longest = group_pages.iter().copied().max().unwrap_or(1);
+    let mut length = (total.div_ceil(u64::from(max_runs)) as u32).max(MIN_RUN_PAGES);
+    // Terminates: at length >= longest every group is one run, and groups <= max_runs.
+    while length < longest
+        && group_pages
+            .iter()
+            .map(|&p| u64::from(run_count(p, length)))
+            .sum::<u64>()
+            > u64::from(max_runs)
+    {
+        length += 1;
+    }
+    let mut runs = Vec::new();
+    for (index, &pages) in group_pages.iter().enumerate() {
+        let count = run_count(pages, length);
+        let mut first_page = 0;
+        for r in 0..count {
+            let n_pages = pages / count + u32::from(r < pages % count);
+            let last = r + 1 == count;
+            runs.push(RunDesc {
+                group: index as u32,
+                first_page,
+                n_pages,
+                tail_pages: if last { stride_pages - pages } else { 0 },
+            });
+            first_page += n_pages;
+        }
+    }
+    Ok(runs)
+}
+
+/// Boxes that carry one row's new key: head_dim / 4 words of four E4M3 codes, then the scale.
+pub fn key_box_words(head_dim: u32) -> u32 {
+    head_dim / 4 + 1
+}
+
+/// Boxes that carry one row's query: heads * head_dim / 2 words of two bf16 (head-major, dims in
+/// order), then one f32 head weight per head.
+pub fn query_box_words(heads: u32, head_dim: u32) -> u32 {
+    heads * head_dim / 2 + heads
+}
+
+/// The indexer's regions of a launch's scratch: a slot per row for its key and for its query.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexerBoxes {
+    pub key: Region<u32>,
+    pub query: Region<u32>,
+}
+
+impl IndexerBoxes {
+    pub fn add(builder: &mut LayoutBuilder, rows: u32, heads: u32, head_dim: u32) -> Result<Self> {
+        let region = |b: &mut LayoutBuilder, name, words| {
+            b.region::<u32>(name, rows, words)
+                .map_err(|e| shape("indexer boxes", e.to_string()))
+        };
+        Ok(IndexerBoxes {
+            key: region(builder, "idx_key", key_box_words(head_dim))?,
+            query: region(builder, "idx_query", query_box_words(heads, head_dim))?,
+        })
+    }
+}

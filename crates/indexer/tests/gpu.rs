@@ -1,0 +1,300 @@
+//! The indexer on a GPU against the CPU reference: issue 5's check matrix (caches x row sets x
+//! positions), the poison check and its negative control, the checkers' own negative controls, and
+//! the tiny preset and the variant switches.
+//!
+//! `cargo test -p indexer --release --test gpu -- --ignored --nocapture --test-threads 1`
+
+mod support;
+
+use device::{Buffer, Device};
+use indexer::gpu::KernelConfig;
+use indexer::reference::{IndexerDims, IndexerOptions};
+use mailbox::gpu::{DebugBound, Variant};
+use model::numerics::RopeStyle;
+use model::ModelConfig;
+use support::{
+    check_rows, check_scores, check_stored, CacheKind, Inputs, Launched, Request, Scene, Stage,
+};
+
+const POSITIONS: [u32; 4] = [8447, 131_071, 262_143, 524_287];
+const KINDS: [CacheKind; 4] = [
+    CacheKind::Random,
+    CacheKind::Ties,
+    CacheKind::Zeros,
+    CacheKind::Recent,
+];
+
+/// Requests of a scene whose longest rows sit at `p`; SETS picks the launches' requests.
+fn requests(p: u32) -> Vec<Request> {
+    let r = |rows, last_position| Request {
+        rows,
+        last_position,
+    };
+    vec![
+        // serving: one row a request
+        r(1, p),
+        r(1, p - p / 8),
+        // mixed: different lengths (two under 2,048 keys) and row counts
+        r(1, p),
+        r(2, p / 2),
+        r(1, 1500),
+        r(3, 40),
+        // draft chains
+        r(2, p),
+        r(4, p),
+        r(8, p),
+    ]
+}
+
+const SETS: [(&str, &[usize]); 5] = [
+    ("serving", &[0, 1]),
+    ("mixed", &[2, 3, 4, 5]),
+    ("chain 2", &[6]),
+    ("chain 4", &[7]),
+    ("chain 8", &[8]),
+];
+
+fn dims(preset: &str) -> IndexerDims {
+    IndexerDims::new(&ModelConfig::preset(preset).unwrap()).unwrap()
+}
+
+/// Debug mailbox waits: a wait that never ends gives up and reports instead of hanging the test.
+fn config(preset: &str) -> KernelConfig {
+    let cfg = ModelConfig::preset(preset).unwrap();
+    KernelConfig {
+        mailbox: Variant {
+            debug: Some(DebugBound {
+                poll_limit: 1 << 24,
+                trap: false,
+            }),
+            ..Variant::default()
+        },
+        ..KernelConfig::new(dims(preset), &IndexerOptions::kernels(&cfg)).unwrap()
+    }
+}
+
+fn stage(config: KernelConfig) -> Stage {
+    let dev = Device::open(0).expect("these tests need a GPU");
+    Stage::new(dev, config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One launch of `set` over `scene` with fresh inputs; keys and queries checked, scores returned
+/// with the launch for the score check.
+fn launch(
+    stage: &Stage,
+    scene: &Scene,
+    set: &[usize],
+    read: &Buffer<u8>,
+    write: &Buffer<u8>,
+    seed: u64,
+) -> Result<(Launched, Inputs), String> {
+    let plan = stage.plan(scene, set).map_err(|e| e.to_string())?;
+    let inputs = Inputs::random(&scene.dims, plan.rows.len(), seed);
+    let launched = stage
+        .launch(scene, &plan, &inputs, read, write)
+        .map_err(|e| e.to_string())?;
+    check_rows(&stage.config, &launched, &inputs)?;
+    Ok((launched, inputs))
+}
+
+struct Line {
+    position: u32,
+    kind: CacheKind,
+    set: &'static str,
+    rows: usize,
+    keys: u64,
+    result: Result<f64, String>,
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn check_matrix() {
+    let stage = stage(config("glm-5"));
+    let mut lines = Vec::new();
+    for (pi, &p) in POSITIONS.iter().enumerate() {
+        for (ki, &kind) in KINDS.iter().enumerate() {
+            let scene = Scene::new(dims("glm-5"), requests(p), kind, (pi * 10 + ki) as u64);
+            let read = stage.dev.upload(&scene.bytes).unwrap();
+            // Key tasks store elsewhere: the poisoned new slots stay in what the scorers read.
+            let write = stage.dev.alloc_zeroed::<u8>(scene.bytes.len()).unwrap();
+            let mut launches = Vec::new();
+            for (si, (name, set)) in SETS.iter().enumerate() {
+                let outcome = launch(&stage, &scene, set, &read, &write, si as u64)
+                    .and_then(|(l, inputs)| Ok((check_scores(&scene, &l)?, l, inputs)));
+                let (rows, keys, result) = match outcome {
+                    Ok((stats, l, inputs)) => {
+                        let line = (l.plan.rows.len(), stats.keys, Ok(stats.worst));
+                        launches.push((l, inputs));
+                        line
+                    }
+                    Err(e) => (0, 0, Err(e)),
+                };
+                lines.push(Line {
+                    position: p,
+                    kind,
+                    set: name,
+                    rows,
+                    keys,
+                    result,
+                });
+            }
+            let written = write.download().unwrap();
+            for (l, _) in &launches {
+                if let Err(e) = check_stored(&scene, l, &written) {
+                    lines.push(failure(p, kind, "cache store", e));
+                }
+            }
+            // The same chain with the store going into the cache the scorers read, as in a real
+            // step: the scores must be the same bits.
+            if let Some((chain, inputs)) = launches.iter().find(|(l, _)| l.plan.rows.len() == 8) {
+                let aliased = stage
+                    .launch(&scene, &chain.plan, inputs, &read, &read)
+                    .map_err(|e| e.to_string())
+                    .and_then(|l| {
+                        if l.scores
+                            .iter()
+                            .map(|s| s.to_bits())
+                            .eq(chain.scores.iter().map(|s| s.to_bits()))
+                        {
+                            Ok(0.0)
+                        } else {
+                            Err("scores differ when the store goes into the read cache".to_string())
+                        }
+                    });
+                lines.push(Line {
+                    position: p,
+                    kind,
+                    set: "chain 8 aliased",
+                    rows: 8,
+                    keys: 0,
+                    result: aliased,
+                });
+            }
+        }
+    }
+    println!("\nindexer check matrix (GLM-5 shapes): error = max |gpu - ref| / max |ref| per row, bound 1e-4");
+    println!(
+        "{:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  result",
+        "position", "cache", "rows", "n", "keys", "error"
+    );
+    let mut failed = 0;
+    for l in &lines {
+        let (error, verdict) = match &l.result {
+            Ok(e) => (format!("{e:.2e}"), "ok".to_string()),
+            Err(e) => {
+                failed += 1;
+                ("-".to_string(), format!("FAILED: {e}"))
+            }
+        };
+        println!(
+            "{:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  {verdict}",
+            l.position,
+            format!("{:?}", l.kind),
+            l.set,
+            l.rows,
+            l.keys,
+            error
+        );
+    }
+    assert_eq!(failed, 0, "{failed} lines of the check matrix failed");
+}
+
+fn failure(position: u32, kind: CacheKind, set: &'static str, e: String) -> Line {
+    Line {
+        position,
+        kind,
+        set,
+        rows: 0,
+        keys: 0,
+        result: Err(e),
+    }
+}
+
+/// Poison check, negative control: scorers that patch only their own group's new keys read the
+/// earlier group's new keys of an 8-row chain from the poisoned cache, and the score check fails;
+/// the same scene passes with the real scorer.
+#[test]
+#[ignore = "needs a GPU"]
+fn patching_only_the_groups_own_keys_fails_the_poison_check() {
+    let scene = Scene::new(dims("glm-5"), requests(8447), CacheKind::Random, 99);
+    let chain = SETS[4].1;
+    for patch_group_only in [false, true] {
+        let stage = stage(KernelConfig {
+            patch_group_only,
+            ..config("glm-5")
+        });
+        let read = stage.dev.upload(&scene.bytes).unwrap();
+        let write = stage.dev.alloc_zeroed::<u8>(scene.bytes.len()).unwrap();
+        let (launched, _) = launch(&stage, &scene, chain, &read, &write, 7).unwrap();
+        let verdict = check_scores(&scene, &launched);
+        println!("patch group only = {patch_group_only}: {verdict:?}");
+        assert_eq!(verdict.is_err(), patch_group_only, "{verdict:?}");
+    }
+}
+
+/// The checkers themselves fail on wrong results: a score's bits flipped, a published key code
+/// off by a few steps, a published query element moved.
+#[test]
+#[ignore = "needs a GPU"]
+fn checkers_catch_corrupted_results() {
+    let stage = stage(config("glm-5"));
+    let scene = Scene::new(dims("glm-5"), requests(8447), CacheKind::Random, 5);
+    let read = stage.dev.upload(&scene.bytes).unwrap();
+    let write = stage.dev.alloc_zeroed::<u8>(scene.bytes.len()).unwrap();
+    let (launched, inputs) = launch(&stage, &scene, SETS[3].1, &read, &write, 3).unwrap();
+    check_scores(&scene, &launched).unwrap();
+
+    let mut flipped = launched.clone();
+    let t = 1234;
+    flipped.scores[t] = f32::from_bits(flipped.scores[t].to_bits() ^ 0x0040_0000);
+    assert!(
+        check_scores(&scene, &flipped).is_err(),
+        "a flipped score passed"
+    );
+
+    let mut bad_key = launched.clone();
+    bad_key.keys[0].values[5] += 64.0;
+    assert!(
+        check_rows(&stage.config, &bad_key, &inputs).is_err(),
+        "a wrong key passed"
+    );
+
+    let mut bad_query = launched.clone();
+    bad_query.queries[1].q[77] += 0.25;
+    assert!(
+        check_rows(&stage.config, &bad_query, &inputs).is_err(),
+        "a wrong query passed"
+    );
+}
+
+/// Other shapes and switches: the tiny preset (8 heads of 64: a half-empty head tile, a narrower
+/// key), and GLM-5 with half-split rope and no Hadamard rotation.
+#[test]
+#[ignore = "needs a GPU"]
+fn tiny_preset_and_variant_switches() {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let variant = KernelConfig {
+        rope: RopeStyle::HalfSplit,
+        hadamard: false,
+        ..config("glm-5")
+    };
+    assert_ne!(variant.options(), IndexerOptions::kernels(&cfg));
+    for (name, config) in [
+        ("tiny", config("tiny")),
+        ("glm-5 half-split, no Hadamard", variant),
+    ] {
+        let stage = stage(config);
+        for p in [700, 8447] {
+            let scene = Scene::new(config.dims, requests(p), CacheKind::Random, u64::from(p));
+            let read = stage.dev.upload(&scene.bytes).unwrap();
+            let write = stage.dev.alloc_zeroed::<u8>(scene.bytes.len()).unwrap();
+            for (set_name, set) in SETS {
+                let (launched, _) = launch(&stage, &scene, set, &read, &write, 1)
+                    .unwrap_or_else(|e| panic!("{name} at {p}, {set_name}: {e}"));
+                let stats = check_scores(&scene, &launched)
+                    .unwrap_or_else(|e| panic!("{name} at {p}, {set_name}: {e}"));
+                println!("{name} at {p}, {set_name}: error {:.2e}", stats.worst);
+            }
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The MLA layouts tile what they describe exactly once.
+
+use mla::{CacheLayout, HeadLayout};
+use model::{CacheFormat, ModelConfig};
+use proptest::prelude::*;
+
+fn config(tiles: usize, rope_pairs: usize, heads: usize, nope: usize, v: usize) -> ModelConfig {
+    ModelConfig {
+        kv_lora_rank: 128 * tiles,
+        qk_rope_head_dim: 2 * rope_pairs,
+        num_attention_heads: heads,
+        qk_nope_head_dim: nope,
+        v_head_dim: v,
+        ..ModelConfig::preset("tiny").unwrap()
+    }
+}
+
+#[test]
+fn glm5_records_are_656_and_1152_bytes() {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let fp8 = CacheLayout::new(&cfg, CacheFormat::Fp8).unwrap();
+    assert_eq!(
+        (fp8.latent_bytes(), fp8.scale_bytes(), fp8.rope_bytes()),
+        (0..512, 512..528, 528..656)
+    );
+    assert_eq!(
+        CacheLayout::new(&cfg, CacheFormat::Bf16)
+            .unwrap()
+            .bytes_per_token(),
+        1152
+    );
+}
+
+#[test]
+fn fp8_needs_whole_tiles() {
+    let cfg = ModelConfig {
+        kv_lora_rank: 200,
+        ..ModelConfig::preset("tiny").unwrap()
+    };
+    assert!(CacheLayout::new(&cfg, CacheFormat::Fp8).is_err());
+    assert!(CacheLayout::new(&cfg, CacheFormat::Bf16).is_ok());
+}
+
+proptest! {
+    #[test]
+    fn cache_record_parts_tile_the_record(tiles in 1usize..8, pairs in 1usize..64, fp8 in any::<bool>()) {
+        let cfg = config(tiles, pairs, 4, 8, 8);
+        let format = if fp8 { CacheFormat::Fp8 } else { CacheFormat::Bf16 };
+        let layout = CacheLayout::new(&cfg, format).unwrap();
+        let parts = [layout.latent_bytes(), layout.scale_bytes(), layout.rope_bytes()];
+        prop_assert_eq!(parts[0].start, 0);
+        prop_assert_eq!(parts[0].end, parts[1].start);
+        prop_assert_eq!(parts[1].end, parts[2].start);
+        prop_assert_eq!(parts[2].end, layout.bytes_per_token());
+        prop_assert!(layout.matches_model(&cfg));
+        prop_assert_eq!(layout.scale_bytes().len(), if fp8 { 4 * tiles } else { 0 });
+    }
+
+    #[test]
+    fn head_slices_partition_the_weights(heads in 1usize..32, nope in 1usize..64, pairs in 1usize..32, v in 1usize..64) {
+        let h = HeadLayout::new(&config(2, pairs, heads, nope, v));
+        let mut q = vec![0u8; h.q_b_rows()];
+        let mut kv = vec![0u8; h.kv_b_rows()];
+        let mut o = vec![0u8; h.o_cols()];
+        for head in 0..heads {
+            prop_assert_eq!(h.q_nope_rows(head).len(), nope);
+            prop_assert_eq!(h.q_rope_rows(head).len(), 2 * pairs);
+            for r in h.q_nope_rows(head).chain(h.q_rope_rows(head)) { q[r] += 1; }
+            for r in h.uk_rows(head).chain(h.uv_rows(head)) { kv[r] += 1; }
+            for c in h.o_block(head) { o[c] += 1; }
+        }
+        prop_assert!(q.iter().chain(&kv).chain(&o).all(|&n| n == 1));
+    }
+}

@@ -1,0 +1,133 @@
+//! The select kernels on the GPU: rows 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M keys (random
+//! scores), each launch checked once against the reference, then timed as graph replays (one epoch
+//! node and R selects per graph; the median replay over R), with the floor of reading the scores
+//! at 4.0 TB/s. Prints "skipped" without a GPU. torch.topk on the same shapes:
+//! `python3 tools/bench/select_torch.py`.
+//!
+//! `cargo bench -p select --bench gpu`
+
+use device::{Device, Stream};
+use mailbox::gpu::Variant;
+use select::cases::{self, Pattern};
+use select::gpu::{Batch, Method, Selector, Shape};
+use select::layout::TopK;
+use select::reference::{select_rows, Rows};
+
+const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
+const ROWS: [usize; 3] = [1, 4, 8];
+const REPLAYS: usize = 15;
+/// HBM copy bandwidth of an H200 (DESIGN.md section 7).
+const HBM_BYTES_PER_US: f64 = 4.0e6;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Microseconds per select: the median over replays of a graph of `repeats` selects.
+fn time(
+    dev: &Device,
+    stream: &Stream,
+    batch: &Batch,
+    sel: &Selector,
+    repeats: u32,
+) -> device::Result<f64> {
+    stream.begin_capture()?;
+    let captured = batch.enqueue(sel, stream, repeats);
+    let graph = stream.end_capture()?;
+    captured.map_err(|e| device::DeviceError::Size {
+        message: e.to_string(),
+    })?;
+    graph.upload(stream)?;
+    graph.launch(stream)?;
+    stream.sync()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let mut us = Vec::with_capacity(REPLAYS);
+    for _ in 0..REPLAYS {
+        t0.record(stream)?;
+        graph.launch(stream)?;
+        t1.record(stream)?;
+        t1.sync()?;
+        us.push(t0.elapsed_ms(&t1)? as f64 * 1000.0 / repeats as f64);
+    }
+    Ok(median(us))
+}
+
+fn main() {
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    let stream = dev.new_stream().expect("stream");
+    let top = TopK::GLM5;
+    let mut table = Vec::new();
+    for method in [Method::MultiSlice, Method::OneCta] {
+        for len in LENS {
+            let shape = Shape::for_rows(method, top, len).expect("shape");
+            let sel = match Selector::build(&dev, method, shape, Variant::default()) {
+                Ok(s) => s,
+                Err(e) => {
+                    println!("{} {len}: build failed: {e}", method.name());
+                    continue;
+                }
+            };
+            for rows in ROWS {
+                let lens = vec![len; rows];
+                let scores = cases::rows(
+                    Pattern::Random,
+                    &lens,
+                    len as usize,
+                    rows as u64 + len as u64,
+                );
+                let r = Rows {
+                    scores: &scores,
+                    stride: len as usize,
+                    lens: &lens,
+                };
+                let batch = Batch::upload(&dev, &r, None, top).expect("upload");
+                let checked = batch
+                    .enqueue(&sel, &stream, 1)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| stream.sync().map_err(|e| e.to_string()))
+                    .and_then(|()| batch.read(&sel).map_err(|e| e.to_string()))
+                    .map(|got| {
+                        if got == select_rows(&r, top, None).expect("reference") {
+                            "exact"
+                        } else {
+                            "MISMATCH"
+                        }
+                    });
+                // Long one-CTA selects take milliseconds: fewer per graph.
+                let repeats = if method == Method::OneCta && len > 131072 {
+                    4
+                } else {
+                    20
+                };
+                let us = time(&dev, &stream, &batch, &sel, repeats);
+                let floor = (rows as f64 * len as f64 * 4.0) / HBM_BYTES_PER_US;
+                let line = match (us, checked) {
+                    (Ok(us), Ok(c)) => format!(
+                        "{:<12} {rows:>4} {len:>8} {us:>10.2} {floor:>9.2}  {c}",
+                        method.name()
+                    ),
+                    (us, c) => format!(
+                        "{:<12} {rows:>4} {len:>8} failed: {us:?} {c:?}",
+                        method.name()
+                    ),
+                };
+                eprintln!("{line}");
+                table.push(line);
+            }
+        }
+    }
+    println!(
+        "\n{:<12} {:>4} {:>8} {:>10} {:>9}  check",
+        "kernel", "rows", "keys", "us/select", "floor us"
+    );
+    for l in table {
+        println!("{l}");
+    }
+}

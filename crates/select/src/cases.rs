@@ -1,0 +1,119 @@
+//! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
+//! from a seed so that a failing case can be named and rerun.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Keys at the end of a row that [`Pattern::Recent`] scales up.
+pub const RECENT_KEYS: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Uniform in [-4, 4).
+    Random,
+    /// Any non-NaN bit pattern (infinities and subnormals included).
+    Bits,
+    /// Four distinct values repeated.
+    Ties,
+    /// Every score 0.75.
+    AllEqual,
+    /// +0.0 and -0.0 mixed (-0.0 ranks just below +0.0).
+    Zeros,
+    /// Random, with the last [`RECENT_KEYS`] scores scaled by 8 (recent tokens scoring high).
+    Recent,
+    /// Random for the first eighth, -inf after (padding inside the valid length).
+    NegInfPadding,
+    /// 1.0 plus a few ulps: every key shares its top 24 bits, so the descent runs to 32 bits.
+    Narrow,
+}
+
+impl Pattern {
+    pub const ALL: [Pattern; 8] = [
+        Pattern::Random,
+        Pattern::Bits,
+        Pattern::Ties,
+        Pattern::AllEqual,
+        Pattern::Zeros,
+        Pattern::Recent,
+        Pattern::NegInfPadding,
+        Pattern::Narrow,
+    ];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Pattern::Random => "random",
+            Pattern::Bits => "bits",
+            Pattern::Ties => "ties",
+            Pattern::AllEqual => "all-equal",
+            Pattern::Zeros => "zeros",
+            Pattern::Recent => "recent",
+            Pattern::NegInfPadding => "-inf padding",
+            Pattern::Narrow => "narrow",
+        }
+    }
+
+    /// `len` scores of this pattern from `seed`.
+    pub fn row(&self, len: usize, seed: u64) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let uniform = |rng: &mut StdRng| rng.gen_range(-4.0f32..4.0);
+        match self {
+            Pattern::Random => (0..len).map(|_| uniform(&mut rng)).collect(),
+            Pattern::Bits => (0..len)
+                .map(|_| loop {
+                    let s = f32::from_bits(rng.gen());
+                    if !s.is_nan() {
+                        break s;
+                    }
+                })
+                .collect(),
+            Pattern::Ties => {
+                let values: [f32; 4] = std::array::from_fn(|_| uniform(&mut rng));
+                (0..len).map(|_| values[rng.gen_range(0..4)]).collect()
+            }
+            Pattern::AllEqual => vec![0.75; len],
+            Pattern::Zeros => (0..len)
+                .map(|_| if rng.gen() { 0.0 } else { -0.0 })
+                .collect(),
+            Pattern::Recent => {
+                let recent = len.saturating_sub(RECENT_KEYS);
+                (0..len)
+                    .map(|i| {
+                        let s = uniform(&mut rng);
+                        if i >= recent {
+                            s * 8.0
+                        } else {
+                            s
+                        }
+                    })
+                    .collect()
+            }
+            Pattern::NegInfPadding => (0..len)
+                .map(|i| {
+                    if i < len / 8 {
+                        uniform(&mut rng)
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect(),
+            Pattern::Narrow => (0..len)
+                .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..256)))
+                .collect(),
+        }
+    }
+}
+
+/// Rows `[lens.len(), stride]` with the given lengths; positions past a row's length hold NaN, so
+/// a kernel that reads them is caught (NaN among the keys is an error).
+pub fn rows(pattern: Pattern, lens: &[u32], stride: usize, seed: u64) -> Vec<f32> {
+    let mut out = Vec::with_capacity(lens.len() * stride);
+    for (r, &len) in lens.iter().enumerate() {
+        let mut row = pattern.row(
+            len as usize,
+            seed ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        row.resize(stride, f32::NAN);
+        out.extend(row);
+    }
+    out
+}

@@ -1,0 +1,451 @@
+//! The select kernels in CPU form, step for step what `kernels/select.h` does on the device.
+//!
+//! Multi-slice: one thread per slice of every row, all at once (as the CTAs of a launch). Per
+//! round, each slice publishes the 64-bin digit histogram of its keys under the prefix found so far
+//! (32 tagged pairs of 16-bit counts) and waits for every other slice's, through the mailbox
+//! crate's CPU protocol on a shared scratch. From the sum each finds the digit holding the k-th
+//! key, how many keys above it lie in the slices before its own, and whether the descent stops.
+//! Then each places its keys above the prefix P; at 32 bits the ties take their places directly,
+//! otherwise the keys sharing P are staged (positions, in position order) for the row's first
+//! slice, which continues the descent on them alone and places them.
+//!
+//! One CTA: the same steps with a single slice holding the whole row and nothing exchanged.
+
+use crate::descent::{histogram, pack_hist, unpack_hist, Descent, LostKeys};
+use crate::layout::{LayoutError, SelectBoxes, Slices, TopK, HIST_BOXES};
+use crate::reference::{radix_key, Pages, Rows, SelectError};
+use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// An entry no slice has written (the output is filled with it first).
+const UNWRITTEN: i32 = i32::MIN;
+/// How long one wait may take before the launch is declared stuck.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CpuError {
+    #[error(transparent)]
+    Input(#[from] SelectError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("{rows} rows need {rows} slicings, got {slicings}")]
+    Slicings { rows: usize, slicings: usize },
+    #[error("row {row}: its slicing covers {covers} keys, the row has {len}")]
+    SlicingLength { row: usize, covers: u32, len: u32 },
+    #[error("row {row} holds a NaN score")]
+    Nan { row: usize },
+    #[error("row {row} slice {slice}: a wait gave up on box {box_index} (it held {seen:#018x})")]
+    Stalled {
+        row: usize,
+        slice: u32,
+        box_index: u32,
+        seen: u64,
+    },
+    #[error("row {row} slice {slice}: {source}")]
+    Lost {
+        row: usize,
+        slice: u32,
+        source: LostKeys,
+    },
+    #[error("row {row} slice {slice}: boxes {first}..{end} are not in the select regions")]
+    PastRegion {
+        row: usize,
+        slice: u32,
+        first: u32,
+        end: u64,
+    },
+    #[error("row {row}: entry {index} is past k or was written twice")]
+    Overwritten { row: usize, index: u32 },
+    #[error("row {row}: entry {index} was never written")]
+    Unwritten { row: usize, index: u32 },
+    #[error("a slice thread panicked")]
+    Panicked,
+}
+
+/// The output `[rows, k]`, each entry written once.
+struct Out {
+    entries: Vec<AtomicI32>,
+    k: u32,
+}
+
+impl Out {
+    fn new(rows: usize, k: u32) -> Self {
+        Out {
+            entries: (0..rows * k as usize)
+                .map(|_| AtomicI32::new(UNWRITTEN))
+                .collect(),
+            k,
+        }
+    }
+
+    fn put(&self, row: usize, index: u32, value: i32) -> Result<(), CpuError> {
+        let cell = (index < self.k)
+            .then(|| &self.entries[row * self.k as usize + index as usize])
+            .ok_or(CpuError::Overwritten { row, index })?;
+        cell.compare_exchange(UNWRITTEN, value, Ordering::Relaxed, Ordering::Relaxed)
+            .map(|_| ())
+            .map_err(|_| CpuError::Overwritten { row, index })
+    }
+
+    fn finish(self) -> Result<Vec<i32>, CpuError> {
+        let k = self.k as usize;
+        let out: Vec<i32> = self.entries.into_iter().map(|e| e.into_inner()).collect();
+        match out.iter().position(|&e| e == UNWRITTEN) {
+            Some(i) => Err(CpuError::Unwritten {
+                row: i / k,
+                index: (i % k) as u32,
+            }),
+            None => Ok(out),
+        }
+    }
+}
+
+/// How a slice trades histograms and candidates with the other slices of its row.
+trait Exchange {
+    /// Publishes this slice's histogram of `round` and returns every slice's, by slice.
+    fn all_gather(&self, round: usize, mine: &[u32; 64]) -> Result<Vec<[u32; 64]>, CpuError>;
+    /// Stages candidate positions at `first..` of the row's candidate list.
+    fn stage(&self, first: u32, positions: &[u32]) -> Result<(), CpuError>;
+    /// The row's first `n` candidates (first slice only, after every slice staged).
+    fn collect(&self, n: u32) -> Result<Vec<u32>, CpuError>;
+}
+
+/// What every slice of a launch shares.
+struct Shared<'a> {
+    rows: &'a Rows<'a>,
+    top: TopK,
+    pages: Option<&'a Pages<'a>>,
+    out: Out,
+    nan: Vec<AtomicBool>,
+}
+
+impl Shared<'_> {
+    fn entry(&self, row: usize, pos: u32) -> Result<i32, CpuError> {
+        Ok(match self.pages {
+            Some(pages) => pages.slot(row, pos)?,
+            None => pos as i32,
+        })
+    }
+
+    /// The radix key of `pos`; a NaN raises the row's flag and still yields its key.
+    fn key(&self, row: usize, pos: u32) -> u32 {
+        let s = self.rows.scores[row * self.rows.stride + pos as usize];
+        if s.is_nan() {
+            self.nan[row].store(true, Ordering::Relaxed);
+        }
+        radix_key(s)
+    }
+
+    /// One slice (positions `range`, slice `me` of the row): the whole task of one CTA.
+    fn slice<X: Exchange>(
+        &self,
+        x: &X,
+        row: usize,
+        range: std::ops::Range<u32>,
+        me: u32,
+    ) -> Result<(), CpuError> {
+        let (k, len) = (self.top.k(), self.rows.lens[row]);
+        let first = range.start;
+        let keys: Vec<(u32, u32)> = range.map(|pos| (pos, self.key(row, pos))).collect();
+        if len <= k {
+            // Every key is selected and entry i is position i.
+            self.place(row, first, keys.iter().map(|kp| kp.0), false)?;
+            if me == 0 {
+                for index in len..k {
+                    self.out.put(row, index, -1)?;
+                }
+            }
+            return Ok(());
+        }
+        let mut d = Descent::start(k, len);
+        while !d.stopped(self.top.room()) {
+            let hist = histogram(keys.iter().map(|kp| kp.1), d.prefix, d.round);
+            let all = x.all_gather(d.round, &hist)?;
+            d.step(&all, me as usize).map_err(|source| CpuError::Lost {
+                row,
+                slice: me,
+                source,
+            })?;
+        }
+        let above = keys.iter().filter(|kp| d.prefix.key_above(kp.1));
+        self.place(row, d.above_before, above.map(|kp| kp.0), false)?;
+        if let Some(t) = d.threshold() {
+            let ties = keys.iter().filter(|kp| kp.1 == t);
+            return self.place(row, d.above + d.sharing_before, ties.map(|kp| kp.0), true);
+        }
+        let staged: Vec<u32> = keys
+            .iter()
+            .filter(|kp| d.prefix.matches(kp.1))
+            .map(|kp| kp.0)
+            .collect();
+        x.stage(d.sharing_before, &staged)?;
+        if me == 0 {
+            self.resolve(x, row, d)?;
+        }
+        Ok(())
+    }
+
+    /// The first slice: continues the descent on the candidates alone and places them.
+    fn resolve<X: Exchange>(&self, x: &X, row: usize, stop: Descent) -> Result<(), CpuError> {
+        let cands: Vec<(u32, u32)> = x
+            .collect(stop.sharing)?
+            .into_iter()
+            .map(|pos| (pos, self.key(row, pos)))
+            .collect();
+        let mut d = stop;
+        while d.threshold().is_none() {
+            let hist = histogram(cands.iter().map(|c| c.1), d.prefix, d.round);
+            d.step(&[hist], 0).map_err(|source| CpuError::Lost {
+                row,
+                slice: 0,
+                source,
+            })?;
+        }
+        let t = d.prefix.bits;
+        let above = cands.iter().filter(|c| c.1 > t).map(|c| c.0);
+        self.place(row, stop.above, above, false)?;
+        let ties = cands.iter().filter(|c| c.1 == t).map(|c| c.0);
+        self.place(row, d.above, ties, true)
+    }
+
+    /// Writes `positions` to entries `first..` of the row; with `until_k` those past k are
+    /// dropped (the ties beyond the k-th), otherwise an entry past k is an error.
+    fn place(
+        &self,
+        row: usize,
+        first: u32,
+        positions: impl Iterator<Item = u32>,
+        until_k: bool,
+    ) -> Result<(), CpuError> {
+        for (index, pos) in (first..).zip(positions) {
+            if until_k && index >= self.top.k() {
+                break;
+            }
+            self.out.put(row, index, self.entry(row, pos)?)?;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Vec<i32>, CpuError> {
+        if let Some(row) = self.nan.iter().position(|f| f.load(Ordering::Relaxed)) {
+            return Err(CpuError::Nan { row });
+        }
+        self.out.finish()
+    }
+}
+
+fn shared<'a>(
+    rows: &'a Rows<'a>,
+    top: TopK,
+    pages: Option<&'a Pages<'a>>,
+) -> Result<Shared<'a>, CpuError> {
+    rows.check()?;
+    Ok(Shared {
+        rows,
+        top,
+        pages,
+        out: Out::new(rows.count(), top.k()),
+        nan: (0..rows.count()).map(|_| AtomicBool::new(false)).collect(),
+    })
+}
+
+/// One slice, nothing to trade.
+struct Alone {
+    staged: Mutex<Vec<u32>>,
+}
+
+impl Exchange for Alone {
+    fn all_gather(&self, _round: usize, mine: &[u32; 64]) -> Result<Vec<[u32; 64]>, CpuError> {
+        Ok(vec![*mine])
+    }
+
+    fn stage(&self, _first: u32, positions: &[u32]) -> Result<(), CpuError> {
+        let mut staged = self.staged.lock().map_err(|_| CpuError::Panicked)?;
+        staged.extend_from_slice(positions);
+        Ok(())
+    }
+
+    fn collect(&self, _n: u32) -> Result<Vec<u32>, CpuError> {
+        let mut staged = self.staged.lock().map_err(|_| CpuError::Panicked)?;
+        Ok(std::mem::take(&mut *staged))
+    }
+}
+
+/// The one-CTA select of every row, `[rows, k]` (positions, or slots with `pages`).
+pub fn select_one_cta(rows: &Rows, top: TopK, pages: Option<&Pages>) -> Result<Vec<i32>, CpuError> {
+    let s = shared(rows, top, pages)?;
+    for row in 0..rows.count() {
+        let alone = Alone {
+            staged: Mutex::new(Vec::new()),
+        };
+        s.slice(&alone, row, 0..rows.lens[row], 0)?;
+    }
+    s.finish()
+}
+
+/// A slice's side of the tagged-pair exchange.
+struct Boxes<'a> {
+    scratch: &'a [AtomicU64],
+    boxes: &'a SelectBoxes,
+    tag: u32,
+    row: u32,
+    me: u32,
+    count: u32,
+    abort: &'a AtomicBool,
+}
+
+impl Boxes<'_> {
+    /// `n` boxes from `first`, which `region_end` (one past the region's last box) must contain.
+    fn cells(
+        &self,
+        first: Option<u32>,
+        n: u32,
+        region_end: Option<u32>,
+    ) -> Result<&[AtomicU64], CpuError> {
+        let start = first.unwrap_or(u32::MAX) as u64;
+        let end = start + n as u64;
+        let fits = region_end.is_some_and(|e| end <= e as u64);
+        fits.then(|| self.scratch.get(start as usize..end as usize))
+            .flatten()
+            .ok_or(CpuError::PastRegion {
+                row: self.row as usize,
+                slice: self.me,
+                first: start as u32,
+                end,
+            })
+    }
+
+    fn wait(&self, cells: &[AtomicU64], out: &mut [u32]) -> Result<(), CpuError> {
+        let patience = Patience {
+            max_polls: None,
+            deadline: Some(Instant::now() + PATIENCE),
+            abort: Some(self.abort),
+        };
+        wait_all(cells, self.tag, PollMode::default(), &patience, out).map_err(
+            |NotReady { index, seen, .. }| {
+                self.abort.store(true, Ordering::Relaxed);
+                let base = (cells.as_ptr() as usize - self.scratch.as_ptr() as usize)
+                    / std::mem::size_of::<AtomicU64>();
+                CpuError::Stalled {
+                    row: self.row as usize,
+                    slice: self.me,
+                    box_index: (base + index) as u32,
+                    seen,
+                }
+            },
+        )
+    }
+
+    fn cand_end(&self) -> Option<u32> {
+        self.boxes
+            .cand_box(self.row, self.boxes.cand.words() - 1)
+            .map(|b| b + 1)
+    }
+}
+
+impl Exchange for Boxes<'_> {
+    fn all_gather(&self, round: usize, mine: &[u32; 64]) -> Result<Vec<[u32; 64]>, CpuError> {
+        let round = round as u32;
+        let own = self.boxes.hist_box(self.row, round, self.me);
+        let own = self.cells(own, HIST_BOXES, own.map(|b| b + HIST_BOXES))?;
+        put_row(own, self.tag, &pack_hist(mine));
+        // The slots of one round are consecutive (stride = HIST_BOXES): one wait covers them all.
+        let first = self.boxes.hist_box(self.row, round, 0);
+        let last = self.boxes.hist_box(self.row, round, self.count - 1);
+        let n = self.count * HIST_BOXES;
+        let all = self.cells(first, n, last.map(|b| b + HIST_BOXES))?;
+        let mut words = vec![0u32; n as usize];
+        self.wait(all, &mut words)?;
+        Ok(words.chunks(HIST_BOXES as usize).map(unpack_hist).collect())
+    }
+
+    fn stage(&self, first: u32, positions: &[u32]) -> Result<(), CpuError> {
+        let start = self.boxes.cand_box(self.row, 0).map(|b| b + first);
+        let cells = self.cells(start, positions.len() as u32, self.cand_end())?;
+        put_row(cells, self.tag, positions);
+        Ok(())
+    }
+
+    fn collect(&self, n: u32) -> Result<Vec<u32>, CpuError> {
+        let cells = self.cells(self.boxes.cand_box(self.row, 0), n, self.cand_end())?;
+        let mut out = vec![0u32; n as usize];
+        self.wait(cells, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// The scratch of a multi-slice launch and the launch's tag.
+pub struct Exchanged<'a> {
+    pub scratch: &'a mailbox::Scratch,
+    pub boxes: &'a SelectBoxes,
+    pub tag: u32,
+}
+
+/// The multi-slice select of every row, `[rows, k]`, row `r` cut by `slicing[r]` (the kernel
+/// uses [`crate::layout::select_slices`]; any tiling gives the same list). One thread per slice.
+pub fn select_multi_slice(
+    rows: &Rows,
+    top: TopK,
+    pages: Option<&Pages>,
+    slicing: &[Slices],
+    via: &Exchanged,
+) -> Result<Vec<i32>, CpuError> {
+    let s = shared(rows, top, pages)?;
+    if slicing.len() != rows.count() {
+        return Err(CpuError::Slicings {
+            rows: rows.count(),
+            slicings: slicing.len(),
+        });
+    }
+    if let Some((row, sl)) = slicing
+        .iter()
+        .enumerate()
+        .find(|(row, sl)| sl.len() != rows.lens[*row])
+    {
+        return Err(CpuError::SlicingLength {
+            row,
+            covers: sl.len(),
+            len: rows.lens[row],
+        });
+    }
+    let abort = AtomicBool::new(false);
+    let results: Vec<Result<(), CpuError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = slicing
+            .iter()
+            .enumerate()
+            .flat_map(|(row, sl)| (0..sl.count()).map(move |c| (row, sl, c)))
+            .map(|(row, sl, c)| {
+                let (s, abort) = (&s, &abort);
+                scope.spawn(move || {
+                    let x = Boxes {
+                        scratch: via.scratch.boxes(),
+                        boxes: via.boxes,
+                        tag: via.tag,
+                        row: row as u32,
+                        me: c,
+                        count: sl.count(),
+                        abort,
+                    };
+                    let r = s.slice(&x, row, sl.range(c), c);
+                    if r.is_err() {
+                        abort.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Err(CpuError::Panicked)))
+            .collect()
+    });
+    // Report the cause, not the stalls of the slices that gave up because of it.
+    let mut errors: Vec<CpuError> = results.into_iter().filter_map(Result::err).collect();
+    errors.sort_by_key(|e| matches!(e, CpuError::Stalled { .. }));
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => s.finish(),
+    }
+}

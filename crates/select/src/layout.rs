@@ -1,0 +1,289 @@
+//! Shape and placement math of the select stage, the one copy that the reference, the CPU
+//! multi-slice form, the kernel launch and the executor all read: k and the candidate room, the
+//! digit schedule, the slicing of a row, the placement of slices on tasks, and the scratch regions.
+//! The device header `kernels/select.h` mirrors the formulas marked "(device)".
+
+use mailbox::layout::{LayoutBuilder, LayoutError as BoxLayoutError, Region};
+use std::ops::Range;
+
+/// k of GLM-5's DSA indexer (`index_topk`).
+pub const TOP_K: u32 = 2048;
+/// The largest k a launch may be built for: its candidates (position and key, 2k of each) must
+/// fit in the LDS of one slice ([`SLICE_ROOM`] keys).
+pub const MAX_K: u32 = SLICE_ROOM / (2 * ROOM_PER_K);
+/// The candidate room is `ROOM_PER_K * k` keys (4096 for k = 2048). It is part of the contract:
+/// the descent stops at 12 (or 24) bits when the keys sharing T's prefix fit in it, and where it
+/// stops decides the order of the list.
+pub const ROOM_PER_K: u32 = 2;
+/// Tokens per page of the index-key cache: a position's cache slot is
+/// `page_table[pos / PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS`.
+pub const PAGE_TOKENS: u32 = 64;
+
+/// The digits of the descent, from the top: (shift, width). Prefix lengths after each round are
+/// 6, 12, 18, 24, 30 and 32 bits. (device)
+pub const DIGITS: [(u32, u32); 6] = [(26, 6), (20, 6), (14, 6), (8, 6), (2, 6), (0, 2)];
+/// Rounds of the descent, so histogram slots per row and slice.
+pub const ROUNDS: u32 = DIGITS.len() as u32;
+/// Bins of a digit histogram.
+pub const BINS: u32 = 64;
+/// A histogram travels as 32 tagged pairs, two 16-bit counts each (bin 2j low, 2j + 1 high).
+pub const HIST_BOXES: u32 = BINS / 2;
+/// Prefix lengths at which the descent may stop and hand the rest to the row's first slice.
+pub const STOPS: [u32; 2] = [12, 24];
+
+/// A slice is not made shorter than this: below it the hand-off costs more than the keys. (device)
+pub const MIN_SLICE_KEYS: u32 = 1024;
+/// Slices of one row. (device)
+pub const MAX_SLICES: u32 = 64;
+/// Keys one slice keeps in LDS: 64 KiB of radix keys; also below 2^16, so its counts fit 16 bits.
+pub const SLICE_ROOM: u32 = 16384;
+/// Slices start on multiples of this many keys, so a slice is read with 16-byte loads. (device)
+pub const SLICE_ALIGN: u32 = 4;
+/// The longest row: 64 slices of [`SLICE_ROOM`] keys (2^20).
+pub const MAX_ROW_KEYS: u32 = MAX_SLICES * SLICE_ROOM;
+/// Tasks of the interleaved placement (the CUs of an MI355X; also within the H200's co-resident grid).
+pub const MAX_SELECT_TASKS: u32 = 256;
+
+const _: () = assert!(SLICE_ROOM < 1 << 16, "slice counts travel as 16-bit values");
+const _: () = assert!(SLICE_ROOM % SLICE_ALIGN == 0);
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("k = {k} is outside 1..={MAX_K}")]
+    BadK { k: u32 },
+    #[error(
+        "a row of {len} keys is longer than {MAX_ROW_KEYS} ({MAX_SLICES} slices of {SLICE_ROOM})"
+    )]
+    RowTooLong { len: u32 },
+    #[error("a row of {len} keys cannot be cut into {count} slices (1..={MAX_SLICES}, none empty, each at most {SLICE_ROOM} keys, starting on multiples of {SLICE_ALIGN})")]
+    BadSliceCount { len: u32, count: u32 },
+    #[error("a select launch needs at least one row")]
+    NoRows,
+    #[error("row {row}: slice count {count} is outside 1..={MAX_SLICES}")]
+    BadRowSlices { row: usize, count: u32 },
+    #[error(transparent)]
+    Scratch(#[from] BoxLayoutError),
+}
+
+/// k, with the candidate room that goes with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopK {
+    k: u32,
+}
+
+impl TopK {
+    pub const GLM5: TopK = TopK { k: TOP_K };
+
+    pub fn new(k: u32) -> Result<Self, LayoutError> {
+        if (1..=MAX_K).contains(&k) {
+            Ok(TopK { k })
+        } else {
+            Err(LayoutError::BadK { k })
+        }
+    }
+
+    pub fn k(&self) -> u32 {
+        self.k
+    }
+
+    /// Candidates the first slice resolves at most.
+    pub fn room(&self) -> u32 {
+        ROOM_PER_K * self.k
+    }
+}
+
+/// A row cut into slices that tile it once in position order: slice `c` is
+/// `c * chunk .. min(len, (c + 1) * chunk)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slices {
+    len: u32,
+    count: u32,
+    chunk: u32,
+}
+
+/// The production slicing of a row: one slice per [`MIN_SLICE_KEYS`] keys, at most [`MAX_SLICES`].
+/// A row of no keys has one empty slice (it still writes the row's padding). (device)
+pub fn select_slices(len: u32) -> Result<Slices, LayoutError> {
+    Slices::new(len, len.div_ceil(MIN_SLICE_KEYS).clamp(1, MAX_SLICES))
+}
+
+impl Slices {
+    /// `len` keys in `count` slices of equal length (rounded up to [`SLICE_ALIGN`]), the last
+    /// one shorter. Fails when a slice would be empty or longer than [`SLICE_ROOM`]. (device)
+    pub fn new(len: u32, count: u32) -> Result<Self, LayoutError> {
+        if len > MAX_ROW_KEYS {
+            return Err(LayoutError::RowTooLong { len });
+        }
+        let bad = || LayoutError::BadSliceCount { len, count };
+        if count == 0 || count > MAX_SLICES || (len == 0 && count != 1) {
+            return Err(bad());
+        }
+        let chunk = len.div_ceil(count).div_ceil(SLICE_ALIGN) * SLICE_ALIGN;
+        if chunk > SLICE_ROOM || (len > 0 && (count - 1) * chunk >= len) {
+            return Err(bad());
+        }
+        Ok(Slices { len, count, chunk })
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Keys of every slice but the last.
+    pub fn chunk(&self) -> u32 {
+        self.chunk
+    }
+
+    /// Positions of slice `c` (empty past the last slice).
+    pub fn range(&self, c: u32) -> Range<u32> {
+        let start = (c.min(self.count) * self.chunk).min(self.len);
+        let end = if c < self.count {
+            ((c + 1) * self.chunk).min(self.len)
+        } else {
+            start
+        };
+        start..end
+    }
+
+    pub fn ranges(&self) -> impl Iterator<Item = Range<u32>> + '_ {
+        (0..self.count).map(|c| self.range(c))
+    }
+}
+
+/// How the slices of a launch's rows map onto its tasks (each task is one CTA's worth of work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskOrder {
+    /// Slice `c` of row `s` is task `c * rows + s`: the first slices of all rows come first, so
+    /// short rows share one range of CTAs.
+    Interleaved,
+    /// Row `s` takes tasks `s * MAX_SLICES ..`, slice `c` at `s * MAX_SLICES + c`.
+    Runs,
+}
+
+/// The placement of a launch's slices on its tasks. A task whose slice index is past its row's
+/// slice count (rows are read on the device, so counts may be below the planned ones) is idle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlicePlacement {
+    rows: u32,
+    order: TaskOrder,
+    tasks: u32,
+}
+
+/// Places rows whose slice counts are at most `max_slices`: interleaved when every row has at
+/// most `MAX_SELECT_TASKS / rows` slices, else a run of [`MAX_SLICES`] tasks per row.
+pub fn place_slices(max_slices: &[u32]) -> Result<SlicePlacement, LayoutError> {
+    let rows = max_slices.len() as u32;
+    if rows == 0 {
+        return Err(LayoutError::NoRows);
+    }
+    if let Some((row, &count)) = max_slices
+        .iter()
+        .enumerate()
+        .find(|(_, &c)| c == 0 || c > MAX_SLICES)
+    {
+        return Err(LayoutError::BadRowSlices { row, count });
+    }
+    let most = max_slices.iter().copied().max().unwrap_or(1);
+    Ok(if most <= MAX_SELECT_TASKS / rows {
+        SlicePlacement {
+            rows,
+            order: TaskOrder::Interleaved,
+            tasks: most * rows,
+        }
+    } else {
+        SlicePlacement {
+            rows,
+            order: TaskOrder::Runs,
+            tasks: rows * MAX_SLICES,
+        }
+    })
+}
+
+impl SlicePlacement {
+    pub fn rows(&self) -> u32 {
+        self.rows
+    }
+
+    pub fn order(&self) -> TaskOrder {
+        self.order
+    }
+
+    /// Tasks of the launch (its grid, standalone).
+    pub fn tasks(&self) -> u32 {
+        self.tasks
+    }
+
+    /// The task of slice `c` of `row`, if the placement has one.
+    pub fn task(&self, row: u32, c: u32) -> Option<u32> {
+        if row >= self.rows || c >= MAX_SLICES {
+            return None;
+        }
+        let t = match self.order {
+            TaskOrder::Interleaved => c * self.rows + row,
+            TaskOrder::Runs => row * MAX_SLICES + c,
+        };
+        (t < self.tasks).then_some(t)
+    }
+
+    /// (row, slice) of a task. (device)
+    pub fn slice(&self, task: u32) -> Option<(u32, u32)> {
+        if task >= self.tasks {
+            return None;
+        }
+        Some(match self.order {
+            TaskOrder::Interleaved => (task % self.rows, task / self.rows),
+            TaskOrder::Runs => (task / MAX_SLICES, task % MAX_SLICES),
+        })
+    }
+}
+
+/// The select stage's boxes in a launch's scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct SelectBoxes {
+    /// One slot per (row, round, slice): that slice's digit histogram of that round.
+    pub hist: Region<u32>,
+    /// One slot per row: the positions of the keys sharing the prefix P, in position order,
+    /// staged by every slice for the row's first slice.
+    pub cand: Region<u32>,
+}
+
+impl SelectBoxes {
+    /// Adds the regions `<name>_hist` and `<name>_cand` for `rows` rows.
+    pub fn add(
+        builder: &mut LayoutBuilder,
+        name: &str,
+        rows: u32,
+        top: TopK,
+    ) -> Result<Self, LayoutError> {
+        let slots = rows
+            .checked_mul(ROUNDS * MAX_SLICES)
+            .ok_or(BoxLayoutError::TooLarge {
+                boxes: rows as u64 * (ROUNDS * MAX_SLICES * HIST_BOXES) as u64,
+            })?;
+        let hist = builder.region::<u32>(&format!("{name}_hist"), slots, HIST_BOXES)?;
+        let cand = builder.region::<u32>(&format!("{name}_cand"), rows, top.room())?;
+        Ok(SelectBoxes { hist, cand })
+    }
+
+    /// First box of the histogram of (row, round, slice). (device)
+    pub fn hist_box(&self, row: u32, round: u32, slice: u32) -> Option<u32> {
+        if round >= ROUNDS || slice >= MAX_SLICES {
+            return None;
+        }
+        self.hist
+            .box_index((row * ROUNDS + round) * MAX_SLICES + slice, 0)
+    }
+
+    /// Box of candidate `i` of `row`. (device)
+    pub fn cand_box(&self, row: u32, i: u32) -> Option<u32> {
+        self.cand.box_index(row, i)
+    }
+}

@@ -1,0 +1,80 @@
+//! Builds the select kernels for both targets without a GPU, at the default defines and at the
+//! shapes the tests and benchmarks launch (production k over the longest rows, the tiny model's
+//! k = 16, the debug build with bounded polls). With MONO_REQUIRE_COMPILERS=1 (CI) a missing
+//! compiler fails instead of skipping.
+
+use device::{Clang, Compiler, Nvrtc};
+use mailbox::gpu::{DebugBound, Variant};
+use select::gpu::{source, sources, Method, Shape};
+use select::layout::{TopK, MAX_ROW_KEYS};
+
+fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
+    match make() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("MONO_REQUIRE_COMPILERS").as_deref() != Ok("1") => {
+            eprintln!("skipped (set MONO_REQUIRE_COMPILERS=1 to fail instead): {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn builds(compiler: &dyn Compiler) {
+    let debug = Variant {
+        debug: Some(DebugBound {
+            poll_limit: 1 << 20,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
+    let mut all = sources();
+    for (method, top, len, variant) in [
+        (
+            Method::MultiSlice,
+            TopK::GLM5,
+            MAX_ROW_KEYS,
+            Variant::default(),
+        ),
+        (Method::OneCta, TopK::GLM5, MAX_ROW_KEYS, Variant::default()),
+        (Method::MultiSlice, TopK::GLM5, 8192, debug),
+        (Method::OneCta, TopK::new(16).unwrap(), 4096, debug),
+    ] {
+        all.push(source(Shape::for_rows(method, top, len).unwrap(), variant));
+    }
+    for src in all {
+        let compiled = compiler.compile(&src).unwrap_or_else(|e| panic!("{e}"));
+        let mut names: Vec<_> = compiled
+            .resources
+            .iter()
+            .map(|r| r.kernel.clone())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["select_multi_slice", "select_one_cta"],
+            "{}",
+            compiler.target()
+        );
+        for r in &compiled.resources {
+            eprintln!(
+                "{} {:?}: {r:?}",
+                compiler.target(),
+                src.defines().get("SEL_SLICE_KEYS")
+            );
+        }
+    }
+}
+
+#[test]
+fn kernels_build_for_sm90a() {
+    if let Some(c) = compiler(|| Ok(Box::new(Nvrtc::new("sm_90a")?))) {
+        builds(c.as_ref());
+    }
+}
+
+#[test]
+fn kernels_build_for_gfx950() {
+    if let Some(c) = compiler(|| Ok(Box::new(Clang::find("gfx950")?))) {
+        builds(c.as_ref());
+    }
+}

@@ -1,0 +1,308 @@
+//! The select kernels on the GPU, entry by entry against the reference of their own input: every
+//! pattern of issue 4 over rows shorter than k, exactly k, k + 1, 8K, 32K, 128K, 300K and 1M keys,
+//! in batches of 1, 4 and 8 rows, both kernels; cache slots through a page table; NaN reported;
+//! and the three negative controls shown to fail the checker. Prints a table last.
+//!
+//! `cargo test --release -p select --test gpu -- --ignored --nocapture`
+//!
+//! The matrix runs first on the debug build (polls bounded by MBX_POLL_LIMIT, so a hang becomes a
+//! report naming the box), then each case again on the production build.
+
+use device::{Device, Stream};
+use mailbox::gpu::{DebugBound, Variant};
+use select::cases::{self, Pattern};
+use select::check::{check_output, controls, expected_sets, missed, CheckError};
+use select::gpu::{Batch, GpuError, Method, Selector, Shape};
+use select::layout::{TopK, MAX_ROW_KEYS};
+use select::reference::{select_rows, Pages, Rows};
+use std::time::Instant;
+
+const K: u32 = 2048;
+const DEBUG: Variant = Variant {
+    poll_acquire: false,
+    debug: Some(DebugBound {
+        poll_limit: 1 << 22,
+        trap: false,
+    }),
+    epoch_clear: true,
+};
+
+/// Batches of the matrix: 1, 4 and 8 rows with mixed lengths, and the short-row edge cases.
+const BATCHES: [&[u32]; 4] = [
+    &[1 << 20],
+    &[8192, 32768, 131072, 300_000],
+    &[1000, 2048, 2049, 8192, 32768, 131072, 300_000, 1 << 20],
+    &[0, 1, 2047, 4095],
+];
+
+struct Host {
+    lens: Vec<u32>,
+    stride: usize,
+    scores: Vec<f32>,
+}
+
+impl Host {
+    fn new(pattern: Pattern, lens: &[u32], seed: u64) -> Host {
+        // A stride past the longest row, so every row has NaN padding a kernel must not read.
+        let stride = (*lens.iter().max().unwrap() as usize + 8).div_ceil(4) * 4;
+        Host {
+            lens: lens.to_vec(),
+            stride,
+            scores: cases::rows(pattern, lens, stride, seed),
+        }
+    }
+
+    fn rows(&self) -> Rows<'_> {
+        Rows {
+            scores: &self.scores,
+            stride: self.stride,
+            lens: &self.lens,
+        }
+    }
+}
+
+struct Kernels {
+    dev: Device,
+    stream: Stream,
+    built: Vec<(Method, Variant, Selector)>,
+}
+
+impl Kernels {
+    /// Both kernels, debug and production builds, for the longest rows (they take any shorter).
+    fn new() -> Kernels {
+        let dev = Device::open(0).unwrap_or_else(|e| panic!("{e}"));
+        let stream = dev.new_stream().unwrap();
+        let mut built = Vec::new();
+        for method in [Method::OneCta, Method::MultiSlice] {
+            for variant in [DEBUG, Variant::default()] {
+                let shape = Shape::for_rows(method, TopK::new(K).unwrap(), MAX_ROW_KEYS).unwrap();
+                let sel =
+                    Selector::build(&dev, method, shape, variant).unwrap_or_else(|e| panic!("{e}"));
+                eprintln!(
+                    "{} {}: {:?}, {} co-resident CTAs",
+                    method.name(),
+                    if variant == DEBUG { "debug" } else { "prod" },
+                    sel.kernel().resources(),
+                    sel.resident()
+                );
+                built.push((method, variant, sel));
+            }
+        }
+        Kernels { dev, stream, built }
+    }
+
+    fn run(
+        &self,
+        method: Method,
+        variant: Variant,
+        rows: &Rows,
+        pages: Option<&Pages>,
+    ) -> Result<Vec<i32>, GpuError> {
+        let sel = &self
+            .built
+            .iter()
+            .find(|(m, v, _)| *m == method && *v == variant)
+            .expect("built in new()")
+            .2;
+        let batch = Batch::upload(&self.dev, rows, pages, TopK::new(K).unwrap())?;
+        batch.enqueue(sel, &self.stream, 1)?;
+        self.stream.sync()?;
+        batch.read(sel)
+    }
+}
+
+struct Line {
+    case: String,
+    result: String,
+    ok: bool,
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn check_matrix_on_the_gpu() {
+    let top = TopK::new(K).unwrap();
+    let k = Kernels::new();
+    let mut lines: Vec<Line> = Vec::new();
+    let started = Instant::now();
+    for (b, lens) in BATCHES.iter().enumerate() {
+        for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
+            let host = Host::new(pattern, lens, 1000 * b as u64 + p as u64);
+            let rows = host.rows();
+            let want = select_rows(&rows, top, None).unwrap();
+            let sets = expected_sets(&rows, top, None).unwrap();
+            for method in [Method::OneCta, Method::MultiSlice] {
+                for (vname, variant) in [("debug", DEBUG), ("prod", Variant::default())] {
+                    let case = format!(
+                        "{} {:<12} {} rows {:?} {vname}",
+                        method.name(),
+                        pattern.name(),
+                        lens.len(),
+                        lens
+                    );
+                    let (result, ok) = match k.run(method, variant, &rows, None) {
+                        Err(e) => (format!("error: {e}"), false),
+                        Ok(got) if got == want => {
+                            let kk = K as usize;
+                            let missed: usize = sets
+                                .iter()
+                                .enumerate()
+                                .map(|(r, set)| missed(&got[r * kk..(r + 1) * kk], set))
+                                .sum();
+                            (format!("exact, missed {missed}"), missed == 0)
+                        }
+                        // Not equal: the checker names the first difference.
+                        Ok(got) => match check_output(&rows, top, None, &got) {
+                            Err(e) => (format!("FAIL {e}"), false),
+                            Ok(()) => (
+                                "FAIL differs from the reference, yet the checker passed it".into(),
+                                false,
+                            ),
+                        },
+                    };
+                    let failed_debug = vname == "debug" && !ok;
+                    lines.push(Line { case, result, ok });
+                    // The production build has no bound on its polls: never run it after its
+                    // debug twin failed.
+                    if failed_debug {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("matrix done in {:.1} s", started.elapsed().as_secs_f64());
+    lines.extend(slots_case(&k));
+    lines.extend(nan_case(&k));
+    lines.extend(negative_controls(&k));
+    println!("\n{:<92} result", "case");
+    for l in &lines {
+        println!(
+            "{:<92} {}{}",
+            l.case,
+            if l.ok { "" } else { "<-- " },
+            l.result
+        );
+    }
+    let failed = lines.iter().filter(|l| !l.ok).count();
+    println!(
+        "{} cases, {failed} failed, {:.1} s",
+        lines.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(failed, 0);
+}
+
+/// Cache slots through a scrambled page table, both kernels.
+fn slots_case(k: &Kernels) -> Vec<Line> {
+    let top = TopK::new(K).unwrap();
+    let host = Host::new(Pattern::Random, &[5000, 131072, 2000, 300_000], 77);
+    let per_row = host.stride.div_ceil(64);
+    let table: Vec<i32> = (0..host.lens.len() * per_row)
+        .map(|i| ((i * 7919) % (host.lens.len() * per_row)) as i32)
+        .collect();
+    let pages = Pages {
+        table: &table,
+        stride: per_row,
+    };
+    let rows = host.rows();
+    [Method::OneCta, Method::MultiSlice]
+        .into_iter()
+        .map(|method| {
+            let got = k.run(method, DEBUG, &rows, Some(&pages));
+            let (result, ok) = match got.map(|g| check_output(&rows, top, Some(&pages), &g)) {
+                Ok(Ok(())) => ("exact".to_string(), true),
+                Ok(Err(e)) => (format!("FAIL {e}"), false),
+                Err(e) => (format!("error: {e}"), false),
+            };
+            Line {
+                case: format!("{} page-table slots, 4 rows", method.name()),
+                result,
+                ok,
+            }
+        })
+        .collect()
+}
+
+/// A NaN among the keys of row 1 must be reported (NaN past a row's length never is: every case
+/// above has it in the padding).
+fn nan_case(k: &Kernels) -> Vec<Line> {
+    let mut host = Host::new(Pattern::Random, &[3000, 131072, 100], 5);
+    let at = host.stride + 70_000;
+    host.scores[at] = f32::NAN;
+    let rows = host.rows();
+    [Method::OneCta, Method::MultiSlice]
+        .into_iter()
+        .map(|method| {
+            let got = k.run(method, DEBUG, &rows, None);
+            let ok =
+                matches!(&got, Err(GpuError::Flagged { row: 1, what }) if what.contains("NaN"));
+            Line {
+                case: format!("{} NaN at row 1 position 70000 is reported", method.name()),
+                result: match got {
+                    Ok(_) => "not reported".into(),
+                    Err(e) => e.to_string(),
+                },
+                ok,
+            }
+        })
+        .collect()
+}
+
+/// The checker rejects each corruption of a kernel's correct output.
+fn negative_controls(k: &Kernels) -> Vec<Line> {
+    let top = TopK::new(K).unwrap();
+    let host = Host::new(Pattern::Ties, &[8192, 32768, 131072, 300_000], 9);
+    let rows = host.rows();
+    let got = match k.run(Method::MultiSlice, DEBUG, &rows, None) {
+        Ok(g) => g,
+        Err(e) => {
+            return vec![Line {
+                case: "negative controls".into(),
+                result: format!("error: {e}"),
+                ok: false,
+            }]
+        }
+    };
+    let row = 2usize;
+    let span = row * K as usize..(row + 1) * K as usize;
+    let mut lines = Vec::new();
+    let mut push = |name: &str, applied: bool, outcome: Result<(), CheckError>| {
+        let ok = applied && outcome.is_err();
+        lines.push(Line {
+            case: format!("negative control: {name}"),
+            result: match outcome {
+                Err(e) => format!("fails as it must: {e}"),
+                Ok(()) => format!("PASSED the checker (applied: {applied})"),
+            },
+            ok,
+        });
+    };
+    let mut replaced = got.clone();
+    let applied =
+        controls::replace_with_best_unselected(&mut replaced[span.clone()], rows.row(row));
+    push(
+        "a slot replaced by the best unselected key",
+        applied,
+        check_output(&rows, top, None, &replaced),
+    );
+    let mut swapped = got.clone();
+    let applied = controls::swap_two(&mut swapped[span]);
+    push(
+        "two entries swapped",
+        applied,
+        check_output(&rows, top, None, &swapped),
+    );
+    let mut flipped = host.scores.clone();
+    let start = row * host.stride;
+    let bit = controls::flip_score_bit(&mut flipped[start..start + host.lens[row] as usize], top);
+    let corrupt = Rows {
+        scores: &flipped,
+        ..rows
+    };
+    push(
+        &format!("one score's bit flipped ({bit:?})"),
+        bit.is_some(),
+        check_output(&corrupt, top, None, &got),
+    );
+    lines
+}

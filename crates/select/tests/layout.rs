@@ -1,0 +1,135 @@
+//! Properties of the layout math: slices tile each row once within their limits, the placement
+//! gives every slice its own task, and histogram and candidate boxes never collide.
+
+use mailbox::layout::ScratchLayout;
+use proptest::prelude::*;
+use select::layout::*;
+use std::collections::HashSet;
+
+fn check_tiling(s: &Slices) {
+    let mut next = 0;
+    for (c, r) in s.ranges().enumerate() {
+        assert_eq!(
+            r.start, next,
+            "slice {c} of {s:?} does not start where the last ended"
+        );
+        assert!(s.is_empty() || !r.is_empty(), "slice {c} of {s:?} is empty");
+        assert!(
+            r.len() as u32 <= SLICE_ROOM,
+            "slice {c} of {s:?} exceeds the LDS room"
+        );
+        assert_eq!(r.start % SLICE_ALIGN, 0);
+        next = r.end;
+    }
+    assert_eq!(next, s.len(), "{s:?} does not cover the row");
+    assert!((1..=MAX_SLICES).contains(&s.count()));
+    assert!(s.range(s.count()).is_empty());
+}
+
+proptest! {
+    #[test]
+    fn production_slices_tile_every_row(len in 0..=MAX_ROW_KEYS) {
+        let s = select_slices(len).unwrap();
+        check_tiling(&s);
+        prop_assert_eq!(s.count(), len.div_ceil(MIN_SLICE_KEYS).clamp(1, MAX_SLICES));
+        // Fewer slices would leave one past the room; more, one below half the minimum.
+        if s.count() > 1 {
+            prop_assert!(s.chunk() > MIN_SLICE_KEYS / 2);
+        }
+    }
+
+    #[test]
+    fn any_accepted_slicing_tiles_the_row(len in 0..100_000u32, count in 0..=70u32) {
+        match Slices::new(len, count) {
+            Ok(s) => check_tiling(&s),
+            Err(LayoutError::BadSliceCount { .. }) => {
+                // Refused only for a reason: a count out of range, an empty slice or one past the room.
+                let chunk = len.div_ceil(count.max(1)).div_ceil(SLICE_ALIGN) * SLICE_ALIGN;
+                prop_assert!(count == 0 || count > MAX_SLICES || (len == 0 && count != 1)
+                    || chunk > SLICE_ROOM || (count - 1) * chunk >= len);
+            }
+            Err(e) => prop_assert!(false, "{}", e),
+        }
+    }
+
+    #[test]
+    fn every_slice_has_its_own_task(counts in prop::collection::vec(1..=MAX_SLICES, 1..40)) {
+        let p = place_slices(&counts).unwrap();
+        let rows = counts.len() as u32;
+        let most = *counts.iter().max().unwrap();
+        let interleaved = most <= MAX_SELECT_TASKS / rows;
+        prop_assert_eq!(p.order() == TaskOrder::Interleaved, interleaved);
+        if interleaved {
+            prop_assert!(p.tasks() <= MAX_SELECT_TASKS);
+        }
+        let mut seen = HashSet::new();
+        for (row, &count) in counts.iter().enumerate() {
+            for c in 0..count {
+                let t = p.task(row as u32, c).unwrap();
+                prop_assert!(t < p.tasks());
+                prop_assert!(seen.insert(t), "task {} given twice", t);
+                prop_assert_eq!(p.slice(t), Some((row as u32, c)));
+            }
+        }
+        // Tasks without a planned slice decode to a slice index past their row's count.
+        for t in 0..p.tasks() {
+            let (row, c) = p.slice(t).unwrap();
+            prop_assert!(row < rows && c < MAX_SLICES);
+            prop_assert_eq!(seen.contains(&t), c < counts[row as usize]);
+        }
+        prop_assert_eq!(p.slice(p.tasks()), None);
+    }
+
+    #[test]
+    fn boxes_of_different_writers_never_collide(rows in 1..9u32, k in 1..=MAX_K) {
+        let mut b = ScratchLayout::builder();
+        let top = TopK::new(k).unwrap();
+        let boxes = SelectBoxes::add(&mut b, "sel", rows, top).unwrap();
+        let layout = b.build();
+        let mut seen = HashSet::new();
+        for row in 0..rows {
+            for round in 0..ROUNDS {
+                for slice in 0..MAX_SLICES {
+                    let first = boxes.hist_box(row, round, slice).unwrap();
+                    // A slot's boxes, and the next slice's follow it directly (one wait covers a round).
+                    prop_assert!(seen.insert(first));
+                    prop_assert!(first + HIST_BOXES <= layout.boxes());
+                    if slice > 0 {
+                        prop_assert_eq!(boxes.hist_box(row, round, slice - 1).unwrap() + HIST_BOXES, first);
+                    }
+                }
+            }
+            let c0 = boxes.cand_box(row, 0).unwrap();
+            let last = boxes.cand_box(row, top.room() - 1).unwrap();
+            prop_assert_eq!(last, c0 + top.room() - 1);
+            prop_assert_eq!(boxes.cand_box(row, top.room()), None);
+            prop_assert!(seen.insert(c0));
+        }
+        prop_assert_eq!(boxes.hist_box(rows, 0, 0), None);
+        prop_assert_eq!(boxes.hist_box(0, ROUNDS, 0), None);
+    }
+}
+
+#[test]
+fn limits_are_refused_with_a_reason() {
+    assert_eq!(
+        select_slices(MAX_ROW_KEYS + 1),
+        Err(LayoutError::RowTooLong {
+            len: MAX_ROW_KEYS + 1
+        })
+    );
+    assert!(matches!(
+        Slices::new(10, 4),
+        Err(LayoutError::BadSliceCount { .. })
+    ));
+    assert_eq!(TopK::new(0), Err(LayoutError::BadK { k: 0 }));
+    assert!(TopK::new(MAX_K + 1).is_err());
+    assert_eq!(TopK::GLM5.room(), 4096);
+    assert_eq!(place_slices(&[]), Err(LayoutError::NoRows));
+    assert!(place_slices(&[65]).is_err());
+    // Four rows of 128K keys: 64 slices each, interleaved on 256 tasks; eight go in runs.
+    let four = place_slices(&[64; 4]).unwrap();
+    assert_eq!((four.order(), four.tasks()), (TaskOrder::Interleaved, 256));
+    let eight = place_slices(&[64; 8]).unwrap();
+    assert_eq!((eight.order(), eight.tasks()), (TaskOrder::Runs, 512));
+}

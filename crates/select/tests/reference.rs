@@ -1,0 +1,46 @@
+//! Properties of the reference: its list holds exactly the sort-based top-k, in the contract's
+//! order (keys above P by position, then keys with prefix P above T by position, then ties).
+
+use proptest::prelude::*;
+use select::cases::Pattern;
+use select::check::missed;
+use select::layout::TopK;
+use select::reference::{radix_key, select_row, sorted_top_k};
+
+proptest! {
+    #[test]
+    fn the_list_is_the_exact_top_k_in_contract_order(
+        pattern in prop::sample::select(Pattern::ALL.to_vec()),
+        len in 0..3000usize,
+        k in 1..=200u32,
+        seed in any::<u64>(),
+    ) {
+        let top = TopK::new(k).unwrap();
+        let scores = pattern.row(len, seed);
+        let sel = select_row(&scores, top).unwrap();
+        let expected = sorted_top_k(&scores, top).unwrap();
+        prop_assert_eq!(sel.list.len(), k as usize);
+        prop_assert_eq!(missed(&sel.list, &expected), 0);
+        let selected: Vec<i32> = sel.list.iter().copied().filter(|&e| e >= 0).collect();
+        prop_assert_eq!(selected.len(), expected.len());
+        prop_assert!(sel.list[selected.len()..].iter().all(|&e| e == -1));
+        let Some(th) = sel.threshold else {
+            prop_assert!(len <= k as usize);
+            prop_assert!(selected.iter().enumerate().all(|(i, &p)| p == i as i32));
+            return Ok(());
+        };
+        prop_assert!([12, 24, 32].contains(&th.prefix_bits));
+        let key = |p: i32| radix_key(scores[p as usize]);
+        let shift = 32 - th.prefix_bits;
+        // The class of each entry never decreases along the list, and positions rise within one.
+        let class = |p: i32| {
+            let x = key(p);
+            if x >> shift > th.key >> shift { 0 } else if x > th.key { 1 } else { 2 }
+        };
+        for w in selected.windows(2) {
+            let (a, b) = (class(w[0]), class(w[1]));
+            prop_assert!(a < b || (a == b && w[0] < w[1]), "{:?} then {:?}", w[0], w[1]);
+        }
+        prop_assert_eq!(selected.iter().filter(|&&p| class(p) == 0).count() as u32, th.above);
+    }
+}
