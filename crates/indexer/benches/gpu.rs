@@ -1,7 +1,9 @@
 //! Scoring on the GPU: rows 1, 2, 4, 8 (one request's draft chain, and separate requests) at 8K,
 //! 128K and 512K keys. Each figure is the median of event-timed launches of the scoring kernel
 //! alone, the L2 flushed before each, beside the floor: the key and scale bytes the rows'
-//! requests must read, once, over the copy bandwidth measured in the same run.
+//! requests must read, once, over the copy bandwidth measured in the same run. Every case runs
+//! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS) and fp8 (FP8 queries
+//! against the keys as cached, on FP8 matrix ops).
 //!
 //! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one.
 
@@ -11,7 +13,7 @@ mod support;
 use device::{Args, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::layout::pages_through;
-use indexer::reference::{IndexerDims, IndexerOptions};
+use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
 use model::ModelConfig;
 use support::{CacheKind, Error, Inputs, LaunchBuffers, Request, Scene, Stage};
 
@@ -69,10 +71,18 @@ fn main() -> Result<(), Error> {
     let cfg = ModelConfig::preset("glm-5")?;
     let dims = IndexerDims::new(&cfg)?;
     let config = KernelConfig::new(dims, &IndexerOptions::kernels(&cfg))?;
-    let stage = Stage::new(dev, config)?;
-    let flush = stage.dev.alloc_zeroed::<u8>(256 << 20)?;
-    let stream = stage.dev.new_stream()?;
-    let (t0, t1) = (stage.dev.timer()?, stage.dev.timer()?);
+    let fp8 = KernelConfig {
+        query: VectorFormat::Fp8,
+        ..config
+    };
+    let stages = [
+        ("f16", Stage::new(dev, config)?),
+        ("fp8", Stage::new(Device::open(0)?, fp8)?),
+    ];
+    let dev = &stages[0].1.dev;
+    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let stream = dev.new_stream()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
 
     let mut lines = Vec::new();
     for &keys in &KEYS {
@@ -89,7 +99,7 @@ fn main() -> Result<(), Error> {
             last_position: keys - 1,
         }));
         let scene = Scene::new(dims, requests, CacheKind::Random, u64::from(keys));
-        let cache = stage.dev.upload(&scene.bytes)?;
+        let cache = dev.upload(&scene.bytes)?;
         let page_bytes = scene.cache.page_bytes() as f64;
         for (ri, &rows) in ROWS.iter().enumerate() {
             for chain in [true, false] {
@@ -101,55 +111,59 @@ fn main() -> Result<(), Error> {
                 } else {
                     (4..4 + rows as usize).collect()
                 };
-                let plan = stage.plan(&scene, &set)?;
-                let inputs = Inputs::random(&dims, plan.rows.len(), 1);
-                let buffers = LaunchBuffers::new(&stage, &scene, &plan, &inputs)?;
-                let args = buffers.stage(&stage, &cache, &cache);
-                // One whole-stage launch publishes the queries and new keys under this tag; the
-                // timed scoring launches then find them ready.
-                stage.next_tag()?;
-                stage.kernels.launch(&stream, &args)?;
-                stream.sync()?;
-                let mut times = Vec::new();
-                for i in 0..=TIMED {
-                    stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
-                    t0.record(&stream)?;
-                    stage.kernels.score(&stream, &args)?;
-                    t1.record(&stream)?;
-                    t1.sync()?;
-                    if i > 0 {
-                        times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+                for (method, stage) in &stages {
+                    let plan = stage.plan(&scene, &set)?;
+                    let inputs = Inputs::random(&dims, plan.rows.len(), 1);
+                    let buffers = LaunchBuffers::new(stage, &scene, &plan, &inputs)?;
+                    let args = buffers.stage(stage, &cache, &cache);
+                    // One whole-stage launch publishes the queries and new keys under this tag; the
+                    // timed scoring launches then find them ready.
+                    stage.next_tag()?;
+                    stage.kernels.launch(&stream, &args)?;
+                    stream.sync()?;
+                    let mut times = Vec::new();
+                    for i in 0..=TIMED {
+                        stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                        t0.record(&stream)?;
+                        stage.kernels.score(&stream, &args)?;
+                        t1.record(&stream)?;
+                        t1.sync()?;
+                        if i > 0 {
+                            times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+                        }
                     }
+                    let requests = if chain { 1.0 } else { f64::from(rows) };
+                    let floor_bytes = requests * f64::from(pages_through(keys - 1)) * page_bytes;
+                    lines.push((
+                        keys,
+                        rows,
+                        chain,
+                        *method,
+                        plan.runs.len(),
+                        median(times),
+                        floor_bytes / bandwidth * 1e6,
+                    ));
                 }
-                let requests = if chain { 1.0 } else { f64::from(rows) };
-                let floor_bytes = requests * f64::from(pages_through(keys - 1)) * page_bytes;
-                lines.push((
-                    keys,
-                    rows,
-                    chain,
-                    plan.runs.len(),
-                    median(times),
-                    floor_bytes / bandwidth * 1e6,
-                ));
             }
         }
     }
 
     println!("\nindexer scoring, GLM-5 (32 heads x 128), median of {TIMED} launches, L2 flushed before each");
     println!(
-        "{:>7} {:>4} {:>9} {:>5} {:>10} {:>10} {:>8} {:>9}",
-        "keys", "rows", "requests", "runs", "time us", "floor us", "x floor", "x 1 row"
+        "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10} {:>10} {:>8} {:>9}",
+        "keys", "rows", "requests", "method", "runs", "time us", "floor us", "x floor", "x 1 row"
     );
-    for &(keys, rows, chain, runs, us, floor) in &lines {
+    for &(keys, rows, chain, method, runs, us, floor) in &lines {
         let one_row = lines
             .iter()
-            .find(|l| l.0 == keys && l.1 == 1)
-            .map_or(f64::NAN, |l| l.4);
+            .find(|l| l.0 == keys && l.1 == 1 && l.3 == method)
+            .map_or(f64::NAN, |l| l.5);
         println!(
-            "{:>7} {:>4} {:>9} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2}",
+            "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2}",
             keys,
             rows,
             if chain { "1 (chain)" } else { "separate" },
+            method,
             runs,
             us,
             floor,

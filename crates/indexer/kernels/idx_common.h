@@ -25,7 +25,15 @@
 #ifndef IDX_BLOCK
 #define IDX_BLOCK 256
 #endif
+// 1: queries published as E4M3 with a power-of-two scale per head (IndexerOptions q Fp8, the scale
+// folded into the head weight), scored against the FP8 keys as they are on FP8 matrix units
+// (NVIDIA mma.sync e4m3, sm_89+); 0: queries in bf16, keys widened to f16 in LDS (every target).
+#ifndef IDX_FP8_QUERY
+#define IDX_FP8_QUERY 0
+#endif
 // Pages a scoring CTA holds in LDS at once (and loads ahead while it scores the previous ones).
+// FP8 keys would fit twice the pages, but a batch's loads in flight live in registers, and 3 or 4
+// pages spill at 128 registers.
 #ifndef IDX_BATCH_PAGES
 #define IDX_BATCH_PAGES 2
 #endif
@@ -44,7 +52,9 @@
 #define IDX_PAGE_BYTES (IDX_PAGE_TOKENS * (IDX_HEAD_DIM + 4))
 // Hand-off words (layout.rs key_box_words / query_box_words).
 #define IDX_KEY_WORDS (IDX_HEAD_DIM / 4 + 1)
-#define IDX_QUERY_WORDS (IDX_HEADS * IDX_HEAD_DIM / 2 + IDX_HEADS)
+// A query: HEADS * HEAD_DIM values (bf16 pairs, or E4M3 fours), then HEADS weights.
+#define IDX_QUERY_VALUE_WORDS (IDX_HEADS * IDX_HEAD_DIM / (IDX_FP8_QUERY ? 4 : 2))
+#define IDX_QUERY_WORDS (IDX_QUERY_VALUE_WORDS + IDX_HEADS)
 // Elements of one head that a lane holds in the key and query tasks (a wave per vector).
 #define IDX_LANE_DIMS (IDX_HEAD_DIM / MONO_WAVE)
 #define IDX_WAVES (IDX_BLOCK / MONO_WAVE)
@@ -229,6 +239,32 @@ MONO_DEV float idx_ue8m0_scale(float amax) {
   i32 e = (i32)((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
   e = e < -126 ? -126 : (e > 127 ? 127 : e);
   return mono_bits_f32((u32)(e + 127) << 23);
+}
+
+// Packs each lane's E4M3 codes into 32-bit words of four; returns true in the lane that owns word
+// (lane * LANE_DIMS) / 4, whose value is `word`.
+MONO_DEV bool idx_pack_codes(const u8 (&codes)[IDX_LANE_DIMS], u32* word) {
+  const u32 lane = mono_lane();
+  u32 packed = 0;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) packed |= (u32)codes[i] << (8u * ((lane * IDX_LANE_DIMS + i) & 3u));
+#pragma unroll
+  for (u32 m = 1; m < 4 / IDX_LANE_DIMS; m <<= 1) packed |= mono_shfl_xor(packed, m);
+  *word = packed;
+  return (lane * IDX_LANE_DIMS) % 4 == 0;
+}
+
+// A wave's vector (LANE_DIMS a lane) as E4M3 codes and its power-of-two scale (spec §3.4), as the
+// reference's quantise_block_e4m3.
+MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LANE_DIMS]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) amax = mono_fmaxf(amax, v[i] < 0.0f ? -v[i] : v[i]);
+  const float scale = idx_ue8m0_scale(mono_wave_max(amax));
+#pragma unroll
+  for (u32 i = 0; i < IDX_LANE_DIMS; ++i)
+    codes[i] = mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[i] / scale, -448.0f), 448.0f));
+  return scale;
 }
 
 // ---- block-wide waits on many boxes -------------------------------------------------------------------

@@ -4,19 +4,6 @@
 #pragma once
 #include "idx_common.h"
 
-// Packs each lane's E4M3 codes into 32-bit words of four; returns true in the lane that owns word
-// (lane * LANE_DIMS) / 4, whose value is `word`.
-MONO_DEV bool idx_pack_codes(const u8 (&codes)[IDX_LANE_DIMS], u32* word) {
-  const u32 lane = mono_lane();
-  u32 packed = 0;
-#pragma unroll
-  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) packed |= (u32)codes[i] << (8u * ((lane * IDX_LANE_DIMS + i) & 3u));
-#pragma unroll
-  for (u32 m = 1; m < 4 / IDX_LANE_DIMS; m <<= 1) packed |= mono_shfl_xor(packed, m);
-  *word = packed;
-  return (lane * IDX_LANE_DIMS) % 4 == 0;
-}
-
 // Wave 0 of the CTA computes the row's key (one HEAD_DIM vector, a wave's worth); the other waves
 // have nothing to do.
 MONO_DEV void idx_key_task(const idx_args& a, const mbx_ctx& c, u32 row) {
@@ -48,14 +35,8 @@ MONO_DEV void idx_key_task(const idx_args& a, const mbx_ctx& c, u32 row) {
   idx_hadamard(v);
 #endif
 
-  float amax = 0.0f;
-#pragma unroll
-  for (u32 i = 0; i < IDX_LANE_DIMS; ++i) amax = mono_fmaxf(amax, v[i] < 0.0f ? -v[i] : v[i]);
-  const float scale = idx_ue8m0_scale(mono_wave_max(amax));
   u8 codes[IDX_LANE_DIMS];
-#pragma unroll
-  for (u32 i = 0; i < IDX_LANE_DIMS; ++i)
-    codes[i] = mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[i] / scale, -448.0f), 448.0f));
+  const float scale = idx_quantise(v, codes);
   u32 word;
   const bool owner = idx_pack_codes(codes, &word);
 

@@ -1,5 +1,6 @@
 // The index query of one row (spec §3.1-3.3, §3.6): rope and Hadamard of every head, once per row,
-// published in bf16 with the head weights w_h = g_h * (HEADS * HEAD_DIM)^-1/2 for the scorers.
+// published with the head weights w_h = g_h * (HEADS * HEAD_DIM)^-1/2 * s_h for the scorers: in
+// bf16 (s_h = 1), or under FP8_QUERY as E4M3 words of four with s_h the head's power-of-two scale.
 #pragma once
 #include "idx_common.h"
 
@@ -20,6 +21,15 @@ MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
 #if IDX_HADAMARD
     idx_hadamard(v);
 #endif
+#if IDX_FP8_QUERY
+    u8 codes[IDX_LANE_DIMS];
+    const float head_scale = idx_quantise(v, codes);
+    u32 word;
+    if (idx_pack_codes(codes, &word))
+      mono_st_relaxed_u64(c.scratch + idx_query_box(a, row, h * (IDX_HEAD_DIM / 4) + lane * IDX_LANE_DIMS / 4),
+                          mbx_pack(c.tag, word));
+#else
+    const float head_scale = 1.0f;
     u32 pairs[IDX_LANE_PAIRS];
 #if IDX_LANE_DIMS >= 2
 #pragma unroll
@@ -40,9 +50,11 @@ MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
         mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, pairs[p]));
       }
     }
+#endif
     if (lane == 0) {
-      const float w = a.gates[(u64)row * IDX_HEADS + h] * a.weight_scale;
-      mono_st_relaxed_u64(c.scratch + idx_query_box(a, row, IDX_HEADS * IDX_HEAD_DIM / 2 + h),
+      // The scale is a power of two: multiplying it in last is exact.
+      const float w = a.gates[(u64)row * IDX_HEADS + h] * a.weight_scale * head_scale;
+      mono_st_relaxed_u64(c.scratch + idx_query_box(a, row, IDX_QUERY_VALUE_WORDS + h),
                           mbx_pack(c.tag, mono_f32_bits(w)));
     }
   }

@@ -2,8 +2,9 @@
 // for t <= p_r, -inf past it, into scores[r * stride + t].
 //
 // The CTA copies its run into LDS a batch of pages at a time (16-byte loads into registers, so the
-// next batch's loads are in flight while the waves score the current one), converting the keys to
-// f16 once for all the group's rows. Each row of the group has its own waves, which hold the row's
+// next batch's loads are in flight while the waves score the current one), the keys converted to
+// f16 once for all the group's rows (or kept in FP8, under FP8_QUERY). Each row of the group has
+// its own waves, which hold the row's
 // query and head weights in registers (on NVIDIA, a wave holds half the heads and the halves' sums
 // meet in LDS), so every key is read from memory once for the whole group.
 // Keys this launch writes are taken from their published pairs (idx_key.h), not from the cache:
@@ -25,7 +26,7 @@ static_assert(IDX_BATCH_TOKENS <= IDX_BLOCK, "a thread loads at most one scale")
 static_assert(IDX_BATCH_TOKENS % IDX_TILE_TOKENS == 0, "tiles cover a batch");
 static_assert(IDX_GROUP_ROWS * IDX_HEAD_GROUPS <= IDX_WAVES, "every (row, head group) of a group needs a wave");
 
-// LDS of a scoring task: first the group's published queries, then (reused) a batch of keys as f16
+// LDS of a scoring task: first the group's published queries, then (reused) a batch of keys (f16 or FP8)
 // followed by their scales; and the waves' partial sums of two batches (a batch's are summed and
 // written while the next is scored).
 struct idx_score_smem {
@@ -81,25 +82,13 @@ MONO_DEV void idx_load_batch(const idx_args& a, const u32 (&phys)[IDX_BATCH_PAGE
 MONO_DEV u8* idx_keys(idx_score_smem& sm) { return (u8*)sm.words; }
 MONO_DEV float* idx_scales(idx_score_smem& sm) { return (float*)sm.words + IDX_KEYS_WORDS; }
 
-// Four E4M3 words of batch token `token`, dims 16 * piece .. + 15, into LDS as f16.
-MONO_DEV void idx_store_piece(idx_score_smem& sm, u32 token, u32 piece, const mono_u32x4& v) {
-  u32 f[8];
-  idx_e4m3x4_to_f16(v.x, &f[0], &f[1]);
-  idx_e4m3x4_to_f16(v.y, &f[2], &f[3]);
-  idx_e4m3x4_to_f16(v.z, &f[4], &f[5]);
-  idx_e4m3x4_to_f16(v.w, &f[6], &f[7]);
-  u8* keys = idx_keys(sm);
-  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece)) = mono_u32x4{f[0], f[1], f[2], f[3]};
-  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece + 1u)) = mono_u32x4{f[4], f[5], f[6], f[7]};
-}
-
 MONO_DEV void idx_store_batch(idx_score_smem& sm, const idx_prefetch& f, u32 pages) {
   const u32 thread = mono_thread();
 #pragma unroll
   for (u32 k = 0; k < IDX_KEY_LOADS; ++k) {
     const u32 i = thread + k * IDX_BLOCK;
     if (i < IDX_BATCH_KEY_CHUNKS && i / IDX_PAGE_CHUNKS < pages)
-      idx_store_piece(sm, i / (IDX_HEAD_DIM / 16), i % (IDX_HEAD_DIM / 16), f.key[k]);
+      idx_store_key_piece(idx_keys(sm), i / (IDX_HEAD_DIM / 16), i % (IDX_HEAD_DIM / 16), f.key[k]);
   }
   if (thread < IDX_BATCH_TOKENS && thread / IDX_PAGE_TOKENS < pages) idx_scales(sm)[thread] = f.scale;
 }
@@ -129,9 +118,7 @@ MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_req
     if (word == IDX_HEAD_DIM / 4) {
       idx_scales(sm)[token] = mono_bits_f32(value);
     } else {
-      // Dims 4 word .. +3: half of f16 chunk word / 2.
-      u32* dst = (u32*)(idx_keys(sm) + idx_chunk_offset(token, word / 2u) + 8u * (word % 2u));
-      idx_e4m3x4_to_f16(value, dst, dst + 1);
+      idx_store_key_word(idx_keys(sm), token, word, value);
     }
   }
   return mbx_block_agree(c, ok);

@@ -1,6 +1,6 @@
 // The innermost tile of scoring, the only per-platform code of the indexer: one row's heads (A, in
 // registers) times a tile of keys (B, in LDS) on the matrix units, f16 in, f32 accumulate, then
-// ReLU, head weights and the sum over heads.
+// ReLU, head weights and the sum over heads. Two methods (FP8_QUERY picks): f16 (below) and FP8.
 //
 // Numbers: keys sit in LDS as f16 of value e4m3 * 2^-8 (exact, see idx_e4m3x4_to_f16); each head of
 // the query is scaled by a power of two 2^-e that puts its largest element in [2^14, 2^15) and
@@ -14,16 +14,23 @@
 #pragma once
 #include "idx_common.h"
 
-#define IDX_TOKEN_BYTES (IDX_HEAD_DIM * 2)
-#define IDX_K_STEPS (IDX_HEAD_DIM / 16)
-#define IDX_M_TILES ((IDX_HEADS + 15) / 16)
-static_assert(IDX_HEAD_DIM % 64 == 0, "k-groups and the bank swizzle need at least 8 chunks a key");
+#if IDX_FP8_QUERY && !MONO_NVIDIA
+#error "FP8_QUERY scoring is written for NVIDIA mma.sync e4m3; AMD scores with f16 MFMA (FP8_QUERY 0)"
+#endif
 
-// 16-byte f16 chunk `chunk` of batch token `token`. Odd tokens swap chunk halves of 64 bytes, so
-// that the two tokens a phase of B-fragment loads reads (8 lanes: tokens n, n + 1, four chunks
-// each) fall on different banks.
+// Bytes of a key in LDS: E4M3 as cached (FP8), or widened to f16.
+#define IDX_TOKEN_BYTES (IDX_HEAD_DIM * (IDX_FP8_QUERY ? 1 : 2))
+// Matrix-op k-steps of a head: k32 for FP8, k16 for f16.
+#define IDX_K_STEPS (IDX_HEAD_DIM / (IDX_FP8_QUERY ? 32 : 16))
+#define IDX_M_TILES ((IDX_HEADS + 15) / 16)
+static_assert(IDX_HEAD_DIM % 64 == 0, "k-groups need whole 16-byte chunks, two per k-group");
+
+// 16-byte chunk `chunk` of batch token `token`. With tokens of 128 bytes or more, odd tokens swap
+// chunk halves of 64 bytes, so that the two tokens a phase of B-fragment loads reads (8 lanes:
+// tokens n, n + 1, four chunks each) fall on different banks; shorter tokens already do.
+#define IDX_SWIZZLE (IDX_TOKEN_BYTES >= 128 ? 4u : 0u)
 MONO_DEV u32 idx_chunk_offset(u32 token, u32 chunk) {
-  return token * IDX_TOKEN_BYTES + 16u * (chunk ^ ((token & 1u) << 2));
+  return token * IDX_TOKEN_BYTES + 16u * (chunk ^ ((token & 1u) * IDX_SWIZZLE));
 }
 
 // Two E4M3 codes at bits 0-7 and 16-23 to two f16 of value code * 2^-8: the sign to bit 15, the
@@ -36,6 +43,31 @@ MONO_DEV void idx_e4m3x4_to_f16(u32 w, u32* lo, u32* hi) {
   *hi = idx_e4m3x2_to_f16x2(((w >> 16) & 0xffu) | ((w >> 8) & 0xff0000u));
 }
 #define IDX_KEY_F16_SCALE 256.0f
+
+// Stores 16 dims of a key (16 * piece ..) into the batch's LDS in the method's format.
+MONO_DEV void idx_store_key_piece(u8* keys, u32 token, u32 piece, const mono_u32x4& v) {
+#if IDX_FP8_QUERY
+  *(mono_u32x4*)(keys + idx_chunk_offset(token, piece)) = v;
+#else
+  u32 f[8];
+  idx_e4m3x4_to_f16(v.x, &f[0], &f[1]);
+  idx_e4m3x4_to_f16(v.y, &f[2], &f[3]);
+  idx_e4m3x4_to_f16(v.z, &f[4], &f[5]);
+  idx_e4m3x4_to_f16(v.w, &f[6], &f[7]);
+  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece)) = mono_u32x4{f[0], f[1], f[2], f[3]};
+  *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece + 1u)) = mono_u32x4{f[4], f[5], f[6], f[7]};
+#endif
+}
+
+// Stores a key word (dims 4 word .. +3) the same way.
+MONO_DEV void idx_store_key_word(u8* keys, u32 token, u32 word, u32 value) {
+#if IDX_FP8_QUERY
+  *(u32*)(keys + idx_chunk_offset(token, word / 4u) + 4u * (word % 4u)) = value;
+#else
+  u32* dst = (u32*)(keys + idx_chunk_offset(token, word / 2u) + 8u * (word % 2u));
+  idx_e4m3x4_to_f16(value, dst, dst + 1);
+#endif
+}
 
 MONO_DEV u32 idx_pack_f16x2(float lo, float hi) {
 #if MONO_NVIDIA
@@ -66,10 +98,53 @@ MONO_DEV float idx_abs_max_bf16x2(float m, u32 w) {
   return mono_fmaxf(m, mono_fmaxf(lo < 0.0f ? -lo : lo, hi < 0.0f ? -hi : hi));
 }
 
-// Pair index (within a head) of k-step j's first two dims for k-group kg.
+// Pair index (within a head) of k-step j's first two dims for k-group kg. Under FP8 the same
+// formula gives the word (of four dims) of a k-step's first register.
 MONO_DEV u32 idx_pair_of(u32 j, u32 kg) { return 4u * (4u * (j / 2u) + kg) + 2u * (j % 2u); }
 
-#if MONO_NVIDIA
+#if MONO_NVIDIA && IDX_FP8_QUERY
+// mma.m16n8k32 e4m3: rows = heads, columns = 8 tokens. Lane (g = lane / 4, kg = lane % 4) holds A
+// rows g and g + 8 of each head tile (registers 0/1: k 4kg..+3 of heads g/g+8; 2/3: k 16+4kg..+3),
+// B column g (b0: k 4kg..+3; b1: k 16+4kg..+3), and accumulators of heads g, g + 8 at tokens 2kg,
+// 2kg + 1. k-step j's registers r = 0, 1 are key word idx_pair_of(j, kg) + r, so a lane's B of two
+// k-steps is one 16-byte chunk. Products of E4M3 are exact in f32; K = 32 a step.
+#define IDX_TILE_TOKENS 8
+// A wave holds one head tile, as with f16: two would spill beside a batch's loads in flight.
+#define IDX_WAVE_M_TILES 1
+struct idx_qfrag {
+  u32 a[IDX_WAVE_M_TILES][IDX_K_STEPS][4];
+  float w[IDX_WAVE_M_TILES][2];  // heads 16m + g and 16m + g + 8
+};
+
+// Head tiles m0 .. of the row whose published words (HEADS * HEAD_DIM / 4 E4M3 words, then HEADS
+// weights with the query scales in them) are at `stage`.
+MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
+  const u32 g = mono_lane() >> 2, kg = mono_lane() & 3u;
+#pragma unroll
+  for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) {
+#pragma unroll
+    for (u32 half = 0; half < 2; ++half) {
+      const u32 head = 16u * (m0 + m) + g + 8u * half;
+      const bool valid = head < IDX_HEADS;
+      const u32* words = stage + (valid ? head : 0u) * (IDX_HEAD_DIM / 4);
+#pragma unroll
+      for (u32 j = 0; j < IDX_K_STEPS; ++j) {
+        q.a[m][j][half] = valid ? words[idx_pair_of(j, kg)] : 0u;
+        q.a[m][j][half + 2] = valid ? words[idx_pair_of(j, kg) + 1u] : 0u;
+      }
+      q.w[m][half] = valid ? mono_bits_f32(stage[IDX_QUERY_VALUE_WORDS + head]) : 0.0f;
+    }
+  }
+}
+
+MONO_DEV void idx_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#elif MONO_NVIDIA
 // mma.m16n8k16: rows = heads, columns = 8 tokens. Lane (g = lane / 4, kg = lane % 4) holds A rows
 // g and g + 8 of each head tile, B column g, and accumulators of heads g, g + 8 at tokens 2kg, 2kg + 1.
 #define IDX_TILE_TOKENS 8
@@ -108,7 +183,7 @@ MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
         q.a[m][j][half] = valid ? idx_bf16x2_to_f16x2(words[idx_pair_of(j, kg)], down) : 0u;
         q.a[m][j][half + 2] = valid ? idx_bf16x2_to_f16x2(words[idx_pair_of(j, kg) + 1u], down) : 0u;
       }
-      const float w = mono_bits_f32(stage[IDX_HEADS * IDX_HEAD_DIM / 2 + (valid ? head : 0u)]);
+      const float w = mono_bits_f32(stage[IDX_QUERY_VALUE_WORDS + (valid ? head : 0u)]);
       q.w[m][half] = valid ? w * up * IDX_KEY_F16_SCALE : 0.0f;
     }
   }
@@ -120,6 +195,9 @@ MONO_DEV void idx_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#endif
+
+#if MONO_NVIDIA
 // The wave's heads' share of the scores of tokens n0 .. n0 + 7 of the batch (before the key
 // scales): lane kg < 4 returns those of tokens n0 + 2kg and n0 + 2kg + 1 in s[0], s[1].
 MONO_DEV void idx_tile(const idx_qfrag& q, const u8* keys, u32 n0, float (&s)[2]) {
@@ -196,7 +274,7 @@ MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
     for (u32 i = 0; i < 4; ++i) {
       const u32 head_i = 16u * (m0 + m) + 4u * kg + i;
       const float up_i = mono_bits_f32(mono_shfl(mono_f32_bits(up), 4u * kg + i));
-      const float w = mono_bits_f32(stage[IDX_HEADS * IDX_HEAD_DIM / 2 + (head_i < IDX_HEADS ? head_i : 0u)]);
+      const float w = mono_bits_f32(stage[IDX_QUERY_VALUE_WORDS + (head_i < IDX_HEADS ? head_i : 0u)]);
       q.w[m][i] = head_i < IDX_HEADS ? w * up_i * IDX_KEY_F16_SCALE : 0.0f;
     }
   }

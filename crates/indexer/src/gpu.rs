@@ -29,20 +29,24 @@ pub struct KernelConfig {
     pub dims: IndexerDims,
     pub rope: RopeStyle,
     pub hadamard: bool,
+    /// How queries are published and scored: [`VectorFormat::Bf16`] (keys widened to f16 in LDS,
+    /// every target) or [`VectorFormat::Fp8`] (E4M3 with a power-of-two scale per head, scored on
+    /// FP8 matrix units: NVIDIA only, `IDX_FP8_QUERY`).
+    pub query: VectorFormat,
     /// Test only: scorers patch only their own group's new keys (the poison check's negative control).
     pub patch_group_only: bool,
     pub mailbox: Variant,
 }
 
 impl KernelConfig {
-    /// The kernels compute [`IndexerOptions::kernels`]-style numbers: q bf16, k FP8. Other
-    /// formats are the reference's alone.
+    /// The kernels compute [`IndexerOptions::kernels`]-style numbers (q bf16, k FP8) or
+    /// [`IndexerOptions::deepseek`]-style ones (q and k FP8). Other formats are the reference's alone.
     pub fn new(dims: IndexerDims, opts: &IndexerOptions) -> Result<Self> {
-        if opts.query != VectorFormat::Bf16 || opts.key != VectorFormat::Fp8 {
+        if opts.query == VectorFormat::F32 || opts.key != VectorFormat::Fp8 {
             return Err(shape(
                 "indexer kernels",
                 format!(
-                    "they publish q as bf16 and cache k as FP8; asked for q {:?}, k {:?}",
+                    "they publish q as bf16 or FP8 and cache k as FP8; asked for q {:?}, k {:?}",
                     opts.query, opts.key
                 ),
             ));
@@ -51,6 +55,7 @@ impl KernelConfig {
             dims,
             rope: opts.rope,
             hadamard: opts.hadamard,
+            query: opts.query,
             patch_group_only: false,
             mailbox: Variant::default(),
         })
@@ -61,7 +66,7 @@ impl KernelConfig {
         IndexerOptions {
             rope: self.rope,
             hadamard: self.hadamard,
-            query: VectorFormat::Bf16,
+            query: self.query,
             key: VectorFormat::Fp8,
             bf16_projections: true,
         }
@@ -79,6 +84,7 @@ impl KernelConfig {
                 u32::from(self.rope == RopeStyle::Interleaved),
             )
             .define("IDX_HADAMARD", u32::from(self.hadamard))
+            .define("IDX_FP8_QUERY", u32::from(self.query == VectorFormat::Fp8))
             .define("IDX_BLOCK", BLOCK)
             .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
     }

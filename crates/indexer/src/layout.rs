@@ -379,7 +379,8 @@ pub fn key_box_words(head_dim: u32) -> u32 {
 }
 
 /// Boxes that carry one row's query: heads * head_dim / 2 words of two bf16 (head-major, dims in
-/// order), then one f32 head weight per head.
+/// order), then one f32 head weight per head. An FP8 query (`IDX_FP8_QUERY`) uses the first
+/// heads * head_dim / 4 words for E4M3 codes, four a word, and its weights follow them.
 pub fn query_box_words(heads: u32, head_dim: u32) -> u32 {
     heads * head_dim / 2 + heads
 }

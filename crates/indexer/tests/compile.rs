@@ -23,29 +23,37 @@ fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<
     }
 }
 
-fn configs() -> Vec<KernelConfig> {
+/// Each preset with its variant switches; with `fp8` (NVIDIA only) also with FP8 queries.
+fn configs(fp8: bool) -> Vec<KernelConfig> {
     let mut out = Vec::new();
     for preset in ["glm-5", "tiny"] {
         let cfg = ModelConfig::preset(preset).unwrap();
         let dims = IndexerDims::new(&cfg).unwrap();
-        let base = KernelConfig::new(dims, &IndexerOptions::kernels(&cfg)).unwrap();
-        out.push(base);
-        out.push(KernelConfig {
-            rope: RopeStyle::HalfSplit,
-            hadamard: false,
-            patch_group_only: true,
-            ..base
-        });
+        let mut options = vec![IndexerOptions::kernels(&cfg)];
+        if fp8 {
+            options.push(IndexerOptions::deepseek(&cfg));
+        }
+        for opts in options {
+            let base = KernelConfig::new(dims, &opts).unwrap();
+            out.push(base);
+            out.push(KernelConfig {
+                rope: RopeStyle::HalfSplit,
+                hadamard: false,
+                patch_group_only: true,
+                ..base
+            });
+        }
     }
     out
 }
 
 fn builds_everything(compiler: &dyn Compiler) {
     let mut built = Vec::new();
-    for source in sources()
-        .into_iter()
-        .chain(configs().iter().map(KernelConfig::source))
-    {
+    for source in sources().into_iter().chain(
+        configs(compiler.target().starts_with("sm_"))
+            .iter()
+            .map(KernelConfig::source),
+    ) {
         let compiled = compiler
             .compile(&source)
             .unwrap_or_else(|e| panic!("{} for {}: {e}", source.name(), compiler.target()));

@@ -1,6 +1,7 @@
 //! The indexer on a GPU against the CPU reference: issue 5's check matrix (caches x row sets x
 //! positions), the poison check and its negative control, the checkers' own negative controls, and
-//! the tiny preset and the variant switches.
+//! the tiny preset and the variant switches; each for both scoring methods (bf16 queries on f16
+//! matrix ops, and FP8 queries on FP8 ones).
 //!
 //! `cargo test -p indexer --release --test gpu -- --ignored --nocapture --test-threads 1`
 
@@ -8,7 +9,7 @@ mod support;
 
 use device::{Buffer, Device};
 use indexer::gpu::KernelConfig;
-use indexer::reference::{IndexerDims, IndexerOptions};
+use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
 use mailbox::gpu::{DebugBound, Variant};
 use model::numerics::RopeStyle;
 use model::ModelConfig;
@@ -73,6 +74,21 @@ fn config(preset: &str) -> KernelConfig {
     }
 }
 
+/// Both scoring methods of `preset`: q bf16 (keys widened to f16), q FP8 (keys as cached).
+fn methods(preset: &str) -> [(&'static str, KernelConfig); 2] {
+    let base = config(preset);
+    [
+        ("f16", base),
+        (
+            "fp8",
+            KernelConfig {
+                query: VectorFormat::Fp8,
+                ..base
+            },
+        ),
+    ]
+}
+
 fn stage(config: KernelConfig) -> Stage {
     let dev = Device::open(0).expect("these tests need a GPU");
     Stage::new(dev, config).unwrap_or_else(|e| panic!("{e}"))
@@ -98,6 +114,7 @@ fn launch(
 }
 
 struct Line {
+    method: &'static str,
     position: u32,
     kind: CacheKind,
     set: &'static str,
@@ -109,8 +126,14 @@ struct Line {
 #[test]
 #[ignore = "needs a GPU"]
 fn check_matrix() {
-    let stage = stage(config("glm-5"));
     let mut lines = Vec::new();
+    for (method, config) in methods("glm-5") {
+        check_method(method, stage(config), &mut lines);
+    }
+    report(&lines);
+}
+
+fn check_method(method: &'static str, stage: Stage, lines: &mut Vec<Line>) {
     for (pi, &p) in POSITIONS.iter().enumerate() {
         for (ki, &kind) in KINDS.iter().enumerate() {
             let scene = Scene::new(dims("glm-5"), requests(p), kind, (pi * 10 + ki) as u64);
@@ -130,6 +153,7 @@ fn check_matrix() {
                     Err(e) => (0, 0, Err(e)),
                 };
                 lines.push(Line {
+                    method,
                     position: p,
                     kind,
                     set: name,
@@ -141,7 +165,7 @@ fn check_matrix() {
             let written = write.download().unwrap();
             for (l, _) in &launches {
                 if let Err(e) = check_stored(&scene, l, &written) {
-                    lines.push(failure(p, kind, "cache store", e));
+                    lines.push(failure(method, p, kind, "cache store", e));
                 }
             }
             // The same chain with the store going into the cache the scorers read, as in a real
@@ -162,6 +186,7 @@ fn check_matrix() {
                         }
                     });
                 lines.push(Line {
+                    method,
                     position: p,
                     kind,
                     set: "chain 8 aliased",
@@ -172,13 +197,16 @@ fn check_matrix() {
             }
         }
     }
+}
+
+fn report(lines: &[Line]) {
     println!("\nindexer check matrix (GLM-5 shapes): error = max |gpu - ref| / max |ref| per row, bound 1e-4");
     println!(
-        "{:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  result",
-        "position", "cache", "rows", "n", "keys", "error"
+        "{:>6} {:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  result",
+        "method", "position", "cache", "rows", "n", "keys", "error"
     );
     let mut failed = 0;
-    for l in &lines {
+    for l in lines {
         let (error, verdict) = match &l.result {
             Ok(e) => (format!("{e:.2e}"), "ok".to_string()),
             Err(e) => {
@@ -187,7 +215,8 @@ fn check_matrix() {
             }
         };
         println!(
-            "{:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  {verdict}",
+            "{:>6} {:>8} {:>7} {:>16} {:>5} {:>10} {:>10}  {verdict}",
+            l.method,
             l.position,
             format!("{:?}", l.kind),
             l.set,
@@ -199,8 +228,15 @@ fn check_matrix() {
     assert_eq!(failed, 0, "{failed} lines of the check matrix failed");
 }
 
-fn failure(position: u32, kind: CacheKind, set: &'static str, e: String) -> Line {
+fn failure(
+    method: &'static str,
+    position: u32,
+    kind: CacheKind,
+    set: &'static str,
+    e: String,
+) -> Line {
     Line {
+        method,
         position,
         kind,
         set,
@@ -218,16 +254,19 @@ fn failure(position: u32, kind: CacheKind, set: &'static str, e: String) -> Line
 fn patching_only_the_groups_own_keys_fails_the_poison_check() {
     let scene = Scene::new(dims("glm-5"), requests(8447), CacheKind::Random, 99);
     let chain = SETS[4].1;
-    for patch_group_only in [false, true] {
+    for ((method, config), patch_group_only) in methods("glm-5")
+        .into_iter()
+        .flat_map(|m| [(m, false), (m, true)])
+    {
         let stage = stage(KernelConfig {
             patch_group_only,
-            ..config("glm-5")
+            ..config
         });
         let read = stage.dev.upload(&scene.bytes).unwrap();
         let write = stage.dev.alloc_zeroed::<u8>(scene.bytes.len()).unwrap();
         let (launched, _) = launch(&stage, &scene, chain, &read, &write, 7).unwrap();
         let verdict = check_scores(&scene, &launched);
-        println!("patch group only = {patch_group_only}: {verdict:?}");
+        println!("{method}, patch group only = {patch_group_only}: {verdict:?}");
         assert_eq!(verdict.is_err(), patch_group_only, "{verdict:?}");
     }
 }
@@ -273,15 +312,22 @@ fn checkers_catch_corrupted_results() {
 #[ignore = "needs a GPU"]
 fn tiny_preset_and_variant_switches() {
     let cfg = ModelConfig::preset("glm-5").unwrap();
-    let variant = KernelConfig {
+    let variant = |base: KernelConfig| KernelConfig {
         rope: RopeStyle::HalfSplit,
         hadamard: false,
-        ..config("glm-5")
+        ..base
     };
-    assert_ne!(variant.options(), IndexerOptions::kernels(&cfg));
+    assert_ne!(
+        variant(config("glm-5")).options(),
+        IndexerOptions::kernels(&cfg)
+    );
+    let [(_, f16), (_, fp8)] = methods("glm-5");
+    let [(_, tiny_f16), (_, tiny_fp8)] = methods("tiny");
     for (name, config) in [
-        ("tiny", config("tiny")),
-        ("glm-5 half-split, no Hadamard", variant),
+        ("tiny f16", tiny_f16),
+        ("tiny fp8", tiny_fp8),
+        ("glm-5 f16 half-split, no Hadamard", variant(f16)),
+        ("glm-5 fp8 half-split, no Hadamard", variant(fp8)),
     ] {
         let stage = stage(config);
         for p in [700, 8447] {

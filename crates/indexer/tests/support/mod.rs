@@ -9,7 +9,7 @@ use indexer::layout::{
 };
 use indexer::reference::{
     key_from_projection, key_score, query_heads_from_projection, row_query, IndexerDims, RowQuery,
-    ScaledVector,
+    ScaledVector, VectorFormat,
 };
 use mailbox::layout::{ScratchLayout, Tags};
 use mailbox::Stall;
@@ -387,15 +387,26 @@ impl Stage {
                     .box_index(row, w)
                     .expect("row in the boxes")
             };
-            let pairs = d.heads * d.head_dim / 2;
-            let q = (0..pairs as u32)
-                .flat_map(|w| {
-                    let v = value(q_box(w));
-                    [bf16_value(v as u16), bf16_value((v >> 16) as u16)]
-                })
-                .collect();
+            // bf16 pairs, or E4M3 fours; then the weights.
+            let (words, q): (u32, Vec<f32>) = if self.config.query == VectorFormat::Fp8 {
+                let words = (d.heads * d.head_dim / 4) as u32;
+                let q = (0..words)
+                    .flat_map(|w| value(q_box(w)).to_le_bytes())
+                    .map(e4m3_decode)
+                    .collect();
+                (words, q)
+            } else {
+                let words = (d.heads * d.head_dim / 2) as u32;
+                let q = (0..words)
+                    .flat_map(|w| {
+                        let v = value(q_box(w));
+                        [bf16_value(v as u16), bf16_value((v >> 16) as u16)]
+                    })
+                    .collect();
+                (words, q)
+            };
             let weights = (0..d.heads as u32)
-                .map(|h| f32::from_bits(value(q_box(pairs as u32 + h))))
+                .map(|h| f32::from_bits(value(q_box(words + h))))
                 .collect();
             queries.push(RowQuery { q, weights });
             let k_box = |w| self.boxes.key.box_index(row, w).expect("row in the boxes");
@@ -424,7 +435,8 @@ impl Stage {
 
 /// Checks the published keys and queries against the reference computed from the same inputs:
 /// a key's codes may differ by one step where the kernel's fp32 LayerNorm rounds the other way,
-/// a query element by one bf16 step.
+/// a query element by one bf16 step; an FP8 query, like a key, by one E4M3 step, its scale (in
+/// the head weight) by a factor of two.
 pub fn check_rows(
     config: &KernelConfig,
     launched: &Launched,
@@ -471,6 +483,10 @@ pub fn check_rows(
         let gates = &inputs.gates[r * d.heads..][..d.heads];
         let want = row_query(d, &heads, gates).map_err(|e| e.to_string())?;
         let got = &launched.queries[r];
+        if config.query == VectorFormat::Fp8 {
+            check_fp8_query(r, d, got, &want)?;
+            continue;
+        }
         for (h, head) in want.q.chunks_exact(d.head_dim).enumerate() {
             let largest = head.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             for (i, &w) in head.iter().enumerate() {
@@ -486,6 +502,37 @@ pub fn check_rows(
         for (h, (&g, &w)) in got.weights.iter().zip(&want.weights).enumerate() {
             if (g - w).abs() > w.abs() * 1e-6 {
                 return Err(format!("row {r}: head weight {h} is {g}, reference {w}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An FP8 query against the reference's: per head, the weights' ratio is the scales' (1, or 2^+-1
+/// where the kernel's f32 rounding put the head's largest across a power of two), and each
+/// element, in the reference's scale, within one E4M3 step.
+fn check_fp8_query(
+    r: usize,
+    d: &IndexerDims,
+    got: &RowQuery,
+    want: &RowQuery,
+) -> Result<(), String> {
+    for h in 0..d.heads {
+        let (gw, ww) = (got.weights[h], want.weights[h]);
+        let ratio = [0.5f32, 1.0, 2.0]
+            .into_iter()
+            .find(|&k| (gw - k * ww).abs() <= (k * ww).abs() * 1e-6)
+            .ok_or_else(|| format!("row {r}: head weight {h} is {gw}, reference {ww}"))?;
+        for i in 0..d.head_dim {
+            let (g, w) = (
+                got.q[h * d.head_dim + i] * ratio,
+                want.q[h * d.head_dim + i],
+            );
+            let step = (w.abs() / 8.0).max(ratio.max(1.0) * 2f32.powi(-9));
+            if (g - w).abs() > step * 1.0001 {
+                return Err(format!(
+                    "row {r}: query head {h} dim {i} is {g}, reference {w} (reference scale)"
+                ));
             }
         }
     }
