@@ -31,24 +31,25 @@ fn time(
     batch: &Batch,
     sel: &Selector,
     repeats: u32,
-) -> device::Result<f64> {
-    stream.begin_capture()?;
+) -> Result<f64, String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    stream.begin_capture().map_err(|e| text(&e))?;
     let captured = batch.enqueue(sel, stream, repeats);
-    let graph = stream.end_capture()?;
-    captured.map_err(|e| device::DeviceError::Size {
-        message: e.to_string(),
-    })?;
-    graph.upload(stream)?;
-    graph.launch(stream)?;
-    stream.sync()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
-    let mut us = Vec::with_capacity(REPLAYS);
-    for _ in 0..REPLAYS {
+    let graph = stream.end_capture().map_err(|e| text(&e))?;
+    captured.map_err(|e| text(&e))?;
+    let replay = || -> device::Result<f32> {
+        let (t0, t1) = (dev.timer()?, dev.timer()?);
         t0.record(stream)?;
         graph.launch(stream)?;
         t1.record(stream)?;
         t1.sync()?;
-        us.push(t0.elapsed_ms(&t1)? as f64 * 1000.0 / repeats as f64);
+        t0.elapsed_ms(&t1)
+    };
+    graph.upload(stream).map_err(|e| text(&e))?;
+    replay().map_err(|e| text(&e))?;
+    let mut us = Vec::with_capacity(REPLAYS);
+    for _ in 0..REPLAYS {
+        us.push(replay().map_err(|e| text(&e))? as f64 * 1000.0 / repeats as f64);
     }
     Ok(median(us))
 }

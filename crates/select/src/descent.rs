@@ -1,7 +1,7 @@
 //! The pieces of the digit descent that every slice runs, in the form the kernels run them
-//! (`kernels/select.h` mirrors each function here by name): prefix tests, the 64-bin digit
-//! histogram and its 16-bit packing, the choice of the digit holding the k-th key, and the state
-//! a slice keeps from round to round.
+//! (`kernels/select.h` mirrors each as a `sel_*` function or struct): prefix tests, the 64-bin
+//! digit histogram and its 16-bit packing, the choice of the digit holding the k-th key, and the
+//! state a slice keeps from round to round.
 
 use crate::layout::{BINS, DIGITS, HIST_BOXES, ROUNDS, STOPS};
 

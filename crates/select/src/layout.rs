@@ -8,8 +8,8 @@ use std::ops::Range;
 
 /// k of GLM-5's DSA indexer (`index_topk`).
 pub const TOP_K: u32 = 2048;
-/// The largest k a launch may be built for: its candidates (position and key, 2k of each) must
-/// fit in the LDS of one slice ([`SLICE_ROOM`] keys).
+/// The largest k a launch may be built for: the first slice's candidate arrays (a position and a
+/// key per candidate, [`ROOM_PER_K`] * k candidates) stay within [`SLICE_ROOM`] words of LDS.
 pub const MAX_K: u32 = SLICE_ROOM / (2 * ROOM_PER_K);
 /// The candidate room is `ROOM_PER_K * k` keys (4096 for k = 2048). It is part of the contract:
 /// the descent stops at 12 (or 24) bits when the keys sharing T's prefix fit in it, and where it

@@ -1,0 +1,105 @@
+// A host stand-in for kernels/prelude.h, so that the select kernels' own source runs on CPU threads
+// (tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA; its threads
+// are std::threads. Block barriers are std::barriers; a wave's ballots and shuffles go through an
+// exchange array between two wave barriers, so every lane must reach them together, as on a GPU.
+// Device memory is shared between the CTA processes by the driver (driver.cpp).
+#pragma once
+#include <barrier>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <sched.h>
+
+#define MONO_AMD 0
+#define MONO_NVIDIA 0
+#ifndef MONO_WAVE
+#define MONO_WAVE 32
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+struct alignas(16) mono_u32x4 {
+  u32 x, y, z, w;
+};
+
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __constant__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define MONO_DEV inline
+#define MONO_KERNEL extern "C"
+
+extern thread_local u32 emu_thread;
+extern u32 emu_block, emu_block_dim, emu_grid_dim;
+extern u64 emu_exchange[64][64];
+void emu_sync_block();
+void emu_sync_wave(u32 wave);
+
+MONO_DEV u32 mono_thread() { return emu_thread; }
+MONO_DEV u32 mono_block() { return emu_block; }
+MONO_DEV u32 mono_block_dim() { return emu_block_dim; }
+MONO_DEV u32 mono_grid_dim() { return emu_grid_dim; }
+MONO_DEV u32 mono_lane() { return mono_thread() & (MONO_WAVE - 1); }
+MONO_DEV u32 mono_wave() { return mono_thread() / MONO_WAVE; }
+MONO_DEV u32 mono_waves_per_block() { return mono_block_dim() / MONO_WAVE; }
+MONO_DEV void mono_sync_block() { emu_sync_block(); }
+
+MONO_DEV u32 mono_f32_bits(float f) {
+  u32 u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+MONO_DEV float mono_bits_f32(u32 u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+MONO_DEV u32 mono_shfl(u32 v, u32 src_lane) {
+  const u32 w = mono_wave();
+  emu_exchange[w][mono_lane()] = v;
+  emu_sync_wave(w);
+  const u32 r = (u32)emu_exchange[w][src_lane & (MONO_WAVE - 1)];
+  emu_sync_wave(w);
+  return r;
+}
+MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) { return mono_shfl(v, mono_lane() ^ mask); }
+MONO_DEV u64 mono_ballot(bool pred) {
+  const u32 w = mono_wave();
+  emu_exchange[w][mono_lane()] = pred;
+  emu_sync_wave(w);
+  u64 r = 0;
+  for (u32 i = 0; i < MONO_WAVE; ++i)
+    if (emu_exchange[w][i]) r |= 1ull << i;
+  emu_sync_wave(w);
+  return r;
+}
+MONO_DEV u32 mono_popc64(u64 v) { return (u32)__builtin_popcountll(v); }
+
+// Polls yield: the CTAs of a launch far outnumber the cores.
+MONO_DEV u64 mono_ld_relaxed_u64(const u64* p) {
+  sched_yield();
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+MONO_DEV u64 mono_ld_acquire_u64(const u64* p) {
+  sched_yield();
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+MONO_DEV u32 mono_ld_acquire_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+MONO_DEV void mono_st_release_u64(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+MONO_DEV void mono_st_release_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MONO_DEV void mono_fence_acquire() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MONO_DEV void mono_fence_release() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MONO_DEV void mono_fence_acq_rel() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MONO_DEV void mono_trap() { abort(); }

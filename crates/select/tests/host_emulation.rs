@@ -1,0 +1,214 @@
+//! The kernels' own source (`kernels/select.hip` and `select.h`) run on CPU threads through a host
+//! stand-in of the prelude (`tests/host/`), compared entry by entry with the reference: wave sizes
+//! 32 and 64, both kernels, every pattern, page tables, a build with many small slices, and one at
+//! production k. This checks the device code itself without a GPU (block barriers, ballots,
+//! shuffles, tagged-pair waits between CTAs), but not the GPU's memory model or speed.
+//! Slow (each CTA is a process of SEL_BLOCK threads) and needs g++ with C++20, so ignored:
+//! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
+
+use mailbox::layout::ScratchLayout;
+use select::cases::{self, Pattern};
+use select::check::check_output;
+use select::layout::{place_slices, SelectBoxes, TaskOrder, TopK, MAX_SLICES};
+use select::reference::{Pages, Rows};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
+const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+
+struct Build {
+    name: &'static str,
+    wave: u32,
+    block: u32,
+    k: u32,
+    min_slice: u32,
+    slice_keys: u32,
+    /// Row lengths of the batches it runs.
+    batches: &'static [&'static [u32]],
+}
+
+const BUILDS: [Build; 4] = [
+    Build {
+        name: "wave32",
+        wave: 32,
+        block: 64,
+        k: 16,
+        min_slice: 1024,
+        slice_keys: 2048,
+        batches: &[&[3000, 16, 17, 0], &[7000, 700], &[5133, 1025, 257, 5]],
+    },
+    Build {
+        name: "wave64",
+        wave: 64,
+        block: 128,
+        k: 16,
+        min_slice: 1024,
+        slice_keys: 2048,
+        batches: &[&[3000, 16, 17, 0], &[7000, 700]],
+    },
+    Build {
+        name: "many-slices",
+        wave: 32,
+        block: 64,
+        k: 16,
+        min_slice: 64,
+        slice_keys: 2048,
+        batches: &[&[3000, 1100]],
+    },
+    Build {
+        name: "k2048",
+        wave: 32,
+        block: 64,
+        k: 2048,
+        min_slice: 1024,
+        slice_keys: 4096,
+        batches: &[&[20000, 3000, 2049, 2048]],
+    },
+];
+
+fn compile(b: &Build, dir: &Path) -> PathBuf {
+    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
+    let hip = std::fs::read_to_string(format!("{KERNELS}/select.hip")).unwrap();
+    let dynamic = "extern __shared__ __attribute__((aligned(16))) u32 sel_lds[];";
+    assert!(hip.contains(dynamic));
+    let hip = hip.replace(dynamic, "alignas(16) static u32 sel_lds[SEL_LDS_WORDS];");
+    std::fs::write(dir.join("select.hip"), hip).unwrap();
+    let exe = dir.join(format!("select_{}", b.name));
+    let out = Command::new("g++")
+        .args(["-std=c++20", "-O2", "-pthread", "-w"])
+        .arg(format!("-I{}", dir.display()))
+        .arg(format!("-I{HOST}"))
+        .arg(format!("-I{KERNELS}"))
+        .arg(format!("-I{MAILBOX}"))
+        .arg(format!("-DMONO_WAVE={}", b.wave))
+        .arg(format!("-DSEL_BLOCK={}", b.block))
+        .arg(format!("-DSEL_K={}", b.k))
+        .arg(format!("-DSEL_MIN_SLICE_KEYS={}", b.min_slice))
+        .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
+        .args([
+            "-DMBX_DEBUG=1",
+            "-DMBX_DEBUG_TRAP=0",
+            "-DMBX_POLL_LIMIT=20000000u",
+        ])
+        .arg(format!("{HOST}/driver.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("g++: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// One launch of `method` (0 one-CTA, 1 multi-slice): the error words and the lists.
+fn launch(
+    exe: &Path,
+    b: &Build,
+    method: u32,
+    rows: &Rows,
+    pages: Option<&Pages>,
+) -> Result<(Vec<u32>, Vec<i32>), String> {
+    let top = TopK::new(b.k).unwrap();
+    let mut builder = ScratchLayout::builder();
+    let boxes = SelectBoxes::add(&mut builder, "sel", rows.count() as u32, top).unwrap();
+    let scratch = builder.build().boxes();
+    let counts: Vec<u32> = rows
+        .lens
+        .iter()
+        .map(|l| l.div_ceil(b.min_slice).clamp(1, MAX_SLICES))
+        .collect();
+    let p = place_slices(&counts).unwrap();
+    let mut words = vec![
+        method,
+        rows.count() as u32,
+        rows.stride as u32,
+        pages.map_or(0, |p| p.stride as u32),
+        (p.order() == TaskOrder::Runs) as u32,
+        p.tasks(),
+        boxes.hist.offset(),
+        boxes.cand.offset(),
+        boxes.cand.stride(),
+        scratch,
+    ];
+    words.extend(rows.lens);
+    words.extend(rows.scores.iter().map(|s| s.to_bits()));
+    words.extend(pages.iter().flat_map(|p| p.table.iter().map(|&v| v as u32)));
+    let dir = exe.parent().unwrap();
+    let (input, output) = (dir.join("input"), dir.join("output"));
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::write(&input, bytes).unwrap();
+    let run = Command::new(exe).arg(&input).arg(&output).output().unwrap();
+    if !run.status.success() {
+        return Err(format!(
+            "status {:?}: {}",
+            run.status.code(),
+            String::from_utf8_lossy(&run.stderr)
+        ));
+    }
+    let words: Vec<u32> = std::fs::read(&output)
+        .unwrap()
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let n = rows.count() * 4;
+    Ok((
+        words[..n].to_vec(),
+        words[n..].iter().map(|&w| w as i32).collect(),
+    ))
+}
+
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn kernel_source_on_cpu_threads_matches_the_reference() {
+    let dir = std::env::temp_dir().join(format!("select-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for b in &BUILDS {
+        let exe = compile(b, &dir);
+        let top = TopK::new(b.k).unwrap();
+        for (i, lens) in b.batches.iter().enumerate() {
+            for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
+                let stride = (*lens.iter().max().unwrap() as usize + 5).div_ceil(4) * 4;
+                let scores = cases::rows(pattern, lens, stride, (i * 16 + p) as u64);
+                let rows = Rows {
+                    scores: &scores,
+                    stride,
+                    lens,
+                };
+                let per_row = stride.div_ceil(64);
+                let table: Vec<i32> = (0..lens.len() * per_row)
+                    .map(|j| ((j * 37) % (lens.len() * per_row) + 5) as i32)
+                    .collect();
+                let pages = Pages {
+                    table: &table,
+                    stride: per_row,
+                };
+                let pages = (p % 2 == 1).then_some(&pages);
+                for method in [0, 1] {
+                    runs += 1;
+                    let result = launch(&exe, b, method, &rows, pages).and_then(|(flags, out)| {
+                        if flags.iter().any(|&f| f != 0) {
+                            return Err(format!("flags {flags:?}"));
+                        }
+                        check_output(&rows, top, pages, &out).map_err(|e| e.to_string())
+                    });
+                    if let Err(e) = result {
+                        let case =
+                            format!("{} method {method} {} {lens:?}", b.name, pattern.name());
+                        eprintln!("{case}: {e}");
+                        failures.push(case);
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{runs} emulated launches, {} failed", failures.len());
+    assert!(failures.is_empty(), "{failures:?}");
+}
