@@ -329,7 +329,7 @@ impl Module {
             handle: self.backend.function(self.handle, name)?,
             name: name.to_string(),
             backend: self.backend.clone(),
-            shared_limit: AtomicU32::new(48 * 1024),
+            shared_limit: AtomicU32::new(0),
         })
     }
 
@@ -401,6 +401,8 @@ impl Kernel {
         self.raise_shared_limit(launch.shared_bytes)
     }
 
+    /// The driver's default dynamic limit is 48 KiB minus the kernel's static shared memory, so
+    /// a kernel with static shared memory can fail below 48 KiB: raise it for any dynamic size.
     fn raise_shared_limit(&self, bytes: u32) -> Result<()> {
         if bytes > self.shared_limit.load(Ordering::Relaxed) {
             self.backend.set_max_dynamic_shared(self.handle, bytes)?;

@@ -8,7 +8,7 @@ pub fn convert_source() -> KernelSource {
     KernelSource::new("convert.hip", include_str!("../kernels/convert.hip"))
 }
 
-/// `copy_16b`, `bump`.
+/// `copy_16b`, `bump`, `shared_sum`.
 pub fn copy_source() -> KernelSource {
     KernelSource::new("copy.hip", include_str!("../kernels/copy.hip"))
 }

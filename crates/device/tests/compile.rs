@@ -29,7 +29,13 @@ fn builds_every_probe(compiler: &dyn Compiler, expected: &[&str]) {
     assert_eq!(names, expected, "resource report for {}", compiler.target());
 }
 
-const PROBES: [&str; 4] = ["bump", "copy_16b", "e4m3_all_codes", "encode_f32"];
+const PROBES: [&str; 5] = [
+    "bump",
+    "copy_16b",
+    "e4m3_all_codes",
+    "encode_f32",
+    "shared_sum",
+];
 
 #[test]
 fn probes_build_for_sm90a() {

@@ -258,3 +258,35 @@ fn sweep_catches_truncation_and_missing_saturation() {
     assert!(truncation_misses > 1000, "{truncation_misses}");
     assert!(saturation_misses > 100, "{saturation_misses}");
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn dynamic_shared_memory_beside_static_shared_memory() {
+    let dev = open();
+    let module = dev.build(&device::probes::copy_source()).unwrap();
+    let kernel = module.kernel("shared_sum").unwrap();
+    // 40 KiB dynamic + 16 KiB static: above the driver's default dynamic limit of 32 KiB here.
+    for dynamic_words in [1024u32, 10 * 1024, 40 * 1024] {
+        let input: Vec<u32> = (0..4096 + dynamic_words)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let want = input.iter().fold(0u32, |a, &b| a.wrapping_add(b));
+        let inp = dev.upload(&input).unwrap();
+        let out = dev.alloc_zeroed::<u32>(1).unwrap();
+        assert!(kernel.max_coresident_grid(256, dynamic_words * 4).unwrap() > 0);
+        let launch = Launch::new(1, 256).shared(dynamic_words * 4);
+        dev.stream()
+            .launch(
+                &kernel,
+                launch,
+                &Args::new().buf(&inp).buf(&out).u32(dynamic_words),
+            )
+            .unwrap();
+        dev.stream().sync().unwrap();
+        assert_eq!(
+            out.download().unwrap()[0],
+            want,
+            "{dynamic_words} dynamic words"
+        );
+    }
+}
