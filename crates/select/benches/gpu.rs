@@ -1,8 +1,9 @@
 //! The select kernels on the GPU: rows 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M keys (random
 //! scores), each launch checked once against the reference, then timed as graph replays (one epoch
 //! node and R selects per graph; the median replay over R), with the floor of reading the scores
-//! at 4.0 TB/s. Prints "skipped" without a GPU. torch.topk on the same shapes:
-//! `python3 tools/bench/select_torch.py`.
+//! at 4.0 TB/s, for the first rounds and the fast rounds (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side
+//! by side; then the launch floor (rows of k keys). Prints "skipped" without a GPU. torch.topk on
+//! the same shapes: `python3 tools/bench/select_torch.py`.
 //!
 //! `cargo bench -p select --bench gpu`
 
@@ -54,6 +55,49 @@ fn time(
     Ok(median(us))
 }
 
+/// One case: built, checked once against the reference, timed.
+fn case(dev: &Device, stream: &Stream, sel: &Selector, rows: usize, len: u32) -> String {
+    let top = TopK::GLM5;
+    let lens = vec![len; rows];
+    let scores = cases::rows(
+        Pattern::Random,
+        &lens,
+        len as usize,
+        rows as u64 + len as u64,
+    );
+    let r = Rows {
+        scores: &scores,
+        stride: len as usize,
+        lens: &lens,
+    };
+    let batch = match Batch::upload(dev, &r, None, top) {
+        Ok(b) => b,
+        Err(e) => return format!("upload failed: {e}"),
+    };
+    let checked = batch
+        .enqueue(sel, stream, 1)
+        .map_err(|e| e.to_string())
+        .and_then(|()| stream.sync().map_err(|e| e.to_string()))
+        .and_then(|()| batch.read(sel).map_err(|e| e.to_string()))
+        .map(|got| {
+            if got == select_rows(&r, top, None).expect("reference") {
+                "exact"
+            } else {
+                "MISMATCH"
+            }
+        });
+    // Long one-CTA selects take milliseconds: fewer per graph.
+    let repeats = if sel.method() == Method::OneCta && len > 131072 {
+        4
+    } else {
+        20
+    };
+    match (time(dev, stream, &batch, sel, repeats), checked) {
+        (Ok(us), Ok(c)) => format!("{us:>10.2} {c:<8}"),
+        (us, c) => format!("failed: {us:?} {c:?}"),
+    }
+}
+
 fn main() {
     let dev = match Device::open(0) {
         Ok(d) => d,
@@ -63,70 +107,59 @@ fn main() {
         }
     };
     let stream = dev.new_stream().expect("stream");
-    let top = TopK::GLM5;
     let mut table = Vec::new();
     for method in [Method::MultiSlice, Method::OneCta] {
         for len in LENS {
-            let shape = Shape::for_rows(method, top, len).expect("shape");
-            let sel = match Selector::build(&dev, method, shape, Variant::default()) {
-                Ok(s) => s,
-                Err(e) => {
-                    println!("{} {len}: build failed: {e}", method.name());
-                    continue;
+            // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
+            let mut built = Vec::new();
+            for fast_rounds in [false, true] {
+                let shape = Shape {
+                    fast_rounds,
+                    ..Shape::for_rows(method, TopK::GLM5, len).expect("shape")
+                };
+                match Selector::build(&dev, method, shape, Variant::default()) {
+                    Ok(s) => built.push(s),
+                    Err(e) => println!(
+                        "{} {len} fast={fast_rounds}: build failed: {e}",
+                        method.name()
+                    ),
                 }
-            };
+            }
             for rows in ROWS {
-                let lens = vec![len; rows];
-                let scores = cases::rows(
-                    Pattern::Random,
-                    &lens,
-                    len as usize,
-                    rows as u64 + len as u64,
-                );
-                let r = Rows {
-                    scores: &scores,
-                    stride: len as usize,
-                    lens: &lens,
-                };
-                let batch = Batch::upload(&dev, &r, None, top).expect("upload");
-                let checked = batch
-                    .enqueue(&sel, &stream, 1)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| stream.sync().map_err(|e| e.to_string()))
-                    .and_then(|()| batch.read(&sel).map_err(|e| e.to_string()))
-                    .map(|got| {
-                        if got == select_rows(&r, top, None).expect("reference") {
-                            "exact"
-                        } else {
-                            "MISMATCH"
-                        }
-                    });
-                // Long one-CTA selects take milliseconds: fewer per graph.
-                let repeats = if method == Method::OneCta && len > 131072 {
-                    4
-                } else {
-                    20
-                };
-                let us = time(&dev, &stream, &batch, &sel, repeats);
+                let cells: Vec<String> = built
+                    .iter()
+                    .map(|sel| case(&dev, &stream, sel, rows, len))
+                    .collect();
                 let floor = (rows as f64 * len as f64 * 4.0) / HBM_BYTES_PER_US;
-                let line = match (us, checked) {
-                    (Ok(us), Ok(c)) => format!(
-                        "{:<12} {rows:>4} {len:>8} {us:>10.2} {floor:>9.2}  {c}",
-                        method.name()
-                    ),
-                    (us, c) => format!(
-                        "{:<12} {rows:>4} {len:>8} failed: {us:?} {c:?}",
-                        method.name()
-                    ),
-                };
+                let line = format!(
+                    "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
+                    method.name(),
+                    cells.join(" ")
+                );
                 eprintln!("{line}");
                 table.push(line);
             }
         }
     }
+    // The fixed cost: rows of exactly k keys take the short-row path (two slices copy positions),
+    // so this is the graph's cooperative launch with almost no work in it.
+    let shape = Shape::for_rows(Method::MultiSlice, TopK::GLM5, 8192).expect("shape");
+    match Selector::build(&dev, Method::MultiSlice, shape, Variant::default()) {
+        Ok(sel) => {
+            for rows in ROWS {
+                let k = TopK::GLM5.k();
+                let cell = case(&dev, &stream, &sel, rows, k);
+                table.push(format!(
+                    "{:<12} {rows:>4} {k:>8} {cell} (launch floor)",
+                    "short-rows"
+                ));
+            }
+        }
+        Err(e) => println!("short rows: build failed: {e}"),
+    }
     println!(
-        "\n{:<12} {:>4} {:>8} {:>10} {:>9}  check",
-        "kernel", "rows", "keys", "us/select", "floor us"
+        "\n{:<12} {:>4} {:>8} {:>10} {:<8} {:>10} {:<8} {:>9}",
+        "kernel", "rows", "keys", "first us", "check", "fast us", "check", "floor us"
     );
     for l in table {
         println!("{l}");

@@ -41,6 +41,17 @@
 #ifndef SEL_PAGE_TOKENS
 #define SEL_PAGE_TOKENS 64
 #endif
+// 1: the round of PERF.md (one wave decides the digit from per-thread partial sums, a thread
+// issues all its polls before it looks at any: 4 block barriers per gathered round, 2 alone).
+// 0: the first round (8 barriers, serial loops over bins and slices, one poll at a time), kept
+// so one GPU run can time both.
+#ifndef SEL_FAST_ROUNDS
+#define SEL_FAST_ROUNDS 1
+#endif
+// Polls a thread issues before it looks at the first (fast rounds); covers SEL_ROOM4 boxes at once.
+#ifndef SEL_POLL_BATCH
+#define SEL_POLL_BATCH 8
+#endif
 
 #define SEL_ROOM (SEL_ROOM_PER_K * SEL_K)
 // Candidate arrays are read 4 keys at a time.
@@ -66,6 +77,7 @@ static_assert(SEL_BLOCK % MONO_WAVE == 0 && SEL_BLOCK % SEL_BINS == 0, "block of
 static_assert(SEL_WAVES <= MONO_WAVE, "one wave scans the wave totals");
 static_assert(SEL_SLICE_KEYS % 4 == 0, "slices are read 4 keys at a time");
 static_assert(SEL_BINS % MONO_WAVE == 0 || MONO_WAVE == 64, "a lane counts whole bins");
+static_assert(SEL_HIST_BOXES <= MONO_WAVE && SEL_BLOCK % SEL_HIST_BOXES == 0, "a lane of wave 0 owns a box word");
 
 // ---- keys and prefixes (src/reference.rs radix_key, src/descent.rs Prefix) ------------------------
 MONO_DEV u32 sel_radix_key(u32 bits) { return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u); }
@@ -103,11 +115,23 @@ struct sel_smem {
   u32 part[SEL_BLOCK / SEL_BINS][SEL_BINS];
   u32 total[SEL_BINS];
   u32 packed[SEL_HIST_BOXES];
-  u32 gather[SEL_MAX_SLICES * SEL_HIST_BOXES];
+  union {
+    // First rounds: every slice's words of the round.
+    u32 gather[SEL_MAX_SLICES * SEL_HIST_BOXES];
+    // Fast rounds: per group of SEL_HIST_BOXES threads, its sums of the words it polled ([0]: the
+    // low bin of word w, [1]: the high), over all slices and over the slices before this one. It
+    // shares the room of `gather` so that two CTAs of the longest slices still fit an SM.
+    struct {
+      u32 total[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
+      u32 before[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
+    } sums;
+  };
   u32 slice_above[SEL_MAX_SLICES];
   u32 slice_at[SEL_MAX_SLICES];
   u32 scan_a[MONO_WAVE];
   u32 scan_b[MONO_WAVE];
+  // Fast rounds: per group of SEL_HIST_BOXES threads, the counts of the gathered words it polled
+  // (low and high bin of word w), over all slices and over the slices before this one.
   sel_state st;
 };
 
@@ -191,9 +215,10 @@ MONO_DEV void sel_count(u32 digit, bool ok, u32 (&cnt)[SEL_BINS / MONO_WAVE]) {
   }
 }
 
-// sm.total[b] = keys of src matching (bits, len) whose digit of `round` is b. Block-wide.
+// sm.whist[w][b] = keys of wave w's share of src matching (bits, len) whose digit of `round` is b.
+// Whole waves; the caller synchronises before reading another wave's row.
 template <class Src>
-MONO_DEV void sel_histogram(sel_smem& sm, const Src& src, u32 bits, u32 len, u32 round) {
+MONO_DEV void sel_count_waves(sel_smem& sm, const Src& src, u32 bits, u32 len, u32 round) {
   const u32 mask = sel_mask(len), shift = sel_shift(round), dmask = (1u << sel_width(round)) - 1u;
   u32 cnt[SEL_BINS / MONO_WAVE];
 #pragma unroll
@@ -207,6 +232,12 @@ MONO_DEV void sel_histogram(sel_smem& sm, const Src& src, u32 bits, u32 len, u32
   }
 #pragma unroll
   for (u32 j = 0; j < SEL_BINS / MONO_WAVE; ++j) sm.whist[mono_wave()][mono_lane() + j * MONO_WAVE] = cnt[j];
+}
+
+// sm.total[b] = keys of src matching (bits, len) whose digit of `round` is b. Block-wide.
+template <class Src>
+MONO_DEV void sel_histogram(sel_smem& sm, const Src& src, u32 bits, u32 len, u32 round) {
+  sel_count_waves(sm, src, bits, len, round);
   mono_sync_block();
   const u32 t = mono_thread();
   if (t < SEL_BINS) {
@@ -232,10 +263,10 @@ MONO_DEV void sel_put_relaxed(const mbx_ctx& c, u32 box, u32 value) {
   mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, value));
 }
 
-// One round of the descent (src/descent.rs Descent::step). Block-wide; false when a wait gave up
-// or the counts lost the rank (the caller flags it and stops).
+// One round of the descent (src/descent.rs Descent::step), as first written (SEL_FAST_ROUNDS=0).
+// Block-wide; false when a wait gave up or the counts lost the rank (the caller flags it and stops).
 template <class Src>
-MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, bool* stalled) {
+MONO_DEV bool sel_round_first(sel_smem& sm, const Src& src, const sel_x& x, bool* stalled) {
   sel_state& st = sm.st;
   const u32 t = mono_thread();
   const u32 round = st.round, rank = st.rank, me = x.c ? x.me : 0u;
@@ -320,6 +351,129 @@ MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, bool* stal
   }
   mono_sync_block();
   return true;
+}
+
+// ---- fast rounds (PERF.md) -----------------------------------------------------------------------
+MONO_DEV u32 sel_wave_sum(u32 v) {
+#pragma unroll
+  for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) v += mono_shfl_xor(v, m);
+  return v;
+}
+
+// Block-wide, like mbx_wait_all (box i by thread i % SEL_BLOCK, then the block agrees), but a
+// thread issues up to SEL_POLL_BATCH loads before it looks at the first: one L2 round trip for
+// the boxes that are ready, not one per box. A box not yet ready is polled on alone (bounded in
+// debug builds). Each ready value goes to take(i, value).
+template <class Take>
+MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
+  bool ok = true;
+  for (u32 base = 0; base < n; base += SEL_POLL_BATCH * SEL_BLOCK) {
+    u64 w[SEL_POLL_BATCH];
+#pragma unroll
+    for (u32 j = 0; j < SEL_POLL_BATCH; ++j) {
+      const u32 i = base + j * SEL_BLOCK + mono_thread();
+      w[j] = i < n ? mbx_load(c.scratch + first + i) : 0;
+    }
+#pragma unroll
+    for (u32 j = 0; j < SEL_POLL_BATCH; ++j) {
+      const u32 i = base + j * SEL_BLOCK + mono_thread();
+      if (i < n && ok) {
+        u32 v = mbx_value_of(w[j]);
+        if (mbx_tag_of(w[j]) != c.tag) ok = mbx_poll(c, first + i, &v);
+        take(i, v);
+      }
+    }
+  }
+  return mbx_block_agree(c, ok);
+}
+
+MONO_DEV bool sel_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
+#if SEL_FAST_ROUNDS
+  return sel_poll_all(c, first, n, [&](u32 i, u32 v) { dst[i] = v; });
+#else
+  return mbx_wait_all(c, first, n, dst);
+#endif
+}
+
+// One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w).
+// Barriers: after the counts, after the gather (gathered only), after the decision.
+template <class Src>
+MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, bool* stalled) {
+  sel_state& st = sm.st;
+  const u32 t = mono_thread(), l = mono_lane();
+  const u32 round = st.round, rank = st.rank;
+  sel_count_waves(sm, src, st.bits, st.len, round);
+  mono_sync_block();
+  const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
+  u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
+  if (owner) {
+#pragma unroll
+    for (u32 w = 0; w < SEL_WAVES; ++w) tlo += sm.whist[w][2 * l], thi += sm.whist[w][2 * l + 1];
+  }
+  if (x.c) {
+    if (owner) sel_put_relaxed(*x.c, x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES + l, tlo | (thi << 16));
+    // Thread t polls word t % SEL_HIST_BOXES of some slices and sums what it sees.
+    u32 s[4] = {0, 0, 0, 0};
+    const u32 first = x.hist_box + round * SEL_MAX_SLICES * SEL_HIST_BOXES;
+    const bool ok = sel_poll_all(*x.c, first, x.count * SEL_HIST_BOXES, [&](u32 i, u32 v) {
+      const u32 lo = v & 0xffffu, hi = v >> 16, before = i / SEL_HIST_BOXES < x.me;
+      s[0] += lo, s[1] += hi, s[2] += before ? lo : 0u, s[3] += before ? hi : 0u;
+    });
+    if (!ok) {
+      *stalled = true;
+      return false;
+    }
+    const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
+    sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
+    sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
+    mono_sync_block();
+    tlo = thi = 0;
+    if (owner) {
+#pragma unroll
+      for (u32 q = 0; q < SEL_BLOCK / SEL_HIST_BOXES; ++q) {
+        tlo += sm.sums.total[0][q][l], thi += sm.sums.total[1][q][l];
+        blo += sm.sums.before[0][q][l], bhi += sm.sums.before[1][q][l];
+      }
+    }
+  }
+  if (mono_wave() == 0) {
+    // Keys above a lane's bins: the sum over the lanes after it (src/descent.rs choose_digit).
+    const u32 incl = sel_wave_scan(tlo + thi);
+    const u32 above_hi = mono_shfl(incl, MONO_WAVE - 1) - incl, above_lo = above_hi + thi;
+    const bool in_hi = above_hi < rank && rank <= above_hi + thi;
+    const bool in_lo = !in_hi && above_lo < rank && rank <= above_lo + tlo;
+    const u64 found = mono_ballot(in_hi || in_lo);  // one lane at most: the bins tile the counts
+    const u32 at = found ? mono_popc64(found - 1) : 0u;
+    const u32 d = mono_shfl(in_hi ? 2 * l + 1 : 2 * l, at);
+    const u32 d_above = mono_shfl(in_hi ? above_hi : above_lo, at);
+    const u32 sharing = mono_shfl(in_hi ? thi : tlo, at);
+    const u32 above_before = sel_wave_sum((2 * l > d ? blo : 0u) + (2 * l + 1 > d ? bhi : 0u));
+    const u32 sharing_before = sel_wave_sum((2 * l == d ? blo : 0u) + (2 * l + 1 == d ? bhi : 0u));
+    if (l == 0) {
+      st.digit = found ? d : SEL_NONE;
+      if (found) {
+        st.above_before += above_before;
+        st.sharing_before = sharing_before;
+        st.above += d_above;
+        st.rank -= d_above;
+        st.sharing = sharing;
+        st.bits |= d << sel_shift(round);
+        st.len += sel_width(round);
+        st.round = round + 1;
+      }
+    }
+  }
+  mono_sync_block();
+  return st.digit != SEL_NONE;
+}
+
+template <class Src>
+MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, bool* stalled) {
+#if SEL_FAST_ROUNDS
+  return sel_round_fast(sm, src, x, stalled);
+#else
+  return sel_round_first(sm, src, x, stalled);
+#endif
 }
 
 // The descent stops: all 32 bits known, or at 12 / 24 bits the keys sharing the prefix fit the room.
@@ -429,7 +583,7 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
   if (x.c) {
     sel_compact(sm, src, sharing, st.sharing_before, [&](u32 i, u32 pos) { sel_put_relaxed(*x.c, cand_box + i, pos); });
     if (x.me != 0) return true;
-    if (!mbx_wait_all(*x.c, cand_box, st.sharing, cand_pos)) {
+    if (!sel_wait_all(*x.c, cand_box, st.sharing, cand_pos)) {
       sel_flag(r, SEL_FLAG_STALLED);
       return false;
     }

@@ -91,6 +91,9 @@ pub struct Shape {
     pub top: TopK,
     /// `SEL_SLICE_KEYS`: keys one CTA keeps in LDS (a multiple of 4).
     pub slice_keys: u32,
+    /// `SEL_FAST_ROUNDS`: the rounds of PERF.md (true, the default) or the first ones, kept so
+    /// that one benchmark run can time both.
+    pub fast_rounds: bool,
 }
 
 impl Shape {
@@ -104,6 +107,7 @@ impl Shape {
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
+            fast_rounds: true,
         })
     }
 
@@ -128,7 +132,8 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_MIN_SLICE_KEYS", MIN_SLICE_KEYS)
         .define("SEL_MAX_SLICES", MAX_SLICES)
         .define("SEL_SLICE_ALIGN", SLICE_ALIGN)
-        .define("SEL_PAGE_TOKENS", PAGE_TOKENS);
+        .define("SEL_PAGE_TOKENS", PAGE_TOKENS)
+        .define("SEL_FAST_ROUNDS", shape.fast_rounds as u32);
     variant.apply(src)
 }
 
