@@ -47,8 +47,9 @@ const NEW: u32 = 7;
 
 /// A producer writes a payload (plain memory), publishes, and puts the box; a consumer waits on the
 /// box (holding the previous launch's tag at first), acquires, and reads the payload. Loom checks every
-/// outcome: the stale pair is never taken as ready, and a successful wait sees the payload.
-fn publish_and_wait(mode: PollMode) {
+/// outcome: the stale pair is never taken as ready, and a successful wait sees the payload. The
+/// negative controls leave out `publish` or `acquire`.
+fn publish_and_wait(mode: PollMode, publish_first: bool, acquire_after: bool) {
     loom::model(move || {
         let payload = Arc::new(UnsafeCell::new(0u32));
         let cell = Arc::new(Cell::new(pack(OLD, 99)));
@@ -56,14 +57,18 @@ fn publish_and_wait(mode: PollMode) {
             let (payload, cell) = (payload.clone(), cell.clone());
             thread::spawn(move || {
                 payload.with_mut(|p| unsafe { *p = 42 });
-                publish::<Cell>();
+                if publish_first {
+                    publish::<Cell>();
+                }
                 put(&*cell, NEW, 7);
             })
         };
         match wait(&*cell, NEW, mode, &POLLS) {
             Ok(v) => {
                 assert_eq!(v, 7);
-                acquire::<Cell>(mode);
+                if acquire_after {
+                    acquire::<Cell>(mode);
+                }
                 assert_eq!(payload.with(|p| unsafe { *p }), 42);
             }
             Err(e) => assert_eq!(
@@ -78,12 +83,12 @@ fn publish_and_wait(mode: PollMode) {
 
 #[test]
 fn relaxed_polls_then_fence_see_the_release() {
-    publish_and_wait(PollMode::RelaxedThenFence);
+    publish_and_wait(PollMode::RelaxedThenFence, true, true);
 }
 
 #[test]
 fn acquire_polls_see_the_release() {
-    publish_and_wait(PollMode::Acquire);
+    publish_and_wait(PollMode::Acquire, true, true);
 }
 
 /// A box that keeps a stale tag never releases its waiter, whatever the interleaving.
@@ -154,42 +159,12 @@ fn publish_orders_data_before_a_row() {
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn without_the_acquire_fence_loom_finds_the_race() {
-    loom::model(|| {
-        let payload = Arc::new(UnsafeCell::new(0u32));
-        let cell = Arc::new(Cell::new(pack(OLD, 99)));
-        let producer = {
-            let (payload, cell) = (payload.clone(), cell.clone());
-            thread::spawn(move || {
-                payload.with_mut(|p| unsafe { *p = 42 });
-                publish::<Cell>();
-                put(&*cell, NEW, 7);
-            })
-        };
-        if wait(&*cell, NEW, PollMode::RelaxedThenFence, &POLLS).is_ok() {
-            payload.with(|p| unsafe { *p });
-        }
-        producer.join().unwrap();
-    });
+    publish_and_wait(PollMode::RelaxedThenFence, true, false);
 }
 
 /// Negative control: a producer that puts the pair without `publish` before it.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn without_publish_loom_finds_the_race() {
-    loom::model(|| {
-        let payload = Arc::new(UnsafeCell::new(0u32));
-        let cell = Arc::new(Cell::new(pack(OLD, 99)));
-        let producer = {
-            let (payload, cell) = (payload.clone(), cell.clone());
-            thread::spawn(move || {
-                payload.with_mut(|p| unsafe { *p = 42 });
-                put(&*cell, NEW, 7);
-            })
-        };
-        if wait(&*cell, NEW, PollMode::RelaxedThenFence, &POLLS).is_ok() {
-            acquire::<Cell>(PollMode::RelaxedThenFence);
-            payload.with(|p| unsafe { *p });
-        }
-        producer.join().unwrap();
-    });
+    publish_and_wait(PollMode::RelaxedThenFence, false, true);
 }
