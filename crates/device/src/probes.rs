@@ -1,7 +1,10 @@
 //! The device crate's own kernels: they prove the path from one HIP source to both targets, the
 //! prelude's conversions, and the copy bandwidth that every memory-bound stage is measured against.
 
+use crate::device::{Args, Device};
+use crate::error::{DeviceError, Result};
 use crate::source::KernelSource;
+use crate::Launch;
 
 /// `e4m3_all_codes`, `encode_f32`.
 pub fn convert_source() -> KernelSource {
@@ -16,4 +19,51 @@ pub fn copy_source() -> KernelSource {
 /// Every kernel source of this crate, for the build table.
 pub fn sources() -> Vec<KernelSource> {
     vec![convert_source(), copy_source()]
+}
+
+/// The copy bandwidth of this device: `copy_16b` over `bytes` each way, event-timed, the median of
+/// 10 launches at each of 2, 4 and 8 blocks of 512 threads per SM. The floor of every memory-bound
+/// benchmark; the copied data is a pattern, checked after timing.
+pub struct CopyBandwidth {
+    /// Bytes read plus bytes written per second, at the best blocks-per-SM.
+    pub bytes_per_s: f64,
+    /// (blocks per SM, bytes per second) for each configuration tried.
+    pub tried: Vec<(u32, f64)>,
+}
+
+pub fn copy_bandwidth(dev: &Device, bytes: usize) -> Result<CopyBandwidth> {
+    let module = dev.build(&copy_source())?;
+    let copy = module.kernel("copy_16b")?;
+    let words = bytes / 16;
+    let pattern: Vec<[u32; 4]> = (0..words as u32)
+        .map(|i| [i, !i, i.rotate_left(7), i ^ 0x5bd1_e995])
+        .collect();
+    let src = dev.upload(&pattern)?;
+    let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
+    let stream = dev.new_stream()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let args = Args::new().buf(&src).buf(&dst).u64(words as u64);
+    let mut tried = Vec::new();
+    for blocks_per_sm in [2u32, 4, 8] {
+        let launch = Launch::new(dev.info().multiprocessors * blocks_per_sm, 512);
+        stream.launch(&copy, launch, &args)?;
+        let mut ms = Vec::new();
+        for _ in 0..10 {
+            t0.record(&stream)?;
+            stream.launch(&copy, launch, &args)?;
+            t1.record(&stream)?;
+            t1.sync()?;
+            ms.push(t0.elapsed_ms(&t1)?);
+        }
+        ms.sort_by(f32::total_cmp);
+        let seconds = f64::from(ms[ms.len() / 2]) * 1e-3;
+        tried.push((blocks_per_sm, 2.0 * (words * 16) as f64 / seconds));
+    }
+    if dst.download()? != pattern {
+        return Err(DeviceError::Size {
+            message: "copy_16b: the destination differs from the source".into(),
+        });
+    }
+    let bytes_per_s = tried.iter().map(|t| t.1).fold(0.0, f64::max);
+    Ok(CopyBandwidth { bytes_per_s, tried })
 }

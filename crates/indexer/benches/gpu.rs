@@ -10,7 +10,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use device::{Args, Device, Launch};
+use device::Device;
 use indexer::gpu::KernelConfig;
 use indexer::layout::pages_through;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
@@ -26,29 +26,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Copy bandwidth (bytes read + written per second) of the device crate's 16-byte copy probe.
-fn copy_bandwidth(dev: &Device) -> Result<f64, Error> {
-    let module = dev.build(&device::probes::copy_source())?;
-    let copy = module.kernel("copy_16b")?;
-    let words = (1usize << 30) / 16;
-    let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
-    let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
-    let stream = dev.new_stream()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
-    let launch = Launch::new(dev.info().multiprocessors * 4, 512);
-    let args = Args::new().buf(&src).buf(&dst).u64(words as u64);
-    stream.launch(&copy, launch, &args)?;
-    let mut times = Vec::new();
-    for _ in 0..10 {
-        t0.record(&stream)?;
-        stream.launch(&copy, launch, &args)?;
-        t1.record(&stream)?;
-        t1.sync()?;
-        times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e-3);
-    }
-    Ok(2.0 * (words * 16) as f64 / median(times))
-}
-
 fn main() -> Result<(), Error> {
     let dev = match Device::open(0) {
         Ok(d) => d,
@@ -62,7 +39,7 @@ fn main() -> Result<(), Error> {
         dev.info().name,
         dev.info().multiprocessors
     );
-    let bandwidth = copy_bandwidth(&dev)?;
+    let bandwidth = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;
     println!(
         "copy bandwidth: {:.2} TB/s (read + written)",
         bandwidth / 1e12

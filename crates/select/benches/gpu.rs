@@ -1,7 +1,7 @@
 //! The select kernels on the GPU: rows 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M keys (random
 //! scores), each launch checked once against the reference, then timed as graph replays (one epoch
 //! node and R selects per graph; the median replay over R), with the floor of reading the scores
-//! at 4.0 TB/s, for the first rounds and the fast rounds (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side
+//! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side
 //! by side; then the launch floor (rows of k keys). Prints "skipped" without a GPU. torch.topk on
 //! the same shapes: `python3 tools/bench/select_torch.py`.
 //!
@@ -17,8 +17,6 @@ use select::reference::{select_rows, Rows};
 const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
-/// HBM copy bandwidth of an H200 (DESIGN.md section 7).
-const HBM_BYTES_PER_US: f64 = 4.0e6;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -107,6 +105,14 @@ fn main() {
         }
     };
     let stream = dev.new_stream().expect("stream");
+    let bytes_per_us = device::probes::copy_bandwidth(&dev, 1 << 30)
+        .expect("copy bandwidth")
+        .bytes_per_s
+        / 1e6;
+    println!(
+        "copy bandwidth: {:.2} TB/s (read + written)",
+        bytes_per_us / 1e6
+    );
     let mut table = Vec::new();
     for method in [Method::MultiSlice, Method::OneCta] {
         for len in LENS {
@@ -130,7 +136,7 @@ fn main() {
                     .iter()
                     .map(|sel| case(&dev, &stream, sel, rows, len))
                     .collect();
-                let floor = (rows as f64 * len as f64 * 4.0) / HBM_BYTES_PER_US;
+                let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
                 let line = format!(
                     "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
                     method.name(),
