@@ -227,6 +227,18 @@ fn copy_moves_every_word_including_the_tail() {
             .unwrap();
         dev.stream().sync().unwrap();
         assert!(dst.download().unwrap() == src, "count {count}");
+        // Negative control: a copy told one word less leaves the poisoned last word, and the
+        // same comparison reports it.
+        let short = dev.upload(&vec![[0xffff_ffffu32; 4]; count]).unwrap();
+        let args = Args::new().buf(&src_buf).buf(&short).u64(count as u64 - 1);
+        dev.stream()
+            .launch(&copy, Launch::new(7, 128), &args)
+            .unwrap();
+        dev.stream().sync().unwrap();
+        assert!(
+            short.download().unwrap() != src,
+            "count {count}: a short copy went unnoticed"
+        );
     }
 }
 

@@ -24,6 +24,10 @@ fn hip_files(dir: &Path, root: &Path, out: &mut Vec<String>) {
     }
 }
 
+fn unregistered_of<'a>(on_disk: &'a [String], registered: &[String]) -> Vec<&'a String> {
+    on_disk.iter().filter(|p| !registered.contains(p)).collect()
+}
+
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().unwrap_or(root);
@@ -35,7 +39,13 @@ fn main() {
         .into_iter()
         .map(|e| e.path)
         .collect();
-    let unregistered: Vec<&String> = on_disk.iter().filter(|p| !registered.contains(p)).collect();
+    let unregistered = unregistered_of(&on_disk, &registered);
+    // Negative control: a .hip file nobody registered is reported.
+    let planted = vec!["crates/nowhere/kernels/stray.hip".to_string()];
+    if unregistered_of(&planted, &registered).is_empty() {
+        println!("FAILED the coverage check missed a planted unregistered file");
+        std::process::exit(1);
+    }
 
     let table = executor::kernels::build_all(&executor::kernels::TARGETS, require);
     print!("{}", table.render());
