@@ -198,6 +198,32 @@ MONO_DEV void mono_fence_release() { asm volatile("fence.acq_rel.gpu;" ::: "memo
 MONO_DEV void mono_fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #endif
 
+// ---- copies from global memory into LDS that run behind the thread ---------------------------------
+// NVIDIA: cp.async (16 bytes, cached in L2 only), grouped by commit, waited for by group count; a
+// thread sees its own copies after the wait, other threads' after a block barrier that follows
+// their waits. AMD: an ordinary copy (commit and wait are no-ops), the same results.
+MONO_DEV void mono_copy_async16(void* lds, const void* global) {
+#if MONO_AMD
+  *(mono_u32x4*)lds = *(const mono_u32x4*)global;
+#else
+  u32 to;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(to) : "l"(lds));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global) : "memory");
+#endif
+}
+MONO_DEV void mono_copy_async_commit() {
+#if MONO_NVIDIA
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <u32 pending>
+MONO_DEV void mono_copy_async_wait() {
+#if MONO_NVIDIA
+  asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+#endif
+}
+
 // ---- timers ----------------------------------------------------------------------------------------
 // Nanoseconds on a clock shared by all SMs/CUs, for in-kernel timestamps that can be compared across CTAs.
 MONO_DEV u64 mono_timer_ns() {

@@ -2,15 +2,21 @@
 //! 128K and 512K keys. Each figure is the median of event-timed launches of the scoring kernel
 //! alone, the L2 flushed before each, beside the floor: the key and scale bytes the rows'
 //! requests must read, once, over the copy bandwidth measured in the same run. Every case runs
-//! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS) and fp8 (FP8 queries
-//! against the keys as cached, on FP8 matrix ops).
+//! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS), fp8 (FP8 queries
+//! against the keys as cached, on mma.sync) and wgmma (the same numbers on wgmma, keys copied
+//! into an LDS ring by cp.async). Beside the floor, "copy us" is the copy kernel moving the same
+//! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
+//! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
+//! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
+//! bytes), the L2 flushed before the graph, the time divided by COPIES: what a launch costs when
+//! it follows another, as a stage does inside a captured step.
 //!
 //! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use device::Device;
+use device::{Args, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::layout::pages_through;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
@@ -20,6 +26,7 @@ use support::{CacheKind, Error, Inputs, LaunchBuffers, Request, Scene, Stage};
 const KEYS: [u32; 3] = [8192, 131_072, 524_288];
 const ROWS: [u32; 4] = [1, 2, 4, 8];
 const TIMED: usize = 30;
+const COPIES: usize = 6;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -52,15 +59,74 @@ fn main() -> Result<(), Error> {
         query: VectorFormat::Fp8,
         ..config
     };
+    let wgmma = KernelConfig { wgmma: true, ..fp8 };
+    let wgmma2 = KernelConfig { ring: 2, ..wgmma };
     let stages = [
         ("f16", Stage::new(dev, config)?),
         ("fp8", Stage::new(Device::open(0)?, fp8)?),
+        ("wgmma", Stage::new(Device::open(0)?, wgmma)?),
+        ("wg r2", Stage::new(Device::open(0)?, wgmma2)?),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let copy_module = dev.build(&device::probes::copy_source())?;
+    let copy = copy_module.kernel("copy_16b")?;
+    let copy_src = dev.alloc_zeroed::<[u32; 4]>(COPIES << 25)?;
+    let copy_dst = dev.alloc_zeroed::<[u32; 4]>(1 << 25)?;
+    let copy_launch = Launch::new(dev.info().multiprocessors * 4, 512);
+    // One graph of COPIES launches issued by `issue`, per launch, L2 flushed before each replay.
+    let graph_us =
+        |stream: &device::Stream, issue: &dyn Fn() -> Result<(), Error>| -> Result<f64, Error> {
+            stream.begin_capture()?;
+            issue()?;
+            let graph = stream.end_capture()?;
+            graph.upload(stream)?;
+            let mut times = Vec::new();
+            for i in 0..=TIMED {
+                stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                t0.record(stream)?;
+                graph.launch(stream)?;
+                t1.record(stream)?;
+                t1.sync()?;
+                if i > 0 {
+                    times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / COPIES as f64);
+                }
+            }
+            Ok(median(times))
+        };
 
+    // The copy kernel moving `bytes` (half each way), timed as the scorer is.
+    let copy_us = |bytes: f64| -> Result<(f64, f64), Error> {
+        let words = ((bytes / 32.0) as u64).min(1 << 25);
+        let args = Args::new().buf(&copy_src).buf(&copy_dst).u64(words);
+        let mut times = Vec::new();
+        for i in 0..=TIMED {
+            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            t0.record(&stream)?;
+            stream.launch(&copy, copy_launch, &args)?;
+            t1.record(&stream)?;
+            t1.sync()?;
+            if i > 0 {
+                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+            }
+        }
+        let copies: Vec<Args> = (0..COPIES as u64)
+            .map(|i| {
+                Args::new()
+                    .u64(copy_src.device_ptr() + i * (words * 16))
+                    .buf(&copy_dst)
+                    .u64(words)
+            })
+            .collect();
+        let graph = graph_us(&stream, &|| {
+            copies
+                .iter()
+                .try_for_each(|a| Ok(stream.launch(&copy, copy_launch, a)?))
+        })?;
+        Ok((median(times), graph))
+    };
     let mut lines = Vec::new();
     for &keys in &KEYS {
         // Requests 0..4: chains of 1, 2, 4, 8 rows; 4..12: single rows. All end at key `keys`.
@@ -76,7 +142,10 @@ fn main() -> Result<(), Error> {
             last_position: keys - 1,
         }));
         let scene = Scene::new(dims, requests, CacheKind::Random, u64::from(keys));
-        let cache = dev.upload(&scene.bytes)?;
+        let caches = (0..COPIES)
+            .map(|_| dev.upload(&scene.bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cache = &caches[0];
         let page_bytes = scene.cache.page_bytes() as f64;
         for (ri, &rows) in ROWS.iter().enumerate() {
             for chain in [true, false] {
@@ -92,7 +161,7 @@ fn main() -> Result<(), Error> {
                     let plan = stage.plan(&scene, &set)?;
                     let inputs = Inputs::random(&dims, plan.rows.len(), 1);
                     let buffers = LaunchBuffers::new(stage, &scene, &plan, &inputs)?;
-                    let args = buffers.stage(stage, &cache, &cache);
+                    let args = buffers.stage(stage, cache, cache);
                     // One whole-stage launch publishes the queries and new keys under this tag; the
                     // timed scoring launches then find them ready.
                     stage.next_tag()?;
@@ -109,8 +178,14 @@ fn main() -> Result<(), Error> {
                             times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
                         }
                     }
+                    let each: Vec<_> = caches.iter().map(|c| buffers.stage(stage, c, c)).collect();
+                    let graph = graph_us(&stream, &|| {
+                        each.iter()
+                            .try_for_each(|a| Ok(stage.kernels.score(&stream, a)?))
+                    })?;
                     let requests = if chain { 1.0 } else { f64::from(rows) };
                     let floor_bytes = requests * f64::from(pages_through(keys - 1)) * page_bytes;
+                    let (copy, copy_graph) = copy_us(floor_bytes)?;
                     lines.push((
                         keys,
                         rows,
@@ -119,6 +194,9 @@ fn main() -> Result<(), Error> {
                         plan.runs.len(),
                         median(times),
                         floor_bytes / bandwidth * 1e6,
+                        copy,
+                        graph,
+                        copy_graph,
                     ));
                 }
             }
@@ -127,16 +205,27 @@ fn main() -> Result<(), Error> {
 
     println!("\nindexer scoring, GLM-5 (32 heads x 128), median of {TIMED} launches, L2 flushed before each");
     println!(
-        "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10} {:>10} {:>8} {:>9}",
-        "keys", "rows", "requests", "method", "runs", "time us", "floor us", "x floor", "x 1 row"
+        "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10} {:>10} {:>8} {:>9} {:>8} {:>9} {:>13}",
+        "keys",
+        "rows",
+        "requests",
+        "method",
+        "runs",
+        "time us",
+        "floor us",
+        "x floor",
+        "x 1 row",
+        "copy us",
+        "graph us",
+        "copy graph us"
     );
-    for &(keys, rows, chain, method, runs, us, floor) in &lines {
+    for &(keys, rows, chain, method, runs, us, floor, copy, graph, copy_graph) in &lines {
         let one_row = lines
             .iter()
             .find(|l| l.0 == keys && l.1 == 1 && l.3 == method)
             .map_or(f64::NAN, |l| l.5);
         println!(
-            "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2}",
+            "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>13.2}",
             keys,
             rows,
             if chain { "1 (chain)" } else { "separate" },
@@ -145,7 +234,10 @@ fn main() -> Result<(), Error> {
             us,
             floor,
             us / floor,
-            us / one_row
+            us / one_row,
+            copy,
+            graph,
+            copy_graph
         );
     }
     Ok(())

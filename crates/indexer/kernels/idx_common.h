@@ -34,6 +34,14 @@
 // Pages a scoring CTA holds in LDS at once (and loads ahead while it scores the previous ones).
 // FP8 keys would fit twice the pages, but a batch's loads in flight live in registers, and 3 or 4
 // pages spill at 128 registers.
+// 1: scoring on wgmma (sm_90a, needs FP8_QUERY): the run's pages copied by cp.async into a ring of
+// IDX_RING batches in LDS, a warpgroup a page (idx_score_ring.h); 0: mma.sync / MFMA (idx_score.h).
+#ifndef IDX_WGMMA
+#define IDX_WGMMA 0
+#endif
+#ifndef IDX_RING
+#define IDX_RING 4
+#endif
 #ifndef IDX_BATCH_PAGES
 #define IDX_BATCH_PAGES 2
 #endif
@@ -269,12 +277,13 @@ MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LAN
 
 // ---- block-wide waits on many boxes -------------------------------------------------------------------
 #define IDX_POLL_BATCH 8
-// Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`) into
-// dst[slot * words + word], box i by thread i % BLOCK. Each thread loads POLL_BATCH boxes before
-// looking at any, so boxes already ready cost one round trip per batch rather than one each; a box
-// not ready yet is polled alone (mbx_poll, bounded in debug builds). Only the boxes' own values
-// are read, so no acquire is needed. Ends with a block barrier.
-MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
+// Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`), box
+// i = slot * words + word by thread i % BLOCK, each value to put(i, value). Each thread loads
+// POLL_BATCH boxes before looking at any, so boxes already ready cost one round trip per batch
+// rather than one each; a box not ready yet is polled alone (mbx_poll, bounded in debug builds).
+// Only the boxes' own values are read, so no acquire is needed. Ends with a block barrier.
+template <class Put>
+MONO_DEV bool idx_wait_slots_to(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, Put put) {
   const u32 n = slots * words;
   bool ok = true;
   for (u32 base = mono_thread(); base < n; base += IDX_POLL_BATCH * IDX_BLOCK) {
@@ -288,11 +297,18 @@ MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words,
     for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
       const u32 i = base + k * IDX_BLOCK;
       if (i >= n) continue;
-      if (mbx_tag_of(w[k]) == c.tag)
-        dst[i] = mbx_value_of(w[k]);
-      else
-        ok = ok && mbx_poll(c, first + (i / words) * stride + i % words, dst + i);
+      u32 value = mbx_value_of(w[k]);
+      if (mbx_tag_of(w[k]) != c.tag) {
+        ok = ok && mbx_poll(c, first + (i / words) * stride + i % words, &value);
+        if (!ok) continue;
+      }
+      put(i, value);
     }
   }
   return mbx_block_agree(c, ok);
+}
+
+// The same into dst[slot * words + word].
+MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
+  return idx_wait_slots_to(c, first, stride, words, slots, [dst](u32 i, u32 value) { dst[i] = value; });
 }

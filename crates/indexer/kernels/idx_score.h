@@ -98,7 +98,7 @@ MONO_DEV void idx_store_batch(idx_score_smem& sm, const idx_prefetch& f, u32 pag
 // batch [t0, t0 + tokens) and at or before the group's last position. Block-wide; returns false
 // only when a debug wait gave up.
 MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
-                              u32 t0, u32 tokens, idx_score_smem& sm) {
+                              u32 t0, u32 tokens, u8* keys, float* scales) {
 #if IDX_PATCH_GROUP_ONLY
   const u32 lowest = q.first_position + (grp.first_row - q.first_row);
 #else
@@ -116,11 +116,12 @@ MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_req
     const u32 token = first + key - t0;
     if (!ok) break;
     if (word == IDX_HEAD_DIM / 4) {
-      idx_scales(sm)[token] = mono_bits_f32(value);
+      scales[token] = mono_bits_f32(value);
     } else {
-      idx_store_key_word(idx_keys(sm), token, word, value);
+      idx_store_key_word(keys, token, word, value);
     }
   }
+  idx_lds_written();
   return mbx_block_agree(c, ok);
 }
 
@@ -206,7 +207,7 @@ MONO_DEV void idx_score_task(const idx_args& a, const mbx_ctx& c, u32 run_index,
     mono_sync_block();
     // The previous batch was full; its partials were finished before the barrier above.
     if (b > 0) idx_combine(a, grp, sm, (b - 1u) & 1u, t0 - IDX_BATCH_TOKENS, IDX_BATCH_TOKENS);
-    if (!idx_patch_batch(a, c, q, grp, t0, pages * IDX_PAGE_TOKENS, sm)) return;
+    if (!idx_patch_batch(a, c, q, grp, t0, pages * IDX_PAGE_TOKENS, idx_keys(sm), idx_scales(sm))) return;
     if (b + 1 < batches) {
       idx_load_batch(a, phys, idx_batch_pages(run, b + 1), f);
       idx_page_ids(a, q, run, b + 2, phys);

@@ -17,6 +17,9 @@
 #if IDX_FP8_QUERY && !MONO_NVIDIA
 #error "FP8_QUERY scoring is written for NVIDIA mma.sync e4m3; AMD scores with f16 MFMA (FP8_QUERY 0)"
 #endif
+#if IDX_WGMMA && !(MONO_NVIDIA && IDX_FP8_QUERY && IDX_HEAD_DIM == 128 && IDX_HEADS == 32)
+#error "WGMMA scoring is written for NVIDIA sm_90a, FP8 queries, 32 heads of 128 (GLM-5's indexer)"
+#endif
 
 // Bytes of a key in LDS: E4M3 as cached (FP8), or widened to f16.
 #define IDX_TOKEN_BYTES (IDX_HEAD_DIM * (IDX_FP8_QUERY ? 1 : 2))
@@ -28,9 +31,15 @@ static_assert(IDX_HEAD_DIM % 64 == 0, "k-groups need whole 16-byte chunks, two p
 // 16-byte chunk `chunk` of batch token `token`. With tokens of 128 bytes or more, odd tokens swap
 // chunk halves of 64 bytes, so that the two tokens a phase of B-fragment loads reads (8 lanes:
 // tokens n, n + 1, four chunks each) fall on different banks; shorter tokens already do.
+// Under WGMMA (keys as cached, a wave reading 32 bytes of each of 8 tokens per phase) chunk c of
+// token t sits at chunk c ^ (t % 8) instead, so those 8 loads fall on distinct banks.
 #define IDX_SWIZZLE (IDX_TOKEN_BYTES >= 128 ? 4u : 0u)
 MONO_DEV u32 idx_chunk_offset(u32 token, u32 chunk) {
+#if IDX_WGMMA
+  return token * IDX_TOKEN_BYTES + 16u * (chunk ^ (token & 7u));
+#else
   return token * IDX_TOKEN_BYTES + 16u * (chunk ^ ((token & 1u) * IDX_SWIZZLE));
+#endif
 }
 
 // Two E4M3 codes at bits 0-7 and 16-23 to two f16 of value code * 2^-8: the sign to bit 15, the
@@ -319,3 +328,209 @@ MONO_DEV u32 idx_tile_token() { return mono_lane(); }
 
 // Waves that split a row's heads: each holds WAVE_M_TILES head tiles.
 #define IDX_HEAD_GROUPS (IDX_M_TILES / IDX_WAVE_M_TILES)
+
+#if IDX_WGMMA
+// wgmma.m64nNk16 f16 (sm_90a), one warpgroup (4 waves) a page: rows = the page's 64 tokens (A),
+// columns = the heads of all R rows of the group (N = 32 R, B), K = 128 in eight k16 steps, f32
+// accumulation. Both sides are E4M3 converted exactly to f16 (cvt.rn.f16x2.e4m3x2): the keys in
+// registers, from the cached codes in LDS, right before the steps (A from registers); the
+// queries once per task into an LDS tile (B, K-major, 128-byte swizzle). Why not wgmma on the E4M3
+// codes directly: on the H200 its sums came out about 1.2e-4 of the row's largest score off (its
+// FP8 path does not keep f32 accuracy while it adds), over the check's 1e-4 bound; f16 products
+// are summed in f32.
+//
+// Order of the contraction: lane (g = lane / 4, q = lane % 4) of wave v holds A rows (tokens)
+// 16v + g and 16v + g + 8 at k-slots 2q, 2q + 1, 2q + 8, 2q + 9 of each k16 step j; it fills them
+// from key dims 32q + 4j .. 32q + 4j + 3 (one cached word), so its keys are 32 contiguous bytes a
+// token. B holds the query in the same order: logical k = 16j + 2q + (s % 2) + 8 (s / 2) is dim
+// 32q + 4j + s. Accumulators: tokens 16v + g (+ 8) at columns 8i + 2q + e (i < 4 R, e < 2); row
+// r's heads are columns 32r .., so a token's sum over a row's heads needs only its quad's lanes.
+#define IDX_WG_THREADS 128
+#define IDX_WG_COLUMNS (IDX_GROUP_ROWS * IDX_HEADS)  // B tile rows: every head of every row
+#define IDX_WG_QUERY_BYTES (IDX_WG_COLUMNS * IDX_HEAD_DIM * 2)
+
+// Byte offset of (column n = row * HEADS + head, logical k) in the B tile: two K blocks of 64
+// (128 bytes a column), each COLUMNS x 128 bytes with 16-byte chunk c of column n at c ^ (n % 8).
+MONO_DEV u32 idx_wg_offset(u32 n, u32 k) {
+  return (k / 64u) * IDX_WG_COLUMNS * 128u + n * 128u + 16u * (((k % 64u) / 8u) ^ (n & 7u)) + 2u * (k % 8u);
+}
+// Logical k of key dim d (the inverse of the order above).
+MONO_DEV u32 idx_wg_k_of_dim(u32 d) {
+  const u32 q = d / 32u, j = (d % 32u) / 4u, s = d % 4u;
+  return 16u * j + 2u * q + (s % 2u) + 8u * (s / 2u);
+}
+
+// Four E4M3 codes (first dim in the low byte) to f16 pairs of dims 0,1 and 2,3, exactly.
+MONO_DEV void idx_e4m3x4_to_f16_exact(u32 w, u32* lo, u32* hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(*lo), "=r"(*hi)
+      : "r"(w));
+}
+
+// Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading-dimension offset
+// (unused for swizzled K-major), stride offset 1024 bytes (8 rows of 128 bytes), 128-byte swizzle.
+MONO_DEV u64 idx_wg_desc(const void* lds) {
+  u32 address;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(lds));
+  return (u64)((address & 0x3ffffu) >> 4) | ((u64)(1024u >> 4) << 32) | (1ull << 62);
+}
+
+// Keeps the compiler from moving register reads or writes across the asynchronous region.
+MONO_DEV void idx_wg_hold(float (&d)[16]) {
+#pragma unroll
+  for (u32 i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+MONO_DEV void idx_wg_hold(u32 (&a)[4]) {
+#pragma unroll
+  for (u32 i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// d (+)= A B for one k16 step of R rows (N = 32 R), A from registers; accumulate = false starts
+// from zero. d[r] are row r's columns.
+template <u32 R>
+MONO_DEV void idx_wg_mma(float (&d)[R][16], const u32 (&a)[4], u64 b, bool accumulate);
+template <>
+MONO_DEV void idx_wg_mma<1>(float (&d)[1][16], const u32 (&a)[4], u64 b, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
+        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
+}
+template <>
+MONO_DEV void idx_wg_mma<2>(float (&d)[2][16], const u32 (&a)[4], u64 b, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
+        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
+        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
+}
+template <>
+MONO_DEV void idx_wg_mma<3>(float (&d)[3][16], const u32 (&a)[4], u64 b, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+      "}, {%48, %49, %50, %51}, %52, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
+        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
+        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[2][8]), "+f"(d[2][9]), "+f"(d[2][10]), "+f"(d[2][11]),
+        "+f"(d[2][12]), "+f"(d[2][13]), "+f"(d[2][14]), "+f"(d[2][15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
+}
+template <>
+MONO_DEV void idx_wg_mma<4>(float (&d)[4][16], const u32 (&a)[4], u64 b, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
+        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
+        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[2][8]), "+f"(d[2][9]), "+f"(d[2][10]), "+f"(d[2][11]),
+        "+f"(d[2][12]), "+f"(d[2][13]), "+f"(d[2][14]), "+f"(d[2][15]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
+        "+f"(d[3][8]), "+f"(d[3][9]), "+f"(d[3][10]), "+f"(d[3][11]),
+        "+f"(d[3][12]), "+f"(d[3][13]), "+f"(d[3][14]), "+f"(d[3][15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
+}
+
+// LDS written by ordinary stores becomes visible to the tensor units' reads.
+MONO_DEV void idx_lds_written() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
+// lane l) returns s[r][0] for token 16v + l / 4 and s[r][1] for token 16v + l / 4 + 8, in every lane
+// of the quad. keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
+template <u32 R>
+MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[R][2]) {
+  const u32 g = mono_lane() / 4u, quad = mono_lane() % 4u;
+  const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + g;
+  u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
+#pragma unroll
+  for (u32 t = 0; t < 2; ++t)
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      const mono_u32x4 v = *(const mono_u32x4*)(keys + idx_chunk_offset(token + 8u * t, 2u * quad + h));
+      w[t][4 * h] = v.x;
+      w[t][4 * h + 1] = v.y;
+      w[t][4 * h + 2] = v.z;
+      w[t][4 * h + 3] = v.w;
+    }
+  u32 a[IDX_HEAD_DIM / 16][4];
+#pragma unroll
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) {
+    idx_e4m3x4_to_f16_exact(w[0][j], &a[j][0], &a[j][2]);
+    idx_e4m3x4_to_f16_exact(w[1][j], &a[j][1], &a[j][3]);
+    idx_wg_hold(a[j]);
+  }
+  float d[R][16] = {};
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_mma<R>(d, a[j], idx_wg_desc(query + idx_wg_offset(0, 16u * j)), j > 0);
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
+#pragma unroll
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_hold(a[j]);
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+    float x = 0.0f, y = 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i)
+#pragma unroll
+      for (u32 e = 0; e < 2; ++e) {
+        const float wt = weights[r * IDX_HEADS + 8u * i + 2u * quad + e];
+        x += wt * mono_fmaxf(d[r][4 * i + e], 0.0f);
+        y += wt * mono_fmaxf(d[r][4 * i + 2 + e], 0.0f);
+      }
+    x += mono_shfl_xor_f32(x, 1u);
+    x += mono_shfl_xor_f32(x, 2u);
+    y += mono_shfl_xor_f32(y, 1u);
+    y += mono_shfl_xor_f32(y, 2u);
+    s[r][0] = x;
+    s[r][1] = y;
+  }
+}
+#else
+MONO_DEV void idx_lds_written() {}
+#endif

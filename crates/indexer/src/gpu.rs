@@ -8,20 +8,32 @@ use mailbox::layout::Tags;
 use model::numerics::{rope_inv_freq, RopeStyle};
 
 use crate::error::{shape, IndexerError, Result};
-use crate::layout::{GroupDesc, IndexerBoxes, PageTable, RequestDesc, Row, RunDesc, ScorePlan};
+use crate::layout::{
+    GroupDesc, IndexerBoxes, PageTable, RequestDesc, Row, RunDesc, ScorePlan, MAX_GROUP_ROWS,
+    PAGE_TOKENS,
+};
 use crate::reference::{IndexerDims, IndexerOptions, VectorFormat};
 
 pub const INDEXER_HIP: (&str, &str) = ("indexer.hip", include_str!("../kernels/indexer.hip"));
 /// The headers `indexer.hip` includes (besides the prelude and `mailbox.h`).
-pub const HEADERS: [(&str, &str); 5] = [
+pub const HEADERS: [(&str, &str); 6] = [
     ("idx_common.h", include_str!("../kernels/idx_common.h")),
     ("idx_key.h", include_str!("../kernels/idx_key.h")),
     ("idx_query.h", include_str!("../kernels/idx_query.h")),
     ("idx_tile.h", include_str!("../kernels/idx_tile.h")),
     ("idx_score.h", include_str!("../kernels/idx_score.h")),
+    (
+        "idx_score_ring.h",
+        include_str!("../kernels/idx_score_ring.h"),
+    ),
 ];
 /// Threads of every indexer CTA (`IDX_BLOCK`).
 pub const BLOCK: u32 = 256;
+/// Pages a scoring CTA takes at once, one a warpgroup under wgmma (`IDX_BATCH_PAGES`).
+const BATCH_PAGES: u32 = 2;
+/// Batches of pages in the wgmma scorer's LDS ring by default: one scored, three in flight, in
+/// 100 KiB of LDS, so that two CTAs fit a SM.
+pub const RING: u32 = 4;
 
 /// Build-time choices of the kernels: the shape and the variant switches.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -33,6 +45,12 @@ pub struct KernelConfig {
     /// every target) or [`VectorFormat::Fp8`] (E4M3 with a power-of-two scale per head, scored on
     /// FP8 matrix units: NVIDIA only, `IDX_FP8_QUERY`).
     pub query: VectorFormat,
+    /// Score on wgmma (`IDX_WGMMA`, kernels/idx_score_ring.h): NVIDIA sm_90a, FP8 queries, 32
+    /// heads of 128 (GLM-5's indexer). Otherwise mma.sync (NVIDIA) or MFMA (AMD).
+    pub wgmma: bool,
+    /// Batches of pages in the wgmma scorer's LDS ring (`IDX_RING`, at least 2): the one being
+    /// scored and those in flight. Up to 4 leave room for two CTAs a SM.
+    pub ring: u32,
     /// Test only: scorers patch only their own group's new keys (the poison check's negative control).
     pub patch_group_only: bool,
     pub mailbox: Variant,
@@ -56,6 +74,8 @@ impl KernelConfig {
             rope: opts.rope,
             hadamard: opts.hadamard,
             query: opts.query,
+            wgmma: false,
+            ring: RING,
             patch_group_only: false,
             mailbox: Variant::default(),
         })
@@ -72,6 +92,45 @@ impl KernelConfig {
         }
     }
 
+    /// The wgmma scorer's shape limits, as an error before any compile.
+    pub fn check(&self) -> Result<()> {
+        let d = &self.dims;
+        if self.wgmma && self.ring < 2 {
+            return Err(shape(
+                "wgmma scoring",
+                format!(
+                    "its LDS ring needs at least 2 batches, asked for {}",
+                    self.ring
+                ),
+            ));
+        }
+        if self.wgmma && (self.query != VectorFormat::Fp8 || d.heads != 32 || d.head_dim != 128) {
+            return Err(shape(
+                "wgmma scoring",
+                format!(
+                    "it takes FP8 queries of 32 heads x 128; asked for {:?} queries of {} heads x {}",
+                    self.query, d.heads, d.head_dim
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Dynamic shared memory of a scoring CTA: the wgmma scorer's query tiles and LDS ring
+    /// (`IDX_RING_LDS_BYTES` of kernels/idx_score_ring.h, which checks it against this); none for
+    /// the other methods.
+    pub fn score_lds_bytes(&self) -> u32 {
+        if !self.wgmma {
+            return 0;
+        }
+        let (heads, head_dim) = (self.dims.heads as u32, self.dims.head_dim as u32);
+        let kib = |bytes: u32| bytes.div_ceil(1024) * 1024;
+        let query_tiles = MAX_GROUP_ROWS * heads * head_dim * 2;
+        let weights = kib(MAX_GROUP_ROWS * heads * 4);
+        let slot = BATCH_PAGES * PAGE_TOKENS * (head_dim + 4);
+        1024 + query_tiles + weights + self.ring * slot
+    }
+
     pub fn source(&self) -> KernelSource {
         let d = &self.dims;
         self.mailbox
@@ -86,6 +145,11 @@ impl KernelConfig {
             .define("IDX_HADAMARD", u32::from(self.hadamard))
             .define("IDX_FP8_QUERY", u32::from(self.query == VectorFormat::Fp8))
             .define("IDX_BLOCK", BLOCK)
+            .define("IDX_BATCH_PAGES", BATCH_PAGES)
+            .define("IDX_GROUP_ROWS", MAX_GROUP_ROWS)
+            .define("IDX_WGMMA", u32::from(self.wgmma))
+            .define("IDX_RING", self.ring)
+            .define("IDX_SCORE_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
     }
 }
@@ -292,23 +356,26 @@ pub struct IndexerKernels {
     score: Kernel,
     _module: Module,
     dims: IndexerDims,
+    lds_bytes: u32,
 }
 
 impl IndexerKernels {
     pub fn build(dev: &Device, config: &KernelConfig) -> Result<Self> {
+        config.check()?;
         let module = dev.build(&config.source())?;
         Ok(IndexerKernels {
             launch: module.kernel("indexer_launch")?,
             score: module.kernel("indexer_score")?,
             _module: module,
             dims: config.dims,
+            lds_bytes: config.score_lds_bytes(),
         })
     }
 
     /// The most runs a whole-stage launch of `rows` rows may plan: its grid (keys, queries,
     /// runs) must be resident at once.
     pub fn max_runs(&self, rows: u32) -> Result<u32> {
-        let resident = self.launch.max_coresident_grid(BLOCK, 0)?;
+        let resident = self.launch.max_coresident_grid(BLOCK, self.lds_bytes)?;
         resident
             .checked_sub(2 * rows)
             .filter(|&runs| runs > 0)
@@ -324,7 +391,9 @@ impl IndexerKernels {
     pub fn launch(&self, stream: &Stream, buffers: &StageBuffers) -> Result<()> {
         let args = buffers.args(&self.dims)?;
         let grid = 2 * args.n_rows + args.n_runs;
-        let launch = Launch::new(grid, BLOCK).cooperative();
+        let launch = Launch::new(grid, BLOCK)
+            .shared(self.lds_bytes)
+            .cooperative();
         stream
             .launch(&self.launch, launch, &Args::new().value(&args))
             .map_err(IndexerError::from)
@@ -337,7 +406,7 @@ impl IndexerKernels {
         stream
             .launch(
                 &self.score,
-                Launch::new(args.n_runs, BLOCK),
+                Launch::new(args.n_runs, BLOCK).shared(self.lds_bytes),
                 &Args::new().value(&args),
             )
             .map_err(IndexerError::from)

@@ -36,6 +36,13 @@ fn configs(fp8: bool) -> Vec<KernelConfig> {
         for opts in options {
             let base = KernelConfig::new(dims, &opts).unwrap();
             out.push(base);
+            let wgmma = KernelConfig {
+                wgmma: true,
+                ..base
+            };
+            if wgmma.check().is_ok() {
+                out.push(wgmma);
+            }
             out.push(KernelConfig {
                 rope: RopeStyle::HalfSplit,
                 hadamard: false,
@@ -57,6 +64,14 @@ fn builds_everything(compiler: &dyn Compiler) {
         let compiled = compiler
             .compile(&source)
             .unwrap_or_else(|e| panic!("{} for {}: {e}", source.name(), compiler.target()));
+        // ptxas warns when it must serialise wgmma (accumulators touched while in flight): slow.
+        assert!(
+            !compiled.log.contains("wgmma"),
+            "{} for {}: {}",
+            source.name(),
+            compiler.target(),
+            compiled.log
+        );
         for r in compiled.resources {
             eprintln!(
                 "{} {}: {} registers, {} B shared, {} B spilled, {} B stack",

@@ -74,19 +74,20 @@ fn config(preset: &str) -> KernelConfig {
     }
 }
 
-/// Both scoring methods of `preset`: q bf16 (keys widened to f16), q FP8 (keys as cached).
-fn methods(preset: &str) -> [(&'static str, KernelConfig); 2] {
+/// The scoring methods of `preset`: q bf16 (keys widened to f16), q FP8 (keys as cached) on
+/// mma.sync, and q FP8 on wgmma where the preset's shape allows it (GLM-5's, not tiny's).
+fn methods(preset: &str) -> Vec<(&'static str, KernelConfig)> {
     let base = config(preset);
-    [
-        ("f16", base),
-        (
-            "fp8",
-            KernelConfig {
-                query: VectorFormat::Fp8,
-                ..base
-            },
-        ),
-    ]
+    let fp8 = KernelConfig {
+        query: VectorFormat::Fp8,
+        ..base
+    };
+    let wgmma = KernelConfig { wgmma: true, ..fp8 };
+    let mut out = vec![("f16", base), ("fp8", fp8)];
+    if wgmma.check().is_ok() {
+        out.push(("wgmma", wgmma));
+    }
+    out
 }
 
 fn stage(config: KernelConfig) -> Stage {
@@ -321,14 +322,24 @@ fn tiny_preset_and_variant_switches() {
         variant(config("glm-5")).options(),
         IndexerOptions::kernels(&cfg)
     );
-    let [(_, f16), (_, fp8)] = methods("glm-5");
-    let [(_, tiny_f16), (_, tiny_fp8)] = methods("tiny");
-    for (name, config) in [
-        ("tiny f16", tiny_f16),
-        ("tiny fp8", tiny_fp8),
-        ("glm-5 f16 half-split, no Hadamard", variant(f16)),
-        ("glm-5 fp8 half-split, no Hadamard", variant(fp8)),
-    ] {
+    let glm5 = methods("glm-5");
+    let tiny = methods("tiny");
+    assert_eq!(
+        (glm5.len(), tiny.len()),
+        (3, 2),
+        "wgmma takes GLM-5's shape only"
+    );
+    let mut cases: Vec<(String, KernelConfig)> = tiny
+        .into_iter()
+        .map(|(method, config)| (format!("tiny {method}"), config))
+        .collect();
+    cases.extend(glm5.into_iter().map(|(method, config)| {
+        (
+            format!("glm-5 {method} half-split, no Hadamard"),
+            variant(config),
+        )
+    }));
+    for (name, config) in cases {
         let stage = stage(config);
         for p in [700, 8447] {
             let scene = Scene::new(config.dims, requests(p), CacheKind::Random, u64::from(p));
