@@ -198,31 +198,44 @@ MONO_DEV void mono_fence_release() { asm volatile("fence.acq_rel.gpu;" ::: "memo
 MONO_DEV void mono_fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #endif
 
-// ---- copies from global memory into LDS that run behind the thread ---------------------------------
-// NVIDIA: cp.async (16 bytes, cached in L2 only), grouped by commit, waited for by group count; a
-// thread sees its own copies after the wait, other threads' after a block barrier that follows
-// their waits. AMD: an ordinary copy (commit and wait are no-ops), the same results.
-MONO_DEV void mono_copy_async16(void* lds, const void* global) {
-#if MONO_AMD
-  *(mono_u32x4*)lds = *(const mono_u32x4*)global;
-#else
-  u32 to;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(to) : "l"(lds));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global) : "memory");
-#endif
-}
-MONO_DEV void mono_copy_async_commit() {
+// ---- bulk copies into LDS that complete on an LDS barrier (NVIDIA sm_90 only) ----------------------
+// One thread starts a copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that the copy
+// engine carries out alone; it counts the bytes against a barrier word in LDS, armed beforehand
+// with the bytes to expect. Waiters spin on the barrier's phase parity (the n-th completion of a
+// barrier flips it to n % 2 == 1). No AMD version: the callers are NVIDIA-only paths.
 #if MONO_NVIDIA
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
+MONO_DEV u32 mono_lds_address(const void* p) {
+  u32 address;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(p));
+  return address;
 }
-// Waits until at most `pending` of this thread's committed groups are still in flight.
-template <u32 pending>
-MONO_DEV void mono_copy_async_wait() {
-#if MONO_NVIDIA
-  asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
-#endif
+// One thread; a block barrier must follow before anyone waits on or arms the barrier.
+MONO_DEV void mono_lds_barrier_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mono_lds_address(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+// Arms the barrier for the next phase: it completes once `bytes` have landed.
+MONO_DEV void mono_lds_barrier_expect(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mono_lds_address(bar)), "r"(bytes)
+               : "memory");
+}
+MONO_DEV void mono_copy_bulk(void* lds, const void* global, u32 bytes, u64* bar) {
+  // The copy engine writes through the async proxy: order this thread's earlier accesses first.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   mono_lds_address(lds)),
+               "l"(global), "r"(bytes), "r"(mono_lds_address(bar))
+               : "memory");
+}
+MONO_DEV void mono_lds_barrier_wait(u64* bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(mono_lds_address(bar)), "r"(parity)
+                 : "memory");
+}
+#endif
 
 // ---- timers ----------------------------------------------------------------------------------------
 // Nanoseconds on a clock shared by all SMs/CUs, for in-kernel timestamps that can be compared across CTAs.

@@ -4,7 +4,7 @@
 //! requests must read, once, over the copy bandwidth measured in the same run. Every case runs
 //! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS), fp8 (FP8 queries
 //! against the keys as cached, on mma.sync) and wgmma (the same numbers on wgmma, keys copied
-//! into an LDS ring by cp.async). Beside the floor, "copy us" is the copy kernel moving the same
+//! into an LDS ring by the copy engine). Beside the floor, "copy us" is the copy kernel moving the same
 //! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
 //! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
 //! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
@@ -60,12 +60,10 @@ fn main() -> Result<(), Error> {
         ..config
     };
     let wgmma = KernelConfig { wgmma: true, ..fp8 };
-    let wgmma2 = KernelConfig { ring: 2, ..wgmma };
     let stages = [
         ("f16", Stage::new(dev, config)?),
         ("fp8", Stage::new(Device::open(0)?, fp8)?),
         ("wgmma", Stage::new(Device::open(0)?, wgmma)?),
-        ("wg r2", Stage::new(Device::open(0)?, wgmma2)?),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;

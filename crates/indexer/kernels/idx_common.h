@@ -34,8 +34,9 @@
 // Pages a scoring CTA holds in LDS at once (and loads ahead while it scores the previous ones).
 // FP8 keys would fit twice the pages, but a batch's loads in flight live in registers, and 3 or 4
 // pages spill at 128 registers.
-// 1: scoring on wgmma (sm_90a, needs FP8_QUERY): the run's pages copied by cp.async into a ring of
-// IDX_RING batches in LDS, a warpgroup a page (idx_score_ring.h); 0: mma.sync / MFMA (idx_score.h).
+// 1: scoring on wgmma (sm_90a, needs FP8_QUERY): the run's pages brought by the copy engine into a
+// ring of IDX_RING batches in LDS, a warpgroup a page (idx_score_ring.h); 0: mma.sync / MFMA
+// (idx_score.h).
 #ifndef IDX_WGMMA
 #define IDX_WGMMA 0
 #endif

@@ -1,12 +1,13 @@
 // Scoring one run of pages for one row group on wgmma (IDX_WGMMA; the same scores as idx_score.h).
 //
-// The keys never wait in registers: cp.async copies each batch of pages (a page per warpgroup)
-// from the cache straight into a ring of IDX_RING batch slots in LDS, so IDX_RING - 1 batches are
-// in flight while the warpgroups score the current one. One block barrier a batch both publishes
-// the batch that landed and frees the slot scored last, which is refilled right after it. The
-// group's queries sit in LDS as wgmma's B tiles, so a page's whole contraction for every row of
-// the group is a handful of asynchronous instructions, and each score is complete in the
-// warpgroup: written straight out, no partial sums.
+// The keys never wait in registers: one thread has the copy engine bring each batch of pages (a
+// page per warpgroup) from the cache straight into a ring of IDX_RING batch slots in LDS, each
+// slot with an LDS barrier that completes when its bytes have landed, so IDX_RING - 1 batches are
+// in flight while the warpgroups score the current one. One block barrier a batch frees the slot
+// scored last, which is refilled right after it. The group's queries sit in LDS as wgmma's B
+// tile, so a page's whole contraction for every row of the group is a handful of asynchronous
+// instructions, and each score is complete in the warpgroup: written straight out, no partial
+// sums.
 #pragma once
 #include "idx_score.h"
 
@@ -25,47 +26,41 @@ static_assert(IDX_RING >= 2, "a slot being scored and one in flight");
 #ifdef IDX_SCORE_LDS_BYTES
 static_assert(IDX_RING_LDS_BYTES <= IDX_SCORE_LDS_BYTES, "the host's LDS size (gpu.rs score_lds_bytes) is too small");
 #endif
-// 16-byte pieces of a page in the cache: the keys, then the scales.
-#define IDX_RING_PAGE_PIECES ((IDX_PAGE_KEY_BYTES + IDX_PAGE_TOKENS * 4) / 16)
 
 struct idx_ring {
   u8* query;       // the B tile: every head of every row in f16 (idx_wg_offset)
   float* weights;  // [GROUP_ROWS][HEADS]
+  u64* landed;     // [RING] LDS barriers: a slot's copies have landed
   u8* slots;       // [RING] batches as cached
 };
+static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_RING * 8 <= IDX_RING_WEIGHT_BYTES, "the barriers follow the weights");
 
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
-  u32 address;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(lds));
-  u8* query = lds + ((1024u - (address & 1023u)) & 1023u);
+  u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
   u8* weights = query + IDX_RING_QUERY_BYTES;
-  return idx_ring{query, (float*)weights, weights + IDX_RING_WEIGHT_BYTES};
+  return idx_ring{query, (float*)weights, (u64*)(weights + IDX_GROUP_ROWS * IDX_HEADS * 4),
+                  weights + IDX_RING_WEIGHT_BYTES};
 }
 MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 batch) { return ring.slots + (batch % IDX_RING) * IDX_RING_SLOT_BYTES; }
 MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 batch) {
   return (float*)(idx_slot_keys(ring, batch) + IDX_BATCH_PAGES * IDX_PAGE_KEY_BYTES);
 }
 
-// Starts the copies of batch `batch` of the run (its physical pages: phys) into its slot and
-// commits them as one group (an empty group past the run's end, so every thread counts the same
-// groups).
+// Thread 0 arms batch `batch`'s slot barrier and starts the copies of its pages (physical ids:
+// phys), keys and scales, into the slot; nothing past the run's end.
 MONO_DEV void idx_ring_load(const idx_args& a, const idx_run& run, const idx_ring& ring, u32 batch, u32 batches,
                             const u32 (&phys)[IDX_BATCH_PAGES]) {
-  if (batch < batches) {
+  if (mono_thread() == 0 && batch < batches) {
     const u32 pages = idx_batch_pages(run, batch);
-    u8* keys = idx_slot_keys(ring, batch);
-    float* scales = idx_slot_scales(ring, batch);
-    for (u32 i = mono_thread(); i < pages * IDX_RING_PAGE_PIECES; i += IDX_BLOCK) {
-      const u32 page = i / IDX_RING_PAGE_PIECES, piece = i % IDX_RING_PAGE_PIECES;
-      const u8* src = a.cache_read + (u64)idx_pick(phys, page) * IDX_PAGE_BYTES + 16u * piece;
-      const u32 token = page * IDX_PAGE_TOKENS + piece / (IDX_HEAD_DIM / 16);
-      u8* dst = piece < IDX_PAGE_KEY_BYTES / 16
-                    ? keys + idx_chunk_offset(token, piece % (IDX_HEAD_DIM / 16))
-                    : (u8*)(scales + page * IDX_PAGE_TOKENS) + 16u * (piece - IDX_PAGE_KEY_BYTES / 16);
-      mono_copy_async16(dst, src);
+    u64* landed = ring.landed + batch % IDX_RING;
+    mono_lds_barrier_expect(landed, pages * (IDX_PAGE_KEY_BYTES + IDX_PAGE_TOKENS * 4));
+    for (u32 p = 0; p < pages; ++p) {
+      const u8* src = a.cache_read + (u64)idx_pick(phys, p) * IDX_PAGE_BYTES;
+      mono_copy_bulk(idx_slot_keys(ring, batch) + p * IDX_PAGE_KEY_BYTES, src, IDX_PAGE_KEY_BYTES, landed);
+      mono_copy_bulk(idx_slot_scales(ring, batch) + p * IDX_PAGE_TOKENS, src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4,
+                     landed);
     }
   }
-  mono_copy_async_commit();
 }
 
 // The group's published queries, widened to f16, into the B tiles, and the head weights beside
@@ -118,8 +113,8 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
   const u32 page = mono_thread() / IDX_WG_THREADS;
   for (u32 b = 0; b < batches; ++b) {
     const u32 pages = idx_batch_pages(run, b);
-    mono_copy_async_wait<IDX_RING - 2>();  // this thread's copies of batch b have landed
-    mono_sync_block();  // everyone's have; and batch b - 1 is scored, so its slot is free
+    mono_lds_barrier_wait(ring.landed + b % IDX_RING, (b / IDX_RING) & 1u);
+    mono_sync_block();  // batch b - 1 is scored, so its slot is free
     idx_ring_load(a, run, ring, b + IDX_RING - 1, batches, next);
     // The page ids a batch ahead, so that no copy waits on a page-list load.
     idx_page_ids(a, q, run, b + IDX_RING, next);
@@ -139,6 +134,9 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, const mbx_ctx& c, u32 run_i
   const idx_ring ring = idx_ring_of(lds);
   // The first batches' copies go out before the wait on the queries: they don't depend on it. All
   // their page ids are loaded before the first copy needs one.
+  if (mono_thread() == 0)
+    for (u32 s = 0; s < IDX_RING; ++s) mono_lds_barrier_init(ring.landed + s);
+  mono_sync_block();
   u32 phys[IDX_RING][IDX_BATCH_PAGES];
 #pragma unroll
   for (u32 b = 0; b < IDX_RING; ++b) idx_page_ids(a, q, run, b, phys[b]);

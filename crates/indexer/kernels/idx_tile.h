@@ -31,15 +31,11 @@ static_assert(IDX_HEAD_DIM % 64 == 0, "k-groups need whole 16-byte chunks, two p
 // 16-byte chunk `chunk` of batch token `token`. With tokens of 128 bytes or more, odd tokens swap
 // chunk halves of 64 bytes, so that the two tokens a phase of B-fragment loads reads (8 lanes:
 // tokens n, n + 1, four chunks each) fall on different banks; shorter tokens already do.
-// Under WGMMA (keys as cached, a wave reading 32 bytes of each of 8 tokens per phase) chunk c of
-// token t sits at chunk c ^ (t % 8) instead, so those 8 loads fall on distinct banks.
-#define IDX_SWIZZLE (IDX_TOKEN_BYTES >= 128 ? 4u : 0u)
+// Under WGMMA the copy engine lays the pages in as cached (no swizzle; the wave's A loads then meet
+// 2-way bank conflicts, cheaper than copying piece by piece into a swizzled layout, measured).
+#define IDX_SWIZZLE (IDX_TOKEN_BYTES >= 128 && !IDX_WGMMA ? 4u : 0u)
 MONO_DEV u32 idx_chunk_offset(u32 token, u32 chunk) {
-#if IDX_WGMMA
-  return token * IDX_TOKEN_BYTES + 16u * (chunk ^ (token & 7u));
-#else
   return token * IDX_TOKEN_BYTES + 16u * (chunk ^ ((token & 1u) * IDX_SWIZZLE));
-#endif
 }
 
 // Two E4M3 codes at bits 0-7 and 16-23 to two f16 of value code * 2^-8: the sign to bit 15, the
@@ -370,9 +366,7 @@ MONO_DEV void idx_e4m3x4_to_f16_exact(u32 w, u32* lo, u32* hi) {
 // Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading-dimension offset
 // (unused for swizzled K-major), stride offset 1024 bytes (8 rows of 128 bytes), 128-byte swizzle.
 MONO_DEV u64 idx_wg_desc(const void* lds) {
-  u32 address;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(lds));
-  return (u64)((address & 0x3ffffu) >> 4) | ((u64)(1024u >> 4) << 32) | (1ull << 62);
+  return (u64)((mono_lds_address(lds) & 0x3ffffu) >> 4) | ((u64)(1024u >> 4) << 32) | (1ull << 62);
 }
 
 // Keeps the compiler from moving register reads or writes across the asynchronous region.
