@@ -2,8 +2,9 @@
 //! scores), each launch checked once against the reference, then timed as graph replays (one epoch
 //! node and R selects per graph; the median replay over R), with the floor of reading the scores
 //! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side
-//! by side; then the launch floor (rows of k keys). Prints "skipped" without a GPU. torch.topk on
-//! the same shapes: `python3 tools/bench/select_torch.py`.
+//! by side; then the launch floor (rows of k keys); then the phases of one select as stamped by a
+//! `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows). Prints "skipped" without a
+//! GPU. torch.topk on the same shapes: `python3 tools/bench/select_torch.py`.
 //!
 //! `cargo bench -p select --bench gpu`
 
@@ -119,9 +120,10 @@ fn main() {
             // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
             let mut built = Vec::new();
             for fast_rounds in [false, true] {
+                let shared = dev.info().max_shared_per_block;
                 let shape = Shape {
                     fast_rounds,
-                    ..Shape::for_rows(method, TopK::GLM5, len).expect("shape")
+                    ..Shape::for_rows_within(method, TopK::GLM5, len, shared).expect("shape")
                 };
                 match Selector::build(&dev, method, shape, Variant::default()) {
                     Ok(s) => built.push(s),
@@ -163,11 +165,71 @@ fn main() {
         }
         Err(e) => println!("short rows: build failed: {e}"),
     }
+    let traces: Vec<String> = [
+        (Method::OneCta, 8192),
+        (Method::MultiSlice, 8192),
+        (Method::OneCta, 32768),
+        (Method::MultiSlice, 131072),
+    ]
+    .into_iter()
+    .map(|(method, len)| trace(&dev, &stream, method, len))
+    .collect();
     println!(
         "\n{:<12} {:>4} {:>8} {:>10} {:<8} {:>10} {:<8} {:>9}",
         "kernel", "rows", "keys", "first us", "check", "fast us", "check", "floor us"
     );
     for l in table {
         println!("{l}");
+    }
+    println!(
+        "\nphases of one select, 4 rows (SEL_TRACE build; us since the CTA began, one launch):"
+    );
+    for t in traces {
+        println!("{t}");
+    }
+}
+
+/// One select of 4 random rows by a `SEL_TRACE` build, warm (a select before it): its marks.
+fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
+    let name = format!("{} 4 x {len}", method.name());
+    let run = || -> Result<String, String> {
+        let text = |e: &dyn std::fmt::Display| e.to_string();
+        let shared = dev.info().max_shared_per_block;
+        let shape = Shape {
+            trace: true,
+            ..Shape::for_rows_within(method, TopK::GLM5, len, shared).map_err(|e| text(&e))?
+        };
+        let sel = Selector::build(dev, method, shape, Variant::default()).map_err(|e| text(&e))?;
+        let lens = vec![len; 4];
+        let scores = cases::rows(Pattern::Random, &lens, len as usize, 99);
+        let r = Rows {
+            scores: &scores,
+            stride: len as usize,
+            lens: &lens,
+        };
+        let batch = Batch::upload(dev, &r, None, TopK::GLM5).map_err(|e| text(&e))?;
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            batch.clear().map_err(|e| text(&e))?;
+            batch.enqueue(&sel, stream, 1).map_err(|e| text(&e))?;
+            stream.sync().map_err(|e| text(&e))?;
+            got = batch.read(&sel).map_err(|e| text(&e))?;
+        }
+        let exact = got == select_rows(&r, TopK::GLM5, None).expect("reference");
+        let marks = batch.trace().map_err(|e| text(&e))?;
+        let phases: Vec<String> = marks
+            .iter()
+            .skip(1)
+            .map(|(phase, ns)| format!("{phase} {:.2}", *ns as f64 / 1000.0))
+            .collect();
+        Ok(format!(
+            "{} | {}",
+            if exact { "exact" } else { "MISMATCH" },
+            phases.join(" | ")
+        ))
+    };
+    match run() {
+        Ok(line) => format!("{name:<24} {line}"),
+        Err(e) => format!("{name:<24} failed: {e}"),
     }
 }

@@ -1,8 +1,9 @@
 // Standalone entry points of the select stage (task functions in select.h). Scores are
 // [rows, stride] fp32 with stride a multiple of 4 and per-row lengths; the output is [rows, SEL_K]
 // int32 positions, or cache slots when a page table [rows, pages_stride] is given; flags is
-// [rows, SEL_FLAGS] error words, zeroed by the host. Launch with SEL_BLOCK threads and
-// SEL_LDS_WORDS * 4 bytes of dynamic shared memory.
+// [rows, SEL_FLAGS] error words, zeroed by the host; trace: 2 * SEL_TRACE_MARKS words, written
+// only by SEL_TRACE builds. Launch with SEL_BLOCK threads and SEL_LDS_WORDS * 4 bytes of dynamic
+// shared memory.
 #include "prelude.h"
 #include "mailbox.h"
 #include "select.h"
@@ -23,10 +24,11 @@ MONO_DEV sel_row sel_row_of(const float* scores, u32 stride, const u32* lens, co
 // One CTA per row.
 MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
     select_one_cta(const float* scores, u32 stride, const u32* lens, u32 rows, const i32* pages, u32 pages_stride,
-                   i32* out, u32* flags) {
+                   i32* out, u32* flags, u64* trace) {
   __shared__ sel_smem sm;
   const u32 row = mono_block();
   if (row >= rows) return;
+  sel_trace_begin(sm, trace, row == 0);
   sel_one_cta_task(sm, sel_lds, sel_row_of(scores, stride, lens, pages, pages_stride, out, flags, row));
 }
 
@@ -37,7 +39,8 @@ MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
 MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
     select_multi_slice(const float* scores, u32 stride, const u32* lens, u32 rows, u32 runs, const i32* pages,
                        u32 pages_stride, i32* out, u32* flags, u64* scratch, const u32* epoch, u32 launches_per_step,
-                       u32 launch_index, u32 hist_offset, u32 cand_offset, u32 cand_stride, u32* diag) {
+                       u32 launch_index, u32 hist_offset, u32 cand_offset, u32 cand_stride, u32* diag,
+                       u64* trace) {
   __shared__ sel_smem sm;
   const u32 task = mono_block();
   const u32 row = runs ? task / SEL_MAX_SLICES : task % rows;
@@ -45,6 +48,7 @@ MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
   if (row >= rows) return;
   mbx_ctx c = mbx_begin(scratch, mbx_launch_tag(epoch, launches_per_step, launch_index), diag);
   c.task = task;
+  sel_trace_begin(sm, trace, row == 0 && me == 0);
   const u32 hist_box = hist_offset + row * (SEL_ROUNDS * SEL_MAX_SLICES * SEL_HIST_BOXES);
   sel_slice_task(sm, sel_lds, c, sel_row_of(scores, stride, lens, pages, pages_stride, out, flags, row), me, hist_box,
                  cand_offset + row * cand_stride);

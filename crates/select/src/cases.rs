@@ -25,10 +25,13 @@ pub enum Pattern {
     NegInfPadding,
     /// 1.0 plus a few ulps: every key shares its top 24 bits, so the descent runs to 32 bits.
     Narrow,
+    /// In [1.0, 1.125), spread over the low 20 bits: every key shares its top 12 bits and about
+    /// len / 4096 share each 24-bit prefix, so rows longer than the room stop at 24 bits.
+    Dense,
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 8] = [
+    pub const ALL: [Pattern; 9] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -37,6 +40,7 @@ impl Pattern {
         Pattern::Recent,
         Pattern::NegInfPadding,
         Pattern::Narrow,
+        Pattern::Dense,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -49,6 +53,7 @@ impl Pattern {
             Pattern::Recent => "recent",
             Pattern::NegInfPadding => "-inf padding",
             Pattern::Narrow => "narrow",
+            Pattern::Dense => "dense",
         }
     }
 
@@ -98,6 +103,9 @@ impl Pattern {
                 .collect(),
             Pattern::Narrow => (0..len)
                 .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..256)))
+                .collect(),
+            Pattern::Dense => (0..len)
+                .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20)))
                 .collect(),
         }
     }

@@ -6,13 +6,21 @@
 //! crate's CPU protocol on a shared scratch. From the sum each finds the digit holding the k-th
 //! key, how many keys above it lie in the slices before its own, and whether the descent stops.
 //! Then each places its keys above the prefix P; at 32 bits the ties take their places directly,
-//! otherwise the keys sharing P are staged (positions, in position order) for the row's first
-//! slice, which continues the descent on them alone and places them.
+//! otherwise the keys sharing P are staged ((key, position) pairs, in position order) for the
+//! row's first slice, which finds the rest of T with wide digits (two 10-bit passes from 12 bits,
+//! one 8-bit pass from 24) and places them.
 //!
-//! One CTA: the same steps with a single slice holding the whole row and nothing exchanged.
+//! One CTA, a row of at most [`ONE_CTA_ROOM`] keys (kept in LDS): wide digits over the whole row
+//! (8 bits, then 12 + 12 over the keys sharing the prefix), then one placement pass in position
+//! order. A longer row:
+//! the multi-slice steps with a single slice and nothing exchanged.
 
-use crate::descent::{histogram, pack_hist, unpack_hist, Descent, LostKeys};
-use crate::layout::{LayoutError, SelectBoxes, Slices, TopK, HIST_BOXES};
+use crate::descent::{
+    histogram, pack_hist, unpack_hist, wide_histogram, Cut, Descent, Kind, LostKeys,
+};
+use crate::layout::{
+    LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, WIDE_BITS,
+};
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -106,10 +114,10 @@ impl Out {
 trait Exchange {
     /// Publishes this slice's histogram of `round` and returns every slice's, by slice.
     fn all_gather(&self, round: usize, mine: &[u32; 64]) -> Result<Vec<[u32; 64]>, CpuError>;
-    /// Stages candidate positions at `first..` of the row's candidate list.
-    fn stage(&self, first: u32, positions: &[u32]) -> Result<(), CpuError>;
+    /// Stages candidates (key, position) at `first..` of the row's candidate list.
+    fn stage(&self, first: u32, pairs: &[(u32, u32)]) -> Result<(), CpuError>;
     /// The row's first `n` candidates (first slice only, after every slice staged).
-    fn collect(&self, n: u32) -> Result<Vec<u32>, CpuError>;
+    fn collect(&self, n: u32) -> Result<Vec<(u32, u32)>, CpuError>;
 }
 
 /// What every slice of a launch shares.
@@ -175,10 +183,10 @@ impl Shared<'_> {
             let ties = keys.iter().filter(|kp| kp.1 == t);
             return self.place(row, d.above + d.sharing_before, ties.map(|kp| kp.0), true);
         }
-        let staged: Vec<u32> = keys
+        let staged: Vec<(u32, u32)> = keys
             .iter()
             .filter(|kp| d.prefix.matches(kp.1))
-            .map(|kp| kp.0)
+            .map(|&(pos, key)| (key, pos))
             .collect();
         x.stage(d.sharing_before, &staged)?;
         if me == 0 {
@@ -187,27 +195,76 @@ impl Shared<'_> {
         Ok(())
     }
 
-    /// The first slice: continues the descent on the candidates alone and places them.
+    /// The first slice: finds the rest of T with wide digits over the candidates and places them.
     fn resolve<X: Exchange>(&self, x: &X, row: usize, stop: Descent) -> Result<(), CpuError> {
-        let cands: Vec<(u32, u32)> = x
-            .collect(stop.sharing)?
-            .into_iter()
-            .map(|pos| (pos, self.key(row, pos)))
-            .collect();
+        let cands = x.collect(stop.sharing)?;
+        let keys: Vec<u32> = cands.iter().map(|c| c.0).collect();
         let mut d = stop;
-        while d.threshold().is_none() {
-            let hist = histogram(cands.iter().map(|c| c.1), d.prefix, d.round);
-            d.step(&[hist], 0).map_err(|source| CpuError::Lost {
-                row,
-                slice: 0,
-                source,
-            })?;
+        d.wide_finish(&keys).map_err(|source| CpuError::Lost {
+            row,
+            slice: 0,
+            source,
+        })?;
+        self.place_cut(
+            row,
+            &Cut::new(&stop, &d),
+            cands.iter().map(|&(key, pos)| (pos, key)),
+        )
+    }
+
+    /// The one CTA over a row kept in LDS: 8 bits over every key, then 12 and 12 over the keys
+    /// sharing the prefix; P is T's 12-bit prefix when the keys sharing it fit the room, else its
+    /// 24-bit prefix when those fit, else T; then one pass in position order places the list.
+    fn one_cta_lds(&self, row: usize) -> Result<(), CpuError> {
+        let len = self.rows.lens[row];
+        let pairs: Vec<(u32, u32)> = (0..len).map(|pos| (pos, self.key(row, pos))).collect();
+        let keys: Vec<u32> = pairs.iter().map(|kp| kp.1).collect();
+        let lost = |source| CpuError::Lost {
+            row,
+            slice: 0,
+            source,
+        };
+        let room = self.top.room();
+        let hist = |d: &Descent, width| wide_histogram(keys.iter().copied(), d.prefix, width);
+        let mut d = Descent::start(self.top.k(), len);
+        d.wide_step(&hist(&d, FIRST_BITS), FIRST_BITS)
+            .map_err(lost)?;
+        let p12 = d.wide_step_grouped(&hist(&d, WIDE_BITS)).map_err(lost)?;
+        let p24 = d.wide_step_grouped(&hist(&d, WIDE_BITS)).map_err(lost)?;
+        let cut = if p12.sharing <= room {
+            Cut::at_group(&p12, &d)
+        } else if p24.sharing <= room {
+            Cut::at_group(&p24, &d)
+        } else {
+            Cut::new(&d, &d)
+        };
+        self.place_cut(row, &cut, pairs.into_iter())
+    }
+
+    /// Places the (position, key) pairs the cut takes, in the order given (position order):
+    /// above P from entry 0, sharing P above T from `above_p`, ties from `above_t` until k.
+    fn place_cut(
+        &self,
+        row: usize,
+        cut: &Cut,
+        pairs: impl Iterator<Item = (u32, u32)>,
+    ) -> Result<(), CpuError> {
+        let (mut above_p, mut above_t, mut tie) = (0, cut.above_p, cut.above_t);
+        for (pos, key) in pairs {
+            let index = match cut.kind(key) {
+                Kind::AboveP => &mut above_p,
+                Kind::AboveT => &mut above_t,
+                Kind::Tie => &mut tie,
+                Kind::Out => continue,
+            };
+            let at = *index;
+            *index += 1;
+            if cut.kind(key) == Kind::Tie && at >= self.top.k() {
+                continue;
+            }
+            self.out.put(row, at, self.entry(row, pos)?)?;
         }
-        let t = d.prefix.bits;
-        let above = cands.iter().filter(|c| c.1 > t).map(|c| c.0);
-        self.place(row, stop.above, above, false)?;
-        let ties = cands.iter().filter(|c| c.1 == t).map(|c| c.0);
-        self.place(row, d.above, ties, true)
+        Ok(())
     }
 
     /// Writes `positions` to entries `first..` of the row; with `until_k` those past k are
@@ -253,7 +310,7 @@ fn shared<'a>(
 
 /// One slice, nothing to trade.
 struct Alone {
-    staged: Mutex<Vec<u32>>,
+    staged: Mutex<Vec<(u32, u32)>>,
 }
 
 impl Exchange for Alone {
@@ -261,13 +318,13 @@ impl Exchange for Alone {
         Ok(vec![*mine])
     }
 
-    fn stage(&self, _first: u32, positions: &[u32]) -> Result<(), CpuError> {
+    fn stage(&self, _first: u32, pairs: &[(u32, u32)]) -> Result<(), CpuError> {
         let mut staged = self.staged.lock().map_err(|_| CpuError::Panicked)?;
-        staged.extend_from_slice(positions);
+        staged.extend_from_slice(pairs);
         Ok(())
     }
 
-    fn collect(&self, _n: u32) -> Result<Vec<u32>, CpuError> {
+    fn collect(&self, _n: u32) -> Result<Vec<(u32, u32)>, CpuError> {
         let mut staged = self.staged.lock().map_err(|_| CpuError::Panicked)?;
         Ok(std::mem::take(&mut *staged))
     }
@@ -277,6 +334,11 @@ impl Exchange for Alone {
 pub fn select_one_cta(rows: &Rows, top: TopK, pages: Option<&Pages>) -> Result<Vec<i32>, CpuError> {
     let s = shared(rows, top, pages)?;
     for row in 0..rows.count() {
+        let len = rows.lens[row];
+        if len > top.k() && len <= ONE_CTA_ROOM {
+            s.one_cta_lds(row)?;
+            continue;
+        }
         let alone = Alone {
             staged: Mutex::new(Vec::new()),
         };
@@ -361,18 +423,19 @@ impl Exchange for Boxes<'_> {
         Ok(words.chunks(HIST_BOXES as usize).map(unpack_hist).collect())
     }
 
-    fn stage(&self, first: u32, positions: &[u32]) -> Result<(), CpuError> {
-        let start = self.boxes.cand_box(self.row, 0).map(|b| b + first);
-        let cells = self.cells(start, positions.len() as u32, self.cand_end())?;
-        put_row(cells, self.tag, positions);
+    fn stage(&self, first: u32, pairs: &[(u32, u32)]) -> Result<(), CpuError> {
+        let start = self.boxes.cand_box(self.row, 0).map(|b| b + 2 * first);
+        let cells = self.cells(start, 2 * pairs.len() as u32, self.cand_end())?;
+        let words: Vec<u32> = pairs.iter().flat_map(|&(key, pos)| [key, pos]).collect();
+        put_row(cells, self.tag, &words);
         Ok(())
     }
 
-    fn collect(&self, n: u32) -> Result<Vec<u32>, CpuError> {
-        let cells = self.cells(self.boxes.cand_box(self.row, 0), n, self.cand_end())?;
-        let mut out = vec![0u32; n as usize];
-        self.wait(cells, &mut out)?;
-        Ok(out)
+    fn collect(&self, n: u32) -> Result<Vec<(u32, u32)>, CpuError> {
+        let cells = self.cells(self.boxes.cand_box(self.row, 0), 2 * n, self.cand_end())?;
+        let mut words = vec![0u32; 2 * n as usize];
+        self.wait(cells, &mut words)?;
+        Ok(words.chunks(2).map(|w| (w[0], w[1])).collect())
     }
 }
 

@@ -1,9 +1,10 @@
 //! The pieces of the digit descent that every slice runs, in the form the kernels run them
 //! (`kernels/select.h` mirrors each as a `sel_*` function or struct): prefix tests, the 64-bin
-//! digit histogram and its 16-bit packing, the choice of the digit holding the k-th key, and the
-//! state a slice keeps from round to round.
+//! digit histogram and its 16-bit packing, the choice of the digit holding the k-th key, the
+//! state a slice keeps from round to round, the wide digits (shared-memory atomics on the device)
+//! that finish T, and the cut that places a list in one pass.
 
-use crate::layout::{BINS, DIGITS, HIST_BOXES, ROUNDS, STOPS};
+use crate::layout::{wide_finish, BINS, DIGITS, GROUP_BITS, HIST_BOXES, ROUNDS, STOPS, WIDE_BITS};
 
 /// The bits of T found so far, in place (the top `len` bits), the rest zero.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,9 +82,9 @@ pub struct Choice {
 }
 
 /// `None` when fewer than `rank` keys are counted (a broken invariant, reported by callers).
-pub fn choose_digit(total: &[u32; 64], rank: u32) -> Option<Choice> {
+pub fn choose_digit(total: &[u32], rank: u32) -> Option<Choice> {
     let mut above = 0;
-    for digit in (0..BINS).rev() {
+    for digit in (0..total.len() as u32).rev() {
         let n = total[digit as usize];
         if above + n >= rank {
             return Some(Choice { digit, above });
@@ -91,6 +92,17 @@ pub fn choose_digit(total: &[u32; 64], rank: u32) -> Option<Choice> {
         above += n;
     }
     None
+}
+
+/// Histogram of the `width` bits right below `prefix` over the keys that match it: one wide
+/// pass (device `sel_wide_pass`, `sel_load_count`).
+pub fn wide_histogram(keys: impl Iterator<Item = u32>, prefix: Prefix, width: u32) -> Vec<u32> {
+    let shift = 32 - prefix.len - width;
+    let mut hist = vec![0u32; 1 << width];
+    for key in keys.filter(|&k| prefix.matches(k)) {
+        hist[((key >> shift) & ((1 << width) - 1)) as usize] += 1;
+    }
+    hist
 }
 
 /// What one slice knows after each round; the same in every slice except the `*_before` counts.
@@ -156,6 +168,58 @@ impl Descent {
         Ok(())
     }
 
+    /// One wide pass (device `sel_wide_choose`): `hist` is [`wide_histogram`] of the row's keys
+    /// (or of all its candidates) under this prefix, `width` bits long.
+    pub fn wide_step(&mut self, hist: &[u32], width: u32) -> Result<(), LostKeys> {
+        let lost = LostKeys {
+            round: self.round,
+            rank: self.rank,
+        };
+        let choice = choose_digit(hist, self.rank).ok_or(lost)?;
+        self.above += choice.above;
+        self.rank -= choice.above;
+        self.sharing = hist[choice.digit as usize];
+        self.prefix = Prefix {
+            bits: self.prefix.bits | choice.digit << (32 - self.prefix.len - width),
+            len: self.prefix.len + width,
+        };
+        self.round += 1;
+        Ok(())
+    }
+
+    /// One wide pass of [`WIDE_BITS`] (device `sel_wide_choose` of a 12-bit digit), which also
+    /// gives the group of T's digit: the keys of the row sharing, and above, T's prefix that ends
+    /// at the digit's top [`GROUP_BITS`] (the bins of the group are consecutive).
+    pub fn wide_step_grouped(&mut self, hist: &[u32]) -> Result<Group, LostKeys> {
+        let before = *self;
+        self.wide_step(hist, WIDE_BITS)?;
+        let digit = (self.prefix.bits >> (32 - self.prefix.len)) & ((1 << WIDE_BITS) - 1);
+        let span = 1usize << (WIDE_BITS - GROUP_BITS);
+        let g = digit as usize / span;
+        let len = before.prefix.len + GROUP_BITS;
+        let prefix = Prefix { bits: 0, len };
+        Ok(Group {
+            prefix: Prefix {
+                bits: self.prefix.bits & prefix.mask(),
+                len,
+            },
+            sharing: hist[g * span..(g + 1) * span].iter().sum(),
+            above: before.above + hist[(g + 1) * span..].iter().sum::<u32>(),
+        })
+    }
+
+    /// The rest of T by wide passes over `keys` (every key of the row sharing the prefix, and
+    /// perhaps others): [`wide_finish`] of the prefix length. (device `sel_wide_finish`)
+    pub fn wide_finish(&mut self, keys: &[u32]) -> Result<(), LostKeys> {
+        for &width in wide_finish(self.prefix.len) {
+            self.wide_step(
+                &wide_histogram(keys.iter().copied(), self.prefix, width),
+                width,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether the slices stop here: all 32 bits known, or at a stop the keys sharing the prefix
     /// fit in the candidate room.
     pub fn stopped(&self, room: u32) -> bool {
@@ -165,6 +229,74 @@ impl Descent {
     /// T, once all 32 bits are known.
     pub fn threshold(&self) -> Option<u32> {
         (self.prefix.len == 32).then_some(self.prefix.bits)
+    }
+}
+
+/// T's prefix at a stop, as a 12-bit wide pass sees it ([`Descent::wide_step_grouped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub prefix: Prefix,
+    /// Keys of the row sharing it.
+    pub sharing: u32,
+    /// Keys of the row above it.
+    pub above: u32,
+}
+
+/// Where the list puts a key once P and T are known (device `sel_cut`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Its prefix is above P: from entry 0.
+    AboveP,
+    /// It shares P and is above T: from entry `above_p`.
+    AboveT,
+    /// It equals T: from entry `above_t`, until k.
+    Tie,
+    /// Not in the list.
+    Out,
+}
+
+/// P and T with the row's counts above each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub p: Prefix,
+    pub t: u32,
+    pub above_p: u32,
+    pub above_t: u32,
+}
+
+impl Cut {
+    /// From the descent where it stopped at P and the finished one (T = all 32 bits).
+    pub fn new(at_p: &Descent, done: &Descent) -> Cut {
+        Cut {
+            p: at_p.prefix,
+            t: done.prefix.bits,
+            above_p: at_p.above,
+            above_t: done.above,
+        }
+    }
+
+    /// P from a wide pass's group, T from the finished descent.
+    pub fn at_group(p: &Group, done: &Descent) -> Cut {
+        Cut {
+            p: p.prefix,
+            t: done.prefix.bits,
+            above_p: p.above,
+            above_t: done.above,
+        }
+    }
+
+    pub fn kind(&self, key: u32) -> Kind {
+        if self.p.key_above(key) {
+            Kind::AboveP
+        } else if !self.p.matches(key) {
+            Kind::Out
+        } else if key > self.t {
+            Kind::AboveT
+        } else if key == self.t {
+            Kind::Tie
+        } else {
+            Kind::Out
+        }
     }
 }
 
@@ -188,6 +320,29 @@ mod tests {
     fn packing_round_trips_16_bit_counts() {
         let hist: [u32; 64] = std::array::from_fn(|b| (b as u32 * 1031) % 65536);
         assert_eq!(unpack_hist(&pack_hist(&hist)), hist);
+    }
+
+    #[test]
+    fn a_wide_pass_counts_the_keys_at_its_stop() {
+        // Keys spread over several 12-bit and 24-bit prefixes around T's.
+        let keys: Vec<u32> = (0..5000u32)
+            .map(|i| 0x8000_0000 | i.wrapping_mul(0x9e37_79b9) >> 7)
+            .collect();
+        let mut d = Descent::start(700, keys.len() as u32);
+        let hist = |d: &Descent, width| wide_histogram(keys.iter().copied(), d.prefix, width);
+        d.wide_step(&hist(&d, 8), 8).unwrap();
+        for stop in [12, 24] {
+            let g = d.wide_step_grouped(&hist(&d, WIDE_BITS)).unwrap();
+            assert_eq!(g.prefix.len, stop);
+            let sharing = keys.iter().filter(|&&k| g.prefix.matches(k)).count() as u32;
+            let above = keys.iter().filter(|&&k| g.prefix.key_above(k)).count() as u32;
+            assert_eq!((g.sharing, g.above), (sharing, above));
+            // At 12 bits (~150 keys a prefix here) the group holds more than T's 20-bit prefix.
+            assert!(g.sharing > d.sharing || (stop == 24 && g.sharing == d.sharing));
+            assert!(g.prefix.matches(d.prefix.bits));
+        }
+        let t = d.threshold().unwrap();
+        assert_eq!(d.above, keys.iter().filter(|&&k| k > t).count() as u32);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! whose CTAs are all resident at once), and reading the lists back with the kernels' error flags.
 
 use crate::layout::{
-    place_slices, select_slices, LayoutError, SelectBoxes, TaskOrder, TopK, HIST_BOXES, MAX_SLICES,
-    MIN_SLICE_KEYS, PAGE_TOKENS, ROOM_PER_K, ROUNDS, SLICE_ALIGN, SLICE_ROOM,
+    lds_words, one_cta_room, place_slices, select_slices, LayoutError, SelectBoxes, TaskOrder,
+    TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES, MIN_SLICE_KEYS, ONE_CTA_ROOM, PAGE_TOKENS,
+    PLACE_RUN, ROOM_PER_K, ROUNDS, SLICE_ALIGN,
 };
 use crate::reference::{Pages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -17,6 +18,11 @@ pub const SELECT_H: (&str, &str) = ("select.h", include_str!("../kernels/select.
 
 /// Threads per CTA (`SEL_BLOCK`).
 pub const BLOCK: u32 = 512;
+
+const _: () = assert!(
+    ONE_CTA_ROOM <= PLACE_RUN * BLOCK,
+    "a thread places at most PLACE_RUN keys"
+);
 /// Error words per row (`SEL_FLAGS`), in the order of `SEL_FLAG_*`.
 pub const FLAG_NAMES: [&str; 4] = [
     "a NaN score among the keys",
@@ -60,6 +66,20 @@ pub enum GpuError {
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 
+/// Marks a traced CTA leaves (`SEL_TRACE_MARKS`), two words each: the phase, the time in ns.
+pub const TRACE_MARKS: usize = 32;
+/// The phases of a trace (`SEL_PH_*`), by number: each mark is stamped when the phase ends.
+pub const PHASES: [&str; 8] = [
+    "start",
+    "keys loaded",
+    "6-bit round",
+    "keys above P placed",
+    "candidates staged",
+    "candidates received",
+    "wide digit chosen",
+    "list written",
+];
+
 /// Which kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -94,30 +114,40 @@ pub struct Shape {
     /// `SEL_FAST_ROUNDS`: the rounds of PERF.md (true, the default) or the first ones, kept so
     /// that one benchmark run can time both.
     pub fast_rounds: bool,
+    /// `SEL_TRACE`: the CTA of row 0 that places the list stamps its phases ([`Batch::trace`]).
+    pub trace: bool,
 }
 
 impl Shape {
-    /// For rows of at most `max_len` keys: multi-slice slices fit in LDS; the one CTA keeps a row
-    /// in LDS up to [`SLICE_ROOM`] keys and streams longer ones.
+    /// For rows of at most `max_len` keys on an H200: multi-slice slices fit in LDS; the one CTA
+    /// keeps a row in LDS up to [`ONE_CTA_ROOM`] keys and streams longer ones.
     pub fn for_rows(method: Method, top: TopK, max_len: u32) -> Result<Shape> {
+        Self::for_rows_within(method, top, max_len, H200_SHARED_PER_BLOCK)
+    }
+
+    /// As [`Shape::for_rows`] on a device with `shared_per_block` bytes of shared memory per
+    /// block (`DeviceInfo::max_shared_per_block`): the one CTA's LDS rows are [`one_cta_room`].
+    pub fn for_rows_within(
+        method: Method,
+        top: TopK,
+        max_len: u32,
+        shared_per_block: u32,
+    ) -> Result<Shape> {
         let need = match method {
             Method::MultiSlice => select_slices(max_len)?.chunk(),
-            Method::OneCta => max_len.min(SLICE_ROOM),
+            Method::OneCta => max_len.min(one_cta_room(shared_per_block, top)),
         };
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
             fast_rounds: true,
+            trace: false,
         })
-    }
-
-    fn room4(&self) -> u32 {
-        self.top.room().div_ceil(4) * 4
     }
 
     /// Dynamic shared memory of a CTA (`SEL_LDS_WORDS * 4`).
     pub fn lds_bytes(&self) -> u32 {
-        (self.slice_keys + 2 * self.room4()) * 4
+        lds_words(self.slice_keys, self.top) * 4
     }
 }
 
@@ -133,7 +163,8 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_MAX_SLICES", MAX_SLICES)
         .define("SEL_SLICE_ALIGN", SLICE_ALIGN)
         .define("SEL_PAGE_TOKENS", PAGE_TOKENS)
-        .define("SEL_FAST_ROUNDS", shape.fast_rounds as u32);
+        .define("SEL_FAST_ROUNDS", shape.fast_rounds as u32)
+        .define("SEL_TRACE", shape.trace as u32);
     variant.apply(src)
 }
 
@@ -214,6 +245,7 @@ pub struct Batch {
     scratch: Buffer<u64>,
     epoch: Buffer<u32>,
     diag: Buffer<u32>,
+    trace: Buffer<u64>,
     boxes: SelectBoxes,
 }
 
@@ -254,6 +286,7 @@ impl Batch {
             scratch: dev.alloc_zeroed(layout.boxes() as usize)?,
             epoch: dev.alloc_zeroed(1)?,
             diag: dev.alloc_zeroed(DIAG_WORDS)?,
+            trace: dev.alloc_zeroed(2 * TRACE_MARKS)?,
             boxes,
         })
     }
@@ -334,7 +367,8 @@ impl Batch {
                 .u64(pages_ptr)
                 .u32(self.pages_stride)
                 .buf(&self.out)
-                .buf(&self.flags);
+                .buf(&self.flags)
+                .buf(&self.trace);
             for _ in 0..repeats {
                 stream.launch(
                     &sel.kernel,
@@ -370,7 +404,8 @@ impl Batch {
                     .u32(self.boxes.hist.offset() + g.first_row * ROUNDS * MAX_SLICES * HIST_BOXES)
                     .u32(self.boxes.cand.offset() + g.first_row * self.boxes.cand.stride())
                     .u32(self.boxes.cand.stride())
-                    .buf(&self.diag);
+                    .buf(&self.diag)
+                    .buf(&self.trace);
                 let l = Launch {
                     grid: g.tasks,
                     ..launch
@@ -382,12 +417,32 @@ impl Batch {
         Ok(())
     }
 
-    /// Zeroes the output and the error words (between checks that must not see old results).
+    /// Zeroes the output, the error words and the trace (between checks that must not see old
+    /// results).
     pub fn clear(&self) -> Result<()> {
         self.out.zero()?;
         self.flags.zero()?;
         self.diag.zero()?;
+        self.trace.zero()?;
         Ok(())
+    }
+
+    /// The last traced select's marks (a `SEL_TRACE` build): (phase name, ns since the start),
+    /// in the order stamped; empty for other builds.
+    pub fn trace(&self) -> Result<Vec<(&'static str, u64)>> {
+        let words = self.trace.download()?;
+        let start = words[1];
+        Ok(words
+            .chunks(2)
+            .take_while(|m| m[1] != 0)
+            .map(|m| {
+                let name = PHASES
+                    .get(m[0] as usize)
+                    .copied()
+                    .unwrap_or("unknown phase");
+                (name, m[1].saturating_sub(start))
+            })
+            .collect())
     }
 
     /// The lists `[rows, k]`, or the first error a kernel reported.

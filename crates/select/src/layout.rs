@@ -31,6 +31,67 @@ pub const HIST_BOXES: u32 = BINS / 2;
 /// Prefix lengths at which the descent may stop and hand the rest to the row's first slice.
 pub const STOPS: [u32; 2] = [12, 24];
 
+/// Wide digits, counted with shared-memory atomics. The one-CTA kernel counts the top
+/// `FIRST_BITS` of every key (into `FIRST_COPIES` copies of each bin on the device, so lanes whose
+/// keys share a bin do not queue on one word), then two `WIDE_BITS` digits over the keys sharing
+/// the prefix: 8 + 12 + 12 = 32 bits. The top `GROUP_BITS` of each 12-bit digit end at a stop
+/// (12, 24), so the pass also counts the keys sharing T's prefix there. (device)
+pub const FIRST_BITS: u32 = 8;
+pub const FIRST_COPIES: u32 = 16;
+pub const WIDE_BITS: u32 = 12;
+pub const WIDE_BINS: u32 = 1 << WIDE_BITS;
+pub const GROUP_BITS: u32 = 4;
+const _: () = assert!(FIRST_BITS + GROUP_BITS == STOPS[0]);
+const _: () = assert!(FIRST_BITS + WIDE_BITS + GROUP_BITS == STOPS[1]);
+const _: () = assert!(FIRST_BITS + 2 * WIDE_BITS == 32);
+const _: () = assert!((1 << FIRST_BITS) * FIRST_COPIES == WIDE_BINS);
+/// The widths of the wide passes that finish T from a prefix of `len` bits: two 10-bit digits
+/// from 12 bits, one 8-bit digit from 24 (the resolution). (device `sel_wide_finish`)
+pub fn wide_finish(len: u32) -> &'static [u32] {
+    match len {
+        12 => &[10, 10],
+        24 => &[8],
+        _ => &[],
+    }
+}
+/// The widest pass over candidates: its bins live in the multi-slice kernel's static shared memory.
+pub const TAIL_BINS: u32 = 1 << 10;
+/// The placement pass gives a thread a run of at most this many consecutive keys (one bit each
+/// in a u64 mask), so a CTA places at most `PLACE_RUN * block` keys. (device)
+pub const PLACE_RUN: u32 = 64;
+
+/// Shared memory per block a kernel may use: the H200 (sm_90) and the MI355X (gfx950).
+pub const H200_SHARED_PER_BLOCK: u32 = 227 * 1024;
+pub const GFX950_SHARED_PER_BLOCK: u32 = 160 * 1024;
+/// What the kernels' static shared memory (`sel_smem`: 14,256 B for gfx950 at k = 2048) may
+/// take at most; the rest of a block's shared memory is for the dynamic LDS.
+pub const STATIC_SHARED_ALLOWANCE: u32 = 16 * 1024;
+/// Rows of at most this many keys the one-CTA kernel keeps in LDS and selects with wide digits
+/// (longer rows stream from global memory by 6-bit rounds): the H200's
+/// [`one_cta_room`] at k = 2048 (on gfx950 it is 28672; [`Shape::for_rows_within`] takes the
+/// device's figure).
+///
+/// [`Shape::for_rows_within`]: crate::gpu::Shape::for_rows_within
+pub const ONE_CTA_ROOM: u32 = 32768;
+/// Unit of the one-CTA room.
+pub const ONE_CTA_ROOM_STEP: u32 = 1024;
+
+/// Dynamic LDS words of a select CTA that keeps `keys` keys: the keys, then either the candidate
+/// (position, key) arrays or the one CTA's [`WIDE_BINS`]-bin histogram, whichever is larger.
+/// (device `SEL_LDS_WORDS`)
+pub fn lds_words(keys: u32, top: TopK) -> u32 {
+    keys + (2 * top.room().div_ceil(4) * 4).max(WIDE_BINS)
+}
+
+/// The longest row (a multiple of [`ONE_CTA_ROOM_STEP`], at most [`ONE_CTA_ROOM`]) that one CTA
+/// keeps in LDS within `shared_per_block` bytes, the static allowance included; 0 if none fits.
+pub fn one_cta_room(shared_per_block: u32, top: TopK) -> u32 {
+    let budget = shared_per_block.saturating_sub(STATIC_SHARED_ALLOWANCE) / 4;
+    let extra = lds_words(0, top);
+    let most = budget.saturating_sub(extra) / ONE_CTA_ROOM_STEP * ONE_CTA_ROOM_STEP;
+    most.min(ONE_CTA_ROOM)
+}
+
 /// A slice is not made shorter than this: below it the hand-off costs more than the keys. (device)
 pub const MIN_SLICE_KEYS: u32 = 1024;
 /// Slices of one row. (device)
@@ -250,8 +311,8 @@ impl SlicePlacement {
 pub struct SelectBoxes {
     /// One slot per (row, round, slice): that slice's digit histogram of that round.
     pub hist: Region<u32>,
-    /// One slot per row: the positions of the keys sharing the prefix P, in position order,
-    /// staged by every slice for the row's first slice.
+    /// One slot per row: the keys sharing the prefix P, in position order, as (key, position)
+    /// pairs in boxes 2i and 2i + 1, staged by every slice for the row's first slice.
     pub cand: Region<u32>,
 }
 
@@ -269,7 +330,7 @@ impl SelectBoxes {
                 boxes: rows as u64 * (ROUNDS * MAX_SLICES * HIST_BOXES) as u64,
             })?;
         let hist = builder.region::<u32>(&format!("{name}_hist"), slots, HIST_BOXES)?;
-        let cand = builder.region::<u32>(&format!("{name}_cand"), rows, top.room())?;
+        let cand = builder.region::<u32>(&format!("{name}_cand"), rows, 2 * top.room())?;
         Ok(SelectBoxes { hist, cand })
     }
 
@@ -282,7 +343,8 @@ impl SelectBoxes {
             .box_index((row * ROUNDS + round) * MAX_SLICES + slice, 0)
     }
 
-    /// Box of candidate `i` of `row`. (device)
+    /// Box `i` of `row`'s candidates: candidate `i / 2`'s key for even `i`, its position for odd.
+    /// (device)
     pub fn cand_box(&self, row: u32, i: u32) -> Option<u32> {
         self.cand.box_index(row, i)
     }

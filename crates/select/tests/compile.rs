@@ -1,6 +1,6 @@
 //! Builds the select kernels for both targets without a GPU, at the default defines and at the
 //! shapes the tests and benchmarks launch (production k over the longest rows, the tiny model's
-//! k = 16, the debug build with bounded polls). With MONO_REQUIRE_COMPILERS=1 (CI) a missing
+//! k = 16, the debug build with bounded polls, the traced build). With MONO_REQUIRE_COMPILERS=1 (CI) a missing
 //! compiler fails instead of skipping.
 
 use device::{Clang, Compiler, Nvrtc};
@@ -41,6 +41,12 @@ fn builds(compiler: &dyn Compiler) {
     ] {
         all.push(source(Shape::for_rows(method, top, len).unwrap(), variant));
     }
+    // The traced build (SEL_TRACE) of the bench.
+    let traced = Shape {
+        trace: true,
+        ..Shape::for_rows(Method::OneCta, TopK::GLM5, 8192).unwrap()
+    };
+    all.push(source(traced, Variant::default()));
     for src in all {
         let compiled = compiler.compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let mut names: Vec<_> = compiled

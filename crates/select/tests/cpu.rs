@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use select::cases::{self, Pattern};
 use select::check::check_output;
 use select::cpu::{select_multi_slice, select_one_cta, CpuError, Exchanged};
-use select::layout::{select_slices, SelectBoxes, Slices, TopK, MAX_SLICES};
+use select::layout::{select_slices, SelectBoxes, Slices, TopK, MAX_SLICES, ONE_CTA_ROOM};
 use select::reference::{Pages, Rows};
 
 /// The largest slice count up to `want` that the row accepts.
@@ -116,7 +116,8 @@ proptest! {
     #[test]
     fn one_cta_equals_the_reference(
         pattern in pattern(),
-        lens in prop::collection::vec(0..20000u32, 1..4),
+        // Rows past ONE_CTA_ROOM stream (6-bit rounds and the wide tail); shorter ones stay in LDS.
+        lens in prop::collection::vec(0..40000u32, 1..4),
         k in 1..=300u32,
         pages in any::<bool>(),
         seed in any::<u64>(),
@@ -156,6 +157,29 @@ fn production_shapes_on_64_slices() {
     assert_eq!(
         stops.into_iter().collect::<Vec<_>>(),
         [None, Some(12), Some(24), Some(32)]
+    );
+}
+
+/// The one CTA over rows kept in LDS (at most ONE_CTA_ROOM keys) at production k: every stop,
+/// and rows of k + 1 and exactly the room.
+#[test]
+fn one_cta_in_lds_stops_at_12_24_and_32_bits() {
+    let top = TopK::GLM5;
+    let lens = vec![8192, 2049, ONE_CTA_ROOM, 4097];
+    let mut stops = std::collections::BTreeSet::new();
+    for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
+        let case = Case::new(pattern, lens.clone(), 40 + i as u64);
+        for row in 0..lens.len() {
+            let sel = select::select_row(case.rows().row(row), top).unwrap();
+            stops.insert(sel.threshold.map(|t| t.prefix_bits));
+        }
+        let got = select_one_cta(&case.rows(), top, None).unwrap();
+        check_output(&case.rows(), top, None, &got)
+            .unwrap_or_else(|e| panic!("{}: {e}", pattern.name()));
+    }
+    assert_eq!(
+        stops.into_iter().collect::<Vec<_>>(),
+        [Some(12), Some(24), Some(32)]
     );
 }
 

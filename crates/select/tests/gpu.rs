@@ -3,6 +3,11 @@
 //! in batches of 1, 4 and 8 rows, both kernels; cache slots through a page table; NaN reported;
 //! and the three negative controls shown to fail the checker. Prints a table last.
 //!
+//! The one CTA keeps rows of up to `one_cta_room` keys (32768 on the H200) in LDS and selects
+//! them with wide digits; longer rows stream. The batches cover both sides of that edge, and the
+//! patterns make the in-LDS rows stop at every P (random 8K: 12, dense: 24, narrow / ties: 32);
+//! the matrix prints which stops each batch's rows took.
+//!
 //! `cargo test --release -p select --test gpu -- --ignored --nocapture`
 //!
 //! The matrix runs first on the debug build (polls bounded by MBX_POLL_LIMIT, so a hang becomes a
@@ -14,7 +19,7 @@ use select::cases::{self, Pattern};
 use select::check::{check_output, controls, expected_sets, missed, CheckError};
 use select::gpu::{Batch, GpuError, Method, Selector, Shape};
 use select::layout::{TopK, MAX_ROW_KEYS};
-use select::reference::{select_rows, Pages, Rows};
+use select::reference::{select_row, select_rows, Pages, Rows};
 use std::time::Instant;
 
 const K: u32 = 2048;
@@ -27,12 +32,14 @@ const DEBUG: Variant = Variant {
     epoch_clear: true,
 };
 
-/// Batches of the matrix: 1, 4 and 8 rows with mixed lengths, and the short-row edge cases.
-const BATCHES: [&[u32]; 4] = [
+/// Batches of the matrix: 1, 4 and 8 rows with mixed lengths, the short-row edge cases, and the
+/// one CTA's LDS edge (32768 keys in LDS, 32769 streamed on the H200).
+const BATCHES: [&[u32]; 5] = [
     &[1 << 20],
     &[8192, 32768, 131072, 300_000],
     &[1000, 2048, 2049, 8192, 32768, 131072, 300_000, 1 << 20],
     &[0, 1, 2047, 4095],
+    &[2049, 16384, 32768, 32769],
 ];
 
 struct Host {
@@ -73,17 +80,20 @@ impl Kernels {
         let dev = Device::open(0).unwrap_or_else(|e| panic!("{e}"));
         let stream = dev.new_stream().unwrap();
         let mut built = Vec::new();
+        let shared = dev.info().max_shared_per_block;
         for method in [Method::OneCta, Method::MultiSlice] {
             for variant in [DEBUG, Variant::default()] {
-                let shape = Shape::for_rows(method, TopK::new(K).unwrap(), MAX_ROW_KEYS).unwrap();
+                let top = TopK::new(K).unwrap();
+                let shape = Shape::for_rows_within(method, top, MAX_ROW_KEYS, shared).unwrap();
                 let sel =
                     Selector::build(&dev, method, shape, variant).unwrap_or_else(|e| panic!("{e}"));
                 eprintln!(
-                    "{} {}: {:?}, {} co-resident CTAs",
+                    "{} {}: {:?}, {} co-resident CTAs, {} keys in LDS",
                     method.name(),
                     if variant == DEBUG { "debug" } else { "prod" },
                     sel.kernel().resources(),
-                    sel.resident()
+                    sel.resident(),
+                    shape.slice_keys
                 );
                 built.push((method, variant, sel));
             }
@@ -128,6 +138,13 @@ fn check_matrix_on_the_gpu() {
         for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
             let host = Host::new(pattern, lens, 1000 * b as u64 + p as u64);
             let rows = host.rows();
+            let stops: Vec<String> = (0..lens.len())
+                .map(|r| match select_row(rows.row(r), top).unwrap().threshold {
+                    Some(t) => t.prefix_bits.to_string(),
+                    None => "-".into(),
+                })
+                .collect();
+            eprintln!("{} {lens:?}: stops {}", pattern.name(), stops.join(" "));
             let want = select_rows(&rows, top, None).unwrap();
             let sets = expected_sets(&rows, top, None).unwrap();
             for method in [Method::OneCta, Method::MultiSlice] {
@@ -224,26 +241,38 @@ fn slots_case(k: &Kernels) -> Vec<Line> {
 }
 
 /// A NaN among the keys of row 1 must be reported (NaN past a row's length never is: every case
-/// above has it in the padding).
+/// above has it in the padding): a positive NaN in a row the one CTA streams, a negative one in a
+/// row it keeps in LDS (each kernel checks NaN where it loads the keys).
 fn nan_case(k: &Kernels) -> Vec<Line> {
-    let mut host = Host::new(Pattern::Random, &[3000, 131072, 100], 5);
-    let at = host.stride + 70_000;
-    host.scores[at] = f32::NAN;
-    let rows = host.rows();
-    [Method::OneCta, Method::MultiSlice]
+    let cases = [
+        (&[3000, 131072, 100][..], 70_000, f32::NAN),
+        (&[100, 20000, 3000][..], 12_345, f32::from_bits(0xffc0_0001)),
+    ];
+    cases
         .into_iter()
-        .map(|method| {
-            let got = k.run(method, DEBUG, &rows, None);
-            let ok =
-                matches!(&got, Err(GpuError::Flagged { row: 1, what }) if what.contains("NaN"));
-            Line {
-                case: format!("{} NaN at row 1 position 70000 is reported", method.name()),
-                result: match got {
-                    Ok(_) => "not reported".into(),
-                    Err(e) => e.to_string(),
-                },
-                ok,
-            }
+        .flat_map(|(lens, pos, nan)| {
+            let mut host = Host::new(Pattern::Random, lens, 5);
+            let at = host.stride + pos;
+            host.scores[at] = nan;
+            [Method::OneCta, Method::MultiSlice]
+                .into_iter()
+                .map(|method| {
+                    let got = k.run(method, DEBUG, &host.rows(), None);
+                    let ok = matches!(&got, Err(GpuError::Flagged { row: 1, what }) if what.contains("NaN"));
+                    Line {
+                        case: format!(
+                            "{} NaN ({:#010x}) at row 1 of {lens:?} position {pos} is reported",
+                            method.name(),
+                            nan.to_bits()
+                        ),
+                        result: match got {
+                            Ok(_) => "not reported".into(),
+                            Err(e) => e.to_string(),
+                        },
+                        ok,
+                    }
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -10,7 +10,7 @@ use mailbox::layout::ScratchLayout;
 use select::cases::{self, Pattern};
 use select::check::check_output;
 use select::layout::{place_slices, SelectBoxes, TaskOrder, TopK, MAX_SLICES};
-use select::reference::{Pages, Rows};
+use select::reference::{select_row, Pages, Rows};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -169,6 +169,9 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
     let mut runs = 0;
+    // Where the rows that the one CTA keeps in LDS (wide digits) stopped, and the others.
+    let mut lds_stops = std::collections::BTreeSet::new();
+    let mut other_stops = std::collections::BTreeSet::new();
     for b in &BUILDS {
         let exe = compile(b, &dir);
         let top = TopK::new(b.k).unwrap();
@@ -190,6 +193,18 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                     stride: per_row,
                 };
                 let pages = (p % 2 == 1).then_some(&pages);
+                for (r, &len) in lens.iter().enumerate() {
+                    let th = select_row(rows.row(r), top).unwrap().threshold;
+                    if let Some(t) = th {
+                        let in_lds = len <= b.slice_keys;
+                        if in_lds {
+                            &mut lds_stops
+                        } else {
+                            &mut other_stops
+                        }
+                        .insert(t.prefix_bits);
+                    }
+                }
                 for method in [0, 1] {
                     runs += 1;
                     let result = launch(&exe, b, method, &rows, pages).and_then(|(flags, out)| {
@@ -207,8 +222,31 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                 }
             }
         }
+        // A negative NaN among the keys of a row the one CTA keeps in LDS (and that two slices
+        // load) is flagged on that row alone, by both kernels.
+        let lens = [100, 1500];
+        let stride = 1504;
+        let mut scores = cases::rows(Pattern::Random, &lens, stride, 77);
+        scores[stride + 1234] = f32::from_bits(0xffc0_0001);
+        let rows = Rows {
+            scores: &scores,
+            stride,
+            lens: &lens,
+        };
+        for method in [0, 1] {
+            runs += 1;
+            let flags = launch(&exe, b, method, &rows, None).map(|(flags, _)| flags);
+            if flags != Ok(vec![0, 0, 0, 0, 1, 0, 0, 0]) {
+                eprintln!("{} method {method}: NaN in row 1: {flags:?}", b.name);
+                failures.push(format!("{} method {method} NaN", b.name));
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{runs} emulated launches, {} failed", failures.len());
+    eprintln!("stops: rows in the one CTA's LDS {lds_stops:?}, longer rows {other_stops:?}");
     assert!(failures.is_empty(), "{failures:?}");
+    // Every path ran: wide digits from 12 and from 24 bits, and ties placed at 32, on both sides.
+    let all: std::collections::BTreeSet<u32> = [12, 24, 32].into();
+    assert_eq!((lds_stops, other_stops), (all.clone(), all));
 }

@@ -99,15 +99,51 @@ proptest! {
                     }
                 }
             }
+            // (key, position) pairs of the whole room, consecutive.
             let c0 = boxes.cand_box(row, 0).unwrap();
-            let last = boxes.cand_box(row, top.room() - 1).unwrap();
-            prop_assert_eq!(last, c0 + top.room() - 1);
-            prop_assert_eq!(boxes.cand_box(row, top.room()), None);
+            let last = boxes.cand_box(row, 2 * top.room() - 1).unwrap();
+            prop_assert_eq!(last, c0 + 2 * top.room() - 1);
+            prop_assert_eq!(boxes.cand_box(row, 2 * top.room()), None);
             prop_assert!(seen.insert(c0));
         }
         prop_assert_eq!(boxes.hist_box(rows, 0, 0), None);
         prop_assert_eq!(boxes.hist_box(0, ROUNDS, 0), None);
     }
+
+    #[test]
+    fn one_cta_rows_fit_the_shared_memory_and_are_the_longest_that_do(
+        shared in 0..=300_000u32,
+        k in 1..=MAX_K,
+    ) {
+        let top = TopK::new(k).unwrap();
+        let room = one_cta_room(shared, top);
+        prop_assert_eq!(room % ONE_CTA_ROOM_STEP, 0);
+        prop_assert!(room <= ONE_CTA_ROOM);
+        let bytes = |keys: u32| lds_words(keys, top) * 4 + STATIC_SHARED_ALLOWANCE;
+        if room > 0 {
+            prop_assert!(bytes(room) <= shared, "{} keys need {} B of {}", room, bytes(room), shared);
+        }
+        if room < ONE_CTA_ROOM {
+            prop_assert!(bytes(room + ONE_CTA_ROOM_STEP) > shared);
+        }
+    }
+}
+
+#[test]
+fn one_cta_rooms_of_the_target_gpus() {
+    // The LDS holds the keys and either the candidate pairs or the 12-bit histogram.
+    assert_eq!(lds_words(0, TopK::GLM5), 2 * 4096);
+    assert_eq!(lds_words(0, TopK::new(16).unwrap()), WIDE_BINS);
+    assert_eq!(
+        one_cta_room(H200_SHARED_PER_BLOCK, TopK::GLM5),
+        ONE_CTA_ROOM
+    );
+    assert_eq!(one_cta_room(GFX950_SHARED_PER_BLOCK, TopK::GLM5), 28672);
+    // 160 KiB of dynamic LDS for 32K keys; the H200's 227 KiB takes it with the static part.
+    assert_eq!(lds_words(ONE_CTA_ROOM, TopK::GLM5) * 4, 160 * 1024);
+    assert_eq!(wide_finish(12), &[10, 10]);
+    assert_eq!(wide_finish(24), &[8]);
+    assert!(wide_finish(32).is_empty());
 }
 
 #[test]

@@ -103,10 +103,10 @@ int main(int argc, char** argv) {
   u32* epoch = device_alloc<u32>(1);
   u32* diag = device_alloc<u32>(8);
   const int status =
-      method == 0 ? launch(rows, [&] { select_one_cta(scores, stride, lens, rows, pages, pages_stride, out, flags); })
+      method == 0 ? launch(rows, [&] { select_one_cta(scores, stride, lens, rows, pages, pages_stride, out, flags, nullptr); })
                   : launch(tasks, [&] {
                       select_multi_slice(scores, stride, lens, rows, runs, pages, pages_stride, out, flags, scratch,
-                                         epoch, 1, 0, hist_offset, cand_offset, cand_stride, diag);
+                                         epoch, 1, 0, hist_offset, cand_offset, cand_stride, diag, nullptr);
                     });
   if (diag[0]) fprintf(stderr, "stall: task %u box %u cta %u\n", diag[1], diag[2], diag[3]);
   FILE* o = fopen(argv[2], "wb");
