@@ -98,6 +98,17 @@ struct idx_run {
   u32 n_pages;
   u32 tail_pages;
 };
+#ifndef IDX_TASK_PAGES
+#define IDX_TASK_PAGES 8
+#endif
+// A scoring CTA's first load (gpu.rs RunTask): its run, the run's group and request, and the
+// physical ids of the run's first IDX_TASK_PAGES pages (0 past the run).
+struct idx_run_task {
+  idx_run run;
+  idx_group group;
+  idx_request request;
+  u32 first_pages[IDX_TASK_PAGES];
+};
 
 // Everything a launch reads and writes (src/gpu.rs LaunchArgs, same order, no padding).
 struct idx_args {
@@ -109,8 +120,7 @@ struct idx_args {
   const double* inv_freq;    // [ROPE_DIM / 2]: theta^(-2i / ROPE_DIM)
   const idx_row* rows;
   const idx_request* requests;
-  const idx_group* groups;
-  const idx_run* runs;
+  const idx_run_task* tasks;
   const u32* page_list;  // every request's physical pages, at its page_offset
   const u8* cache_read;  // what scorers read
   u8* cache_write;       // where key tasks store (the same buffer outside the poison check)

@@ -174,9 +174,10 @@ MONO_DEV void idx_write_tail(const idx_args& a, const idx_group& grp, const idx_
 
 // Block-wide: run `run_index` of the launch.
 MONO_DEV void idx_score_task(const idx_args& a, const mbx_ctx& c, u32 run_index, idx_score_smem& sm) {
-  const idx_run run = a.runs[run_index];
-  const idx_group grp = a.groups[run.group];
-  const idx_request q = a.requests[grp.request];
+  const idx_run_task& task = a.tasks[run_index];
+  const idx_run run = task.run;
+  const idx_group grp = task.group;
+  const idx_request q = task.request;
   const u32 batches = (run.n_pages + IDX_BATCH_PAGES - 1) / IDX_BATCH_PAGES;
 
   // The first batch's loads go out before the wait on the queries: they don't depend on it.

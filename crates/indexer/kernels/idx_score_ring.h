@@ -15,6 +15,7 @@
 static_assert(IDX_BLOCK == IDX_BATCH_PAGES * IDX_WG_THREADS, "a warpgroup a page of the batch");
 static_assert(IDX_GROUP_ROWS <= 4, "a row of the group per lane of a quad writes the scores");
 static_assert(IDX_RING >= 2, "a slot being scored and one in flight");
+static_assert(IDX_RING * IDX_BATCH_PAGES <= IDX_TASK_PAGES, "the first ring fill's page ids come with the task");
 
 #define IDX_RING_QUERY_BYTES IDX_WG_QUERY_BYTES
 #define IDX_RING_WEIGHT_BYTES (((IDX_GROUP_ROWS * IDX_HEADS * 4 + 1023) / 1024) * 1024)
@@ -127,19 +128,22 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
 
 // Block-wide: run `run_index` of the launch. lds: IDX_SCORE_LDS_BYTES of dynamic shared memory.
 MONO_DEV void idx_score_ring_task(const idx_args& a, const mbx_ctx& c, u32 run_index, u8* lds) {
-  const idx_run run = a.runs[run_index];
-  const idx_group grp = a.groups[run.group];
-  const idx_request q = a.requests[grp.request];
+  const idx_run_task& task = a.tasks[run_index];
+  const idx_run run = task.run;
+  const idx_group grp = task.group;
+  const idx_request q = task.request;
   const u32 batches = (run.n_pages + IDX_BATCH_PAGES - 1) / IDX_BATCH_PAGES;
   const idx_ring ring = idx_ring_of(lds);
-  // The first batches' copies go out before the wait on the queries: they don't depend on it. All
-  // their page ids are loaded before the first copy needs one.
   if (mono_thread() == 0)
     for (u32 s = 0; s < IDX_RING; ++s) mono_lds_barrier_init(ring.landed + s);
   mono_sync_block();
+  // The first batches' copies go out before the wait on the queries: they don't depend on it. Their
+  // page ids came with the task.
   u32 phys[IDX_RING][IDX_BATCH_PAGES];
 #pragma unroll
-  for (u32 b = 0; b < IDX_RING; ++b) idx_page_ids(a, q, run, b, phys[b]);
+  for (u32 b = 0; b < IDX_RING; ++b)
+#pragma unroll
+    for (u32 p = 0; p < IDX_BATCH_PAGES; ++p) phys[b][p] = task.first_pages[b * IDX_BATCH_PAGES + p];
 #pragma unroll
   for (u32 b = 0; b + 1 < IDX_RING; ++b) idx_ring_load(a, run, ring, b, batches, phys[b]);
   if (!idx_ring_queries(a, c, grp, ring)) return;

@@ -95,11 +95,13 @@ impl KernelConfig {
     /// The wgmma scorer's shape limits, as an error before any compile.
     pub fn check(&self) -> Result<()> {
         let d = &self.dims;
-        if self.wgmma && self.ring < 2 {
+        let most = TASK_PAGES / BATCH_PAGES;
+        if self.wgmma && !(2..=most).contains(&self.ring) {
             return Err(shape(
                 "wgmma scoring",
                 format!(
-                    "its LDS ring needs at least 2 batches, asked for {}",
+                    "its LDS ring holds 2 to {most} batches (the first fill's page ids come with \
+                     the task); asked for {}",
                     self.ring
                 ),
             ));
@@ -149,6 +151,7 @@ impl KernelConfig {
             .define("IDX_GROUP_ROWS", MAX_GROUP_ROWS)
             .define("IDX_WGMMA", u32::from(self.wgmma))
             .define("IDX_RING", self.ring)
+            .define("IDX_TASK_PAGES", TASK_PAGES)
             .define("IDX_SCORE_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
     }
@@ -168,7 +171,49 @@ pub fn sources() -> Vec<KernelSource> {
     vec![indexer_source()]
 }
 
-/// `idx_args` of `kernels/idx_common.h`, field for field: 17 addresses then 10 words, no padding.
+/// Pages of a run whose physical ids travel in its [`RunTask`] (`IDX_TASK_PAGES`): the wgmma
+/// scorer's first ring fill (RING batches of BATCH_PAGES) needs no page-list load.
+pub const TASK_PAGES: u32 = 8;
+
+/// What a scoring CTA reads first (`idx_run_task`): its run with the run's group and request, and
+/// the physical ids of its first [`TASK_PAGES`] pages (0 past the run), so it starts its copies
+/// after one load instead of a chain of four dependent ones.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct RunTask {
+    pub run: RunDesc,
+    pub group: GroupDesc,
+    pub request: RequestDesc,
+    pub first_pages: [u32; TASK_PAGES as usize],
+}
+
+impl RunTask {
+    pub fn of(plan: &ScorePlan, pages: &PageTable) -> Vec<RunTask> {
+        plan.runs
+            .iter()
+            .map(|&run| {
+                let group = plan.groups[run.group as usize];
+                let request = plan.requests[group.request as usize];
+                let mut first_pages = [0; TASK_PAGES as usize];
+                for (i, id) in first_pages
+                    .iter_mut()
+                    .enumerate()
+                    .take(run.n_pages as usize)
+                {
+                    *id = pages.flat()[(request.page_offset + run.first_page) as usize + i];
+                }
+                RunTask {
+                    run,
+                    group,
+                    request,
+                    first_pages,
+                }
+            })
+            .collect()
+    }
+}
+
+/// `idx_args` of `kernels/idx_common.h`, field for field: 16 addresses then 10 words, no padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct LaunchArgs {
@@ -180,8 +225,7 @@ pub struct LaunchArgs {
     pub inv_freq: u64,
     pub rows: u64,
     pub requests: u64,
-    pub groups: u64,
-    pub runs: u64,
+    pub tasks: u64,
     pub page_list: u64,
     pub cache_read: u64,
     pub cache_write: u64,
@@ -205,8 +249,7 @@ pub struct LaunchArgs {
 pub struct PlanBuffers {
     pub rows: Buffer<Row>,
     pub requests: Buffer<RequestDesc>,
-    pub groups: Buffer<GroupDesc>,
-    pub runs: Buffer<RunDesc>,
+    pub tasks: Buffer<RunTask>,
     pub pages: Buffer<u32>,
     pub n_rows: u32,
     pub n_runs: u32,
@@ -225,8 +268,7 @@ impl PlanBuffers {
         Ok(PlanBuffers {
             rows: dev.upload(&plan.rows)?,
             requests: dev.upload(&plan.requests)?,
-            groups: dev.upload(&plan.groups)?,
-            runs: dev.upload(&plan.runs)?,
+            tasks: dev.upload(&RunTask::of(plan, pages))?,
             pages: dev.upload(&flat)?,
             n_rows: plan.rows.len() as u32,
             n_runs: plan.runs.len() as u32,
@@ -326,8 +368,7 @@ impl StageBuffers<'_> {
             inv_freq: self.inv_freq.device_ptr(),
             rows: self.plan.rows.device_ptr(),
             requests: self.plan.requests.device_ptr(),
-            groups: self.plan.groups.device_ptr(),
-            runs: self.plan.runs.device_ptr(),
+            tasks: self.plan.tasks.device_ptr(),
             page_list: self.plan.pages.device_ptr(),
             cache_read: self.cache_read.device_ptr(),
             cache_write: self.cache_write.device_ptr(),

@@ -27,11 +27,7 @@ fn wgmma_takes_glm5_fp8_queries_only() {
         ring: 1,
         ..wgmma("glm-5")
     };
-    assert!(one_slot
-        .check()
-        .unwrap_err()
-        .to_string()
-        .contains("at least 2"));
+    assert!(one_slot.check().unwrap_err().to_string().contains("2 to 4"));
 }
 
 /// Two scoring CTAs must fit a SM (H200: 228 KiB, 1 KiB of it reserved per CTA) at the default
@@ -47,9 +43,49 @@ fn default_ring_leaves_room_for_two_ctas_a_sm() {
         ..config
     };
     assert!(2 * (more.score_lds_bytes() + 1024) > 228 * 1024);
+    assert!(more.check().is_err(), "a ring past the task's page ids");
     let mma = KernelConfig {
         wgmma: false,
         ..config
     };
     assert_eq!(mma.score_lds_bytes(), 0);
+}
+
+/// A run's task carries its own group and request, and its first pages' physical ids in order,
+/// zero past the run's end.
+#[test]
+fn run_tasks_carry_their_group_request_and_first_pages() {
+    use indexer::gpu::{RunTask, TASK_PAGES};
+    use indexer::layout::{Limits, PageTable, Row, ScorePlan};
+    // Request 0: 3 pages (a run shorter than TASK_PAGES); request 1: 40 pages, shuffled ids.
+    let long: Vec<u32> = (0..40).map(|i| 1000 + (i * 7) % 40).collect();
+    let table = PageTable::new(&[vec![9, 4, 6], long.clone()]).unwrap();
+    let rows = [
+        Row {
+            request: 0,
+            position: 150,
+        },
+        Row {
+            request: 1,
+            position: 2559,
+        },
+    ];
+    let plan = ScorePlan::new(&rows, &table, Limits::default()).unwrap();
+    let tasks = RunTask::of(&plan, &table);
+    assert_eq!(tasks.len(), plan.runs.len());
+    for (task, run) in tasks.iter().zip(&plan.runs) {
+        let group = plan.groups[run.group as usize];
+        assert_eq!((task.run, task.group), (*run, group));
+        assert_eq!(task.request, plan.requests[group.request as usize]);
+        let pages = table.pages(group.request as usize);
+        for (i, &id) in task.first_pages.iter().enumerate() {
+            let want = if (i as u32) < run.n_pages {
+                pages[(run.first_page as usize) + i]
+            } else {
+                0
+            };
+            assert_eq!(id, want, "run {run:?}, page {i}");
+        }
+    }
+    assert!(plan.runs.iter().any(|r| r.n_pages < TASK_PAGES));
 }
