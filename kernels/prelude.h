@@ -197,6 +197,14 @@ MONO_DEV void mono_fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memo
 MONO_DEV void mono_fence_release() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 MONO_DEV void mono_fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #endif
+// Adds v to a word of this CTA's shared memory (LDS): relaxed, workgroup scope, no old value.
+MONO_DEV void mono_atomic_add_lds_u32(u32* p, u32 v) {
+#if MONO_AMD
+  __hip_atomic_fetch_add((__attribute__((address_space(3))) u32*)p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+#else
+  asm volatile("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %0;\n red.shared.add.u32 [a], %1;\n}" ::"l"(p), "r"(v) : "memory");
+#endif
+}
 
 // ---- bulk copies into LDS that complete on an LDS barrier (NVIDIA sm_90 only) ----------------------
 // One thread starts a copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that the copy
@@ -245,6 +253,17 @@ MONO_DEV u64 mono_timer_ns() {
 #else
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+// The cycle counter of the SM/CU this CTA runs on: finer than mono_timer_ns (whose %globaltimer
+// ticks about 1 us on the H200), but per SM/CU, so only comparable within one CTA.
+MONO_DEV u64 mono_clock_cycles() {
+#if MONO_AMD
+  return __builtin_readcyclecounter();
+#else
+  u64 t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
   return t;
 #endif
 }

@@ -18,6 +18,8 @@ use select::reference::{select_rows, Rows};
 const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
+/// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
+const H200_SM_MHZ: f64 = 1980.0;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -182,7 +184,8 @@ fn main() {
         println!("{l}");
     }
     println!(
-        "\nphases of one select, 4 rows (SEL_TRACE build; us since the CTA began, one launch):"
+        "\nphases of one select, 4 rows (SEL_TRACE build, one launch): SM cycles since the CTA \
+         began (us at {H200_SM_MHZ} MHz, the H200's SM clock in our runs)"
     );
     for t in traces {
         println!("{t}");
@@ -220,7 +223,10 @@ fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
         let phases: Vec<String> = marks
             .iter()
             .skip(1)
-            .map(|(phase, ns)| format!("{phase} {:.2}", *ns as f64 / 1000.0))
+            .map(|(phase, cycles)| {
+                let us = *cycles as f64 / H200_SM_MHZ;
+                format!("{phase} {cycles} ({us:.2} us)")
+            })
             .collect();
         Ok(format!(
             "{} | {}",

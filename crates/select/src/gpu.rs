@@ -14,7 +14,18 @@ use mailbox::layout::{ScratchLayout, Tags};
 use mailbox::{Stall, DIAG_WORDS};
 
 pub const SELECT_HIP: (&str, &str) = ("select.hip", include_str!("../kernels/select.hip"));
-pub const SELECT_H: (&str, &str) = ("select.h", include_str!("../kernels/select.h"));
+/// The headers of `select.hip`, which includes `select.h`; that includes the others in this order,
+/// each of which includes the one before it.
+pub const SELECT_HEADERS: [(&str, &str); 5] = [
+    ("select.h", include_str!("../kernels/select.h")),
+    ("select_shape.h", include_str!("../kernels/select_shape.h")),
+    (
+        "select_rounds.h",
+        include_str!("../kernels/select_rounds.h"),
+    ),
+    ("select_place.h", include_str!("../kernels/select_place.h")),
+    ("select_tasks.h", include_str!("../kernels/select_tasks.h")),
+];
 
 /// Threads per CTA (`SEL_BLOCK`).
 pub const BLOCK: u32 = 512;
@@ -66,7 +77,8 @@ pub enum GpuError {
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 
-/// Marks a traced CTA leaves (`SEL_TRACE_MARKS`), two words each: the phase, the time in ns.
+/// Marks a traced CTA leaves (`SEL_TRACE_MARKS`), two words each: the phase, its SM's cycle count
+/// (`mono_clock_cycles`).
 pub const TRACE_MARKS: usize = 32;
 /// The phases of a trace (`SEL_PH_*`), by number: each mark is stamped when the phase ends.
 pub const PHASES: [&str; 8] = [
@@ -153,8 +165,7 @@ impl Shape {
 
 /// The kernel source with this crate's headers, the shape and the mailbox variant as defines.
 pub fn source(shape: Shape, variant: Variant) -> KernelSource {
-    let src = mailbox::gpu::source(SELECT_HIP)
-        .header(SELECT_H.0, SELECT_H.1)
+    let src = with_headers(mailbox::gpu::source(SELECT_HIP))
         .define("SEL_K", shape.top.k())
         .define("SEL_ROOM_PER_K", ROOM_PER_K)
         .define("SEL_BLOCK", BLOCK)
@@ -170,7 +181,13 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
 
 /// Every entry-point file of the crate with its default defines, for the kernel build table.
 pub fn sources() -> Vec<KernelSource> {
-    vec![mailbox::gpu::source(SELECT_HIP).header(SELECT_H.0, SELECT_H.1)]
+    vec![with_headers(mailbox::gpu::source(SELECT_HIP))]
+}
+
+fn with_headers(src: KernelSource) -> KernelSource {
+    SELECT_HEADERS
+        .iter()
+        .fold(src, |src, &(name, text)| src.header(name, text))
 }
 
 /// A built select kernel.
@@ -427,8 +444,8 @@ impl Batch {
         Ok(())
     }
 
-    /// The last traced select's marks (a `SEL_TRACE` build): (phase name, ns since the start),
-    /// in the order stamped; empty for other builds.
+    /// The last traced select's marks (a `SEL_TRACE` build): (phase name, SM cycles since the
+    /// start), in the order stamped; empty for other builds.
     pub fn trace(&self) -> Result<Vec<(&'static str, u64)>> {
         let words = self.trace.download()?;
         let start = words[1];

@@ -1,7 +1,8 @@
 //! Shape and placement math of the select stage, the one copy that the reference, the CPU
 //! multi-slice form, the kernel launch and the executor all read: k and the candidate room, the
 //! digit schedule, the slicing of a row, the placement of slices on tasks, and the scratch regions.
-//! The device header `kernels/select.h` mirrors the formulas marked "(device)".
+//! The device headers (`kernels/select.h` and those it includes) mirror the formulas marked
+//! "(device)".
 
 use mailbox::layout::{LayoutBuilder, LayoutError as BoxLayoutError, Region};
 use std::ops::Range;

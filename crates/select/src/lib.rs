@@ -6,7 +6,7 @@
 //! - [`descent`]: the steps of the digit descent as the kernels take them.
 //! - [`cases`]: the adversarial score rows of the checks and benchmarks.
 //! - [`cpu`]: the one-CTA and multi-slice kernels in CPU form (threads + the mailbox protocol).
-//! - [`gpu`]: host side of the kernels (`kernels/select.hip`, `kernels/select.h`).
+//! - [`gpu`]: host side of the kernels (`kernels/select.hip`, `kernels/select*.h`).
 
 pub mod cases;
 pub mod check;

@@ -1,8 +1,9 @@
-//! The kernels' own source (`kernels/select.hip` and `select.h`) run on CPU threads through a host
-//! stand-in of the prelude (`tests/host/`), compared entry by entry with the reference: wave sizes
-//! 32 and 64, both kernels, every pattern, page tables, a build with many small slices, and one at
-//! production k. This checks the device code itself without a GPU (block barriers, ballots,
-//! shuffles, tagged-pair waits between CTAs), but not the GPU's memory model or speed.
+//! The kernels' own source (`kernels/select.hip`, `select.h` and the headers it includes, found
+//! through `-I kernels`) run on CPU threads through a host stand-in of the prelude (`tests/host/`),
+//! compared entry by entry with the reference: wave sizes 32 and 64, both kernels, every pattern,
+//! page tables, a build with many small slices, and one at production k. This checks the device
+//! code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between CTAs),
+//! but not the GPU's memory model or speed.
 //! Slow (each CTA is a process of SEL_BLOCK threads) and needs g++ with C++20, so ignored:
 //! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
 

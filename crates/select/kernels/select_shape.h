@@ -1,0 +1,289 @@
+// The select stage's shape (-D defines and what follows from them), keys and prefixes, the
+// slicing, the descent's state and the CTA's shared memory, the trace marks, block scans, and
+// the key sources the passes read. Part of select.h (which says how the stage works).
+#pragma once
+#include "prelude.h"
+#include "mailbox.h"
+
+// ---- shape (src/layout.rs) -----------------------------------------------------------------------
+#ifndef SEL_K
+#define SEL_K 2048
+#endif
+#ifndef SEL_ROOM_PER_K
+#define SEL_ROOM_PER_K 2
+#endif
+#ifndef SEL_BLOCK
+#define SEL_BLOCK 512
+#endif
+// Keys a slice (or the one CTA, before it streams) keeps in LDS; a multiple of 4.
+#ifndef SEL_SLICE_KEYS
+#define SEL_SLICE_KEYS 4096
+#endif
+#ifndef SEL_MIN_SLICE_KEYS
+#define SEL_MIN_SLICE_KEYS 1024
+#endif
+#ifndef SEL_MAX_SLICES
+#define SEL_MAX_SLICES 64
+#endif
+#ifndef SEL_SLICE_ALIGN
+#define SEL_SLICE_ALIGN 4
+#endif
+#ifndef SEL_PAGE_TOKENS
+#define SEL_PAGE_TOKENS 64
+#endif
+// 1: the round of PERF.md (one wave decides the digit from per-thread partial sums, a thread
+// issues all its polls before it looks at any: 4 block barriers per gathered round, 2 alone).
+// 0: the first round (8 barriers, serial loops over bins and slices, one poll at a time), kept
+// so one GPU run can time both. The candidates' poll and the tail are the same in both.
+#ifndef SEL_FAST_ROUNDS
+#define SEL_FAST_ROUNDS 1
+#endif
+// Polls a thread issues before it looks at the first (fast rounds, candidates); 8 x 512 threads
+// cover the 2 x SEL_ROOM boxes of the candidate pairs in one batch.
+#ifndef SEL_POLL_BATCH
+#define SEL_POLL_BATCH 8
+#endif
+
+#define SEL_ROOM (SEL_ROOM_PER_K * SEL_K)
+// Candidate arrays are read 4 keys at a time.
+#define SEL_ROOM4 ((SEL_ROOM + 3) / 4 * 4)
+#define SEL_BINS 64
+#define SEL_HIST_BOXES 32
+#define SEL_ROUNDS 6
+#define SEL_WAVES (SEL_BLOCK / MONO_WAVE)
+// Keys one pass of the block covers: 4 consecutive keys per thread.
+#define SEL_GROUP (4 * SEL_BLOCK)
+#define SEL_NONE 0xffffffffu
+// Wide digits (shared-memory atomic histograms). The one CTA counts the top SEL_FIRST_BITS of
+// every key into SEL_FIRST_COPIES copies of each bin (lane l adds to copy l % copies: the top
+// bits of real scores fall in a few bins, and lanes adding to one word queue), then two
+// SEL_WIDE_BITS digits over the keys sharing the prefix (8 + 12 + 12 = 32); the top
+// SEL_GROUP_BITS of each 12-bit digit decide P = 12 and P = 24. Passes over the multi-slice
+// candidates take at most 10 bits.
+#define SEL_FIRST_BITS 8
+#define SEL_FIRST_BINS (1u << SEL_FIRST_BITS)
+#define SEL_FIRST_COPIES 16u
+#define SEL_WIDE_BITS 12
+#define SEL_WIDE_BINS (1u << SEL_WIDE_BITS)
+#define SEL_GROUP_BITS 4
+// Bins a thread owns when it chooses a wide digit (the most: 12 bits), and threads per group
+// of 1 << (SEL_WIDE_BITS - SEL_GROUP_BITS) bins sharing their top SEL_GROUP_BITS.
+#define SEL_WIDE_PER ((SEL_WIDE_BINS + SEL_BLOCK - 1) / SEL_BLOCK)
+#define SEL_GROUP_THREADS ((1u << (SEL_WIDE_BITS - SEL_GROUP_BITS)) / SEL_WIDE_PER)
+#define SEL_TAIL_BINS 1024u
+// Loads a thread issues before it uses the first: LDS loads of the counting passes, global loads
+// of a slice's load (which converts as it goes), and the one CTA's bare copy of its row.
+#define SEL_LOAD_BATCH 4
+#define SEL_COPY_BATCH 8
+// The placement pass gives each thread a run of consecutive keys, one bit each in a u64 mask.
+#define SEL_PLACE_RUN 64
+// Dynamic LDS of a select task: the keys (slice, or the one CTA's row), then either the candidate
+// positions and keys (descent by rounds) or the one CTA's histogram (SEL_WIDE_BINS words, which
+// also hold the first pass's SEL_FIRST_BINS x SEL_FIRST_COPIES).
+#define SEL_CAND_WORDS (2 * SEL_ROOM4 > SEL_WIDE_BINS ? 2 * SEL_ROOM4 : SEL_WIDE_BINS)
+#define SEL_LDS_WORDS (SEL_SLICE_KEYS + SEL_CAND_WORDS)
+
+// 1: the traced CTA (the one CTA of row 0, or the first slice of row 0) stamps mono_clock_cycles
+// at its phase boundaries into the trace buffer (src/gpu.rs PHASES): word 2i the phase, 2i + 1
+// its SM's cycle count, up to SEL_TRACE_MARKS marks. Thread 0 stamps, after the barrier that ends
+// a phase. SM cycles, not mono_timer_ns: %globaltimer ticks about 1 us on the H200, as long as a
+// phase; the stamps all come from one CTA, so the SM's own counter compares them.
+#ifndef SEL_TRACE
+#define SEL_TRACE 0
+#endif
+#define SEL_TRACE_MARKS 32
+#define SEL_PH_START 0    // the task began
+#define SEL_PH_LOADED 1   // keys in LDS (one CTA: and their top 8 bits counted)
+#define SEL_PH_ROUND 2    // a 6-bit round (gathered, or alone when streaming)
+#define SEL_PH_ABOVE 3    // the keys above P placed
+#define SEL_PH_STAGED 4   // the keys sharing P staged
+#define SEL_PH_CANDS 5    // every slice's candidates received
+#define SEL_PH_WIDE 6     // a wide digit chosen
+#define SEL_PH_PLACED 7   // the list written (this thread's part)
+
+// Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
+#define SEL_FLAGS 4
+#define SEL_FLAG_NAN 0        // a key is NaN
+#define SEL_FLAG_LOST 1       // the histograms counted fewer keys than the rank sought (a bug)
+#define SEL_FLAG_STALLED 2    // a bounded wait gave up (MBX_DEBUG builds)
+#define SEL_FLAG_SHAPE 3      // a slice empty or longer than SEL_SLICE_KEYS (the launch was sized wrong)
+
+static_assert(SEL_BLOCK % MONO_WAVE == 0 && SEL_BLOCK % SEL_BINS == 0, "block of whole waves and bin groups");
+static_assert(SEL_WAVES <= MONO_WAVE, "one wave scans the wave totals");
+static_assert(SEL_SLICE_KEYS % 4 == 0, "slices are read 4 keys at a time");
+static_assert(SEL_BINS % MONO_WAVE == 0 || MONO_WAVE == 64, "a lane counts whole bins");
+static_assert(SEL_HIST_BOXES <= MONO_WAVE && SEL_BLOCK % SEL_HIST_BOXES == 0, "a lane of wave 0 owns a box word");
+static_assert(SEL_SLICE_KEYS <= SEL_PLACE_RUN * SEL_BLOCK && SEL_ROOM4 <= SEL_PLACE_RUN * SEL_BLOCK,
+              "a thread places at most SEL_PLACE_RUN keys");
+static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
+static_assert(SEL_FIRST_BINS * SEL_FIRST_COPIES == SEL_WIDE_BINS, "the first pass's copies fill the wide histogram");
+static_assert(SEL_WIDE_BINS % SEL_BLOCK == 0 && SEL_GROUP_THREADS >= 1 && SEL_GROUP_THREADS <= MONO_WAVE &&
+                  (SEL_GROUP_THREADS & (SEL_GROUP_THREADS - 1)) == 0,
+              "a group of 12-bit bins is a power-of-two run of lanes within a wave");
+static_assert(MONO_WAVE % SEL_FIRST_COPIES == 0, "lane l adds to copy l % SEL_FIRST_COPIES");
+static_assert(SEL_FIRST_BITS + SEL_GROUP_BITS == 12 && SEL_FIRST_BITS + SEL_WIDE_BITS + SEL_GROUP_BITS == 24 &&
+                  SEL_FIRST_BITS + 2 * SEL_WIDE_BITS == 32,
+              "the one CTA's digits meet the stops 12 and 24 and end at 32 bits");
+
+// ---- keys and prefixes (src/reference.rs radix_key, src/descent.rs Prefix) ------------------------
+MONO_DEV u32 sel_radix_key(u32 bits) { return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u); }
+MONO_DEV bool sel_is_nan(u32 bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
+MONO_DEV u32 sel_mask(u32 len) { return len == 0 ? 0u : 0xffffffffu << (32u - len); }
+// Digits of the rounds, from the top: 6, 6, 6, 6, 6, 2 bits.
+MONO_DEV u32 sel_shift(u32 round) { return round < 5 ? 26u - 6u * round : 0u; }
+MONO_DEV u32 sel_width(u32 round) { return round < 5 ? 6u : 2u; }
+
+// ---- slicing (src/layout.rs select_slices, Slices::new) ------------------------------------------
+MONO_DEV u32 sel_slice_count(u32 len) {
+  const u32 c = (len + SEL_MIN_SLICE_KEYS - 1) / SEL_MIN_SLICE_KEYS;
+  return c < 1 ? 1u : (c > SEL_MAX_SLICES ? (u32)SEL_MAX_SLICES : c);
+}
+MONO_DEV u32 sel_chunk(u32 len, u32 count) {
+  const u32 per = (len + count - 1) / count;
+  return (per + SEL_SLICE_ALIGN - 1) / SEL_SLICE_ALIGN * SEL_SLICE_ALIGN;
+}
+
+// ---- the state of the descent (src/descent.rs Descent), in shared memory ---------------------------
+struct sel_state {
+  u32 bits, len;       // the prefix, in place, and its length
+  u32 round;           // rounds done
+  u32 rank;            // rank of T among the keys sharing the prefix (1-based)
+  u32 above;           // keys of the row above the prefix
+  u32 above_before;    // of those, in the slices before this one
+  u32 sharing;         // keys of the row sharing the prefix
+  u32 sharing_before;  // of those, in the slices before this one
+  u32 digit, digit_above;  // this round's choice (SEL_NONE until made)
+  // After a 12-bit wide digit: keys of the row sharing, and above, the prefix that ends
+  // SEL_WIDE_BITS - SEL_GROUP_BITS bits before it (P = 12 or 24 of the one CTA).
+  u32 group_sharing, group_above;
+};
+
+// Shared memory of a select task besides the dynamic LDS.
+struct sel_smem {
+  u32 whist[SEL_WAVES][SEL_BINS];
+  u32 part[SEL_BLOCK / SEL_BINS][SEL_BINS];
+  u32 total[SEL_BINS];
+  u32 packed[SEL_HIST_BOXES];
+  union {
+    // First rounds: every slice's words of the round.
+    u32 gather[SEL_MAX_SLICES * SEL_HIST_BOXES];
+    // Fast rounds: per group of SEL_HIST_BOXES threads, its sums of the words it polled ([0]: the
+    // low bin of word w, [1]: the high), over all slices and over the slices before this one. It
+    // shares the room of `gather` so that two CTAs of the longest slices still fit an SM.
+    struct {
+      u32 total[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
+      u32 before[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
+    } sums;
+    // After the rounds (or without them): the candidates' wide digits.
+    alignas(16) u32 tail_hist[SEL_TAIL_BINS];
+  };
+  u32 slice_above[SEL_MAX_SLICES];
+  u32 slice_at[SEL_MAX_SLICES];
+  u32 wtot[2][MONO_WAVE];  // the wave totals of sel_scan1 and sel_scan1x2
+  sel_state st;
+#if SEL_TRACE
+  u64* trace;  // thread 0 only; nullptr when this CTA is not traced
+  u32 marks;
+#endif
+};
+
+MONO_DEV void sel_mark(sel_smem& sm, u32 phase) {
+#if SEL_TRACE
+  if (mono_thread() == 0 && sm.trace && sm.marks < SEL_TRACE_MARKS) {
+    sm.trace[2 * sm.marks] = phase;
+    sm.trace[2 * sm.marks + 1] = mono_clock_cycles();
+    ++sm.marks;
+  }
+#else
+  (void)sm, (void)phase;
+#endif
+}
+
+MONO_DEV void sel_trace_begin(sel_smem& sm, u64* trace, bool traced) {
+#if SEL_TRACE
+  if (mono_thread() == 0) sm.trace = traced ? trace : nullptr, sm.marks = 0;
+  sel_mark(sm, SEL_PH_START);
+#else
+  (void)sm, (void)trace, (void)traced;
+#endif
+}
+
+// ---- block scan ----------------------------------------------------------------------------------
+MONO_DEV u32 sel_wave_scan(u32 v) {  // inclusive, lane 0 first
+  const u32 lane = mono_lane();
+#pragma unroll
+  for (u32 d = 1; d < MONO_WAVE; d <<= 1) {
+    const u32 o = mono_shfl(v, lane >= d ? lane - d : lane);
+    if (lane >= d) v += o;
+  }
+  return v;
+}
+
+// Exclusive prefix of v over the block in thread order, with one barrier: the wave totals go to
+// sm.wtot[buf], and every thread adds those of the waves before its own. *total gets the sum.
+// Two calls on one buf need a barrier between them (a call on the other buf does not).
+MONO_DEV u32 sel_scan1(sel_smem& sm, u32 buf, u32 v, u32* total) {
+  const u32 incl = sel_wave_scan(v), w = mono_wave();
+  if (mono_lane() == MONO_WAVE - 1) sm.wtot[buf][w] = incl;
+  mono_sync_block();
+  u32 before = 0, all = 0;
+#pragma unroll
+  for (u32 i = 0; i < SEL_WAVES; ++i) {
+    const u32 x = sm.wtot[buf][i];
+    before += i < w ? x : 0u;
+    all += x;
+  }
+  *total = all;
+  return before + incl - v;
+}
+
+// Two exclusive prefixes with the one barrier of sel_scan1 (both bufs).
+MONO_DEV void sel_scan1x2(sel_smem& sm, u32 a, u32 b, u32* before_a, u32* before_b) {
+  const u32 ia = sel_wave_scan(a), ib = sel_wave_scan(b), w = mono_wave();
+  if (mono_lane() == MONO_WAVE - 1) sm.wtot[0][w] = ia, sm.wtot[1][w] = ib;
+  mono_sync_block();
+  u32 xa = 0, xb = 0;
+#pragma unroll
+  for (u32 i = 0; i < SEL_WAVES; ++i) {
+    xa += i < w ? sm.wtot[0][i] : 0u;
+    xb += i < w ? sm.wtot[1][i] : 0u;
+  }
+  *before_a = xa + ia - a;
+  *before_b = xb + ib - b;
+}
+
+// ---- key sources: 4 consecutive keys per thread and pass -----------------------------------------
+// A slice's keys in LDS; positions first + i.
+struct sel_lds_keys {
+  const u32* keys;
+  u32 n, first;
+  MONO_DEV void load4(u32 i, u32 (&k)[4]) const {
+    const mono_u32x4 v = i < n ? *(const mono_u32x4*)(keys + i) : mono_u32x4{0, 0, 0, 0};
+    k[0] = v.x, k[1] = v.y, k[2] = v.z, k[3] = v.w;
+  }
+  MONO_DEV u32 key(u32 i) const { return keys[i]; }
+  MONO_DEV u32 pos(u32 i) const { return first + i; }
+};
+// A row too long for LDS, read from global memory on every pass (one-CTA select only).
+struct sel_row_keys {
+  const float* scores;  // the row
+  u32 n;
+  MONO_DEV void load4(u32 i, u32 (&k)[4]) const {
+    const mono_u32x4 v = i < n ? *(const mono_u32x4*)(scores + i) : mono_u32x4{0, 0, 0, 0};
+    k[0] = sel_radix_key(v.x), k[1] = sel_radix_key(v.y), k[2] = sel_radix_key(v.z), k[3] = sel_radix_key(v.w);
+  }
+  MONO_DEV u32 key(u32 i) const { return sel_radix_key(mono_f32_bits(scores[i])); }
+  MONO_DEV u32 pos(u32 i) const { return i; }
+};
+// The candidates in LDS: keys and their positions.
+struct sel_cand_keys {
+  const u32* keys;
+  const u32* positions;
+  u32 n;
+  MONO_DEV void load4(u32 i, u32 (&k)[4]) const {
+    const mono_u32x4 v = i < n ? *(const mono_u32x4*)(keys + i) : mono_u32x4{0, 0, 0, 0};
+    k[0] = v.x, k[1] = v.y, k[2] = v.z, k[3] = v.w;
+  }
+  MONO_DEV u32 key(u32 i) const { return keys[i]; }
+  MONO_DEV u32 pos(u32 i) const { return positions[i]; }
+};
