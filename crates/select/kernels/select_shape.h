@@ -15,12 +15,14 @@
 #ifndef SEL_BLOCK
 #define SEL_BLOCK 512
 #endif
-// Keys a slice (or the one CTA, before it streams) keeps in LDS; a multiple of 4.
+// Keys a slice (or the one CTA, before it streams) keeps in LDS; a multiple of 4. The default
+// takes every slice of rows up to SEL_MAX_SLICES * SEL_SLICE_TARGET keys.
 #ifndef SEL_SLICE_KEYS
-#define SEL_SLICE_KEYS 4096
+#define SEL_SLICE_KEYS 8192
 #endif
-#ifndef SEL_MIN_SLICE_KEYS
-#define SEL_MIN_SLICE_KEYS 1024
+// Keys a slice aims at: ceil(len / SEL_SLICE_TARGET) slices a row, at most SEL_MAX_SLICES.
+#ifndef SEL_SLICE_TARGET
+#define SEL_SLICE_TARGET 8192
 #endif
 #ifndef SEL_MAX_SLICES
 #define SEL_MAX_SLICES 64
@@ -135,7 +137,7 @@ MONO_DEV u32 sel_width(u32 round) { return round < 5 ? 6u : 2u; }
 
 // ---- slicing (src/layout.rs select_slices, Slices::new) ------------------------------------------
 MONO_DEV u32 sel_slice_count(u32 len) {
-  const u32 c = (len + SEL_MIN_SLICE_KEYS - 1) / SEL_MIN_SLICE_KEYS;
+  const u32 c = (len + SEL_SLICE_TARGET - 1) / SEL_SLICE_TARGET;
   return c < 1 ? 1u : (c > SEL_MAX_SLICES ? (u32)SEL_MAX_SLICES : c);
 }
 MONO_DEV u32 sel_chunk(u32 len, u32 count) {

@@ -3,9 +3,9 @@
 //! whose CTAs are all resident at once), and reading the lists back with the kernels' error flags.
 
 use crate::layout::{
-    lds_words, one_cta_room, place_slices, select_slices, LayoutError, SelectBoxes, TaskOrder,
-    TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES, MIN_SLICE_KEYS, ONE_CTA_ROOM, PAGE_TOKENS,
-    PLACE_RUN, ROOM_PER_K, ROUNDS, SLICE_ALIGN,
+    lds_words, longest_slice, one_cta_room, place_slices, select_slices, LayoutError, SelectBoxes,
+    TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES, ONE_CTA_ROOM, PAGE_TOKENS,
+    PLACE_RUN, ROOM_PER_K, ROUNDS, SLICE_ALIGN, SLICE_TARGET,
 };
 use crate::reference::{Pages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -146,7 +146,7 @@ impl Shape {
         shared_per_block: u32,
     ) -> Result<Shape> {
         let need = match method {
-            Method::MultiSlice => select_slices(max_len)?.chunk(),
+            Method::MultiSlice => longest_slice(max_len)?,
             Method::OneCta => max_len.min(one_cta_room(shared_per_block, top)),
         };
         Ok(Shape {
@@ -170,7 +170,7 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_ROOM_PER_K", ROOM_PER_K)
         .define("SEL_BLOCK", BLOCK)
         .define("SEL_SLICE_KEYS", shape.slice_keys)
-        .define("SEL_MIN_SLICE_KEYS", MIN_SLICE_KEYS)
+        .define("SEL_SLICE_TARGET", SLICE_TARGET)
         .define("SEL_MAX_SLICES", MAX_SLICES)
         .define("SEL_SLICE_ALIGN", SLICE_ALIGN)
         .define("SEL_PAGE_TOKENS", PAGE_TOKENS)

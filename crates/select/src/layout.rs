@@ -93,8 +93,11 @@ pub fn one_cta_room(shared_per_block: u32, top: TopK) -> u32 {
     most.min(ONE_CTA_ROOM)
 }
 
-/// A slice is not made shorter than this: below it the hand-off costs more than the keys. (device)
-pub const MIN_SLICE_KEYS: u32 = 1024;
+/// Keys a slice aims at: a row of `len` keys takes `ceil(len / SLICE_TARGET)` slices, at most
+/// [`MAX_SLICES`]. A gathered round costs more the more slices it gathers (32 boxes from each)
+/// and little per key (PERF.md runs 8-11), so slices are made long: a 128K row is 16 slices of
+/// 8K, and only rows past `MAX_SLICES * SLICE_TARGET` (512K) keys take longer ones. (device)
+pub const SLICE_TARGET: u32 = 8192;
 /// Slices of one row. (device)
 pub const MAX_SLICES: u32 = 64;
 /// Keys one slice keeps in LDS: 64 KiB of radix keys; also below 2^16, so its counts fit 16 bits.
@@ -108,6 +111,10 @@ pub const MAX_SELECT_TASKS: u32 = 256;
 
 const _: () = assert!(SLICE_ROOM < 1 << 16, "slice counts travel as 16-bit values");
 const _: () = assert!(SLICE_ROOM % SLICE_ALIGN == 0);
+// Why every row up to MAX_ROW_KEYS slices within SLICE_ROOM: up to MAX_SLICES * SLICE_TARGET
+// keys, ceil(len / count) <= SLICE_TARGET, a multiple of SLICE_ALIGN, so the rounding keeps it
+// there; past that, count = MAX_SLICES and ceil(len / MAX_SLICES) <= SLICE_ROOM, also a multiple.
+const _: () = assert!(SLICE_TARGET <= SLICE_ROOM && SLICE_TARGET % SLICE_ALIGN == 0);
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
@@ -163,10 +170,27 @@ pub struct Slices {
     chunk: u32,
 }
 
-/// The production slicing of a row: one slice per [`MIN_SLICE_KEYS`] keys, at most [`MAX_SLICES`].
-/// A row of no keys has one empty slice (it still writes the row's padding). (device)
+/// Slices of a row of `len` keys: one per `target` keys (rounded up), 1 to [`MAX_SLICES`]. The
+/// production rule is [`select_slices`]'s; the host emulation runs smaller targets.
+/// (device: `sel_slice_count`)
+pub fn slice_count(len: u32, target: u32) -> u32 {
+    len.div_ceil(target).clamp(1, MAX_SLICES)
+}
+
+/// The production slicing of a row: one slice per [`SLICE_TARGET`] keys (rounded up), at most
+/// [`MAX_SLICES`]. A row of at most `SLICE_TARGET` keys is one slice (it gathers its own
+/// histograms); a row of no keys has one empty slice (it still writes the row's padding). (device)
 pub fn select_slices(len: u32) -> Result<Slices, LayoutError> {
-    Slices::new(len, len.div_ceil(MIN_SLICE_KEYS).clamp(1, MAX_SLICES))
+    Slices::new(len, slice_count(len, SLICE_TARGET))
+}
+
+/// The longest slice ([`Slices::chunk`]) of the production slicing of any row of at most
+/// `max_len` keys: what a multi-slice kernel for such rows keeps in LDS. Not the chunk of
+/// `max_len` itself: a row of [`SLICE_TARGET`] keys is one slice of that many, one key more
+/// makes two of half.
+pub fn longest_slice(max_len: u32) -> Result<u32, LayoutError> {
+    let whole = select_slices(max_len.min(SLICE_TARGET))?.chunk();
+    Ok(whole.max(select_slices(max_len)?.chunk()))
 }
 
 impl Slices {

@@ -134,7 +134,8 @@ proptest! {
 #[test]
 fn production_shapes_on_64_slices() {
     let top = TopK::GLM5;
-    let lens = vec![300_000, 2048, 2049, 5000];
+    // 64 slices (past 64 x SLICE_TARGET keys), 3 slices, and rows of one slice each side of k.
+    let lens = vec![600_000, 2048, 2049, 20_000];
     let scratch = scratch_for(lens.len() as u32, top);
     let mut stops = std::collections::BTreeSet::new();
     for (i, pattern) in Pattern::ALL.into_iter().enumerate() {

@@ -1,7 +1,7 @@
 //! The kernels' own source (`kernels/select.hip`, `select.h` and the headers it includes, found
 //! through `-I kernels`) run on CPU threads through a host stand-in of the prelude (`tests/host/`),
 //! compared entry by entry with the reference: wave sizes 32 and 64, both kernels, every pattern,
-//! page tables, a build with many small slices, and one at production k. This checks the device
+//! page tables, a build with many small slices, and one at production k and slicing. This checks the device
 //! code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between CTAs),
 //! but not the GPU's memory model or speed.
 //! Slow (each CTA is a process of SEL_BLOCK threads) and needs g++ with C++20, so ignored:
@@ -10,7 +10,7 @@
 use mailbox::layout::ScratchLayout;
 use select::cases::{self, Pattern};
 use select::check::check_output;
-use select::layout::{place_slices, SelectBoxes, TaskOrder, TopK, MAX_SLICES};
+use select::layout::{place_slices, slice_count, SelectBoxes, TaskOrder, TopK, SLICE_TARGET};
 use select::reference::{select_row, Pages, Rows};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,7 +24,8 @@ struct Build {
     wave: u32,
     block: u32,
     k: u32,
-    min_slice: u32,
+    /// `SEL_SLICE_TARGET`: small in the first builds, so that short rows take several slices.
+    slice_target: u32,
     slice_keys: u32,
     /// Row lengths of the batches it runs.
     batches: &'static [&'static [u32]],
@@ -36,7 +37,7 @@ const BUILDS: [Build; 4] = [
         wave: 32,
         block: 64,
         k: 16,
-        min_slice: 1024,
+        slice_target: 1024,
         slice_keys: 2048,
         batches: &[&[3000, 16, 17, 0], &[7000, 700], &[5133, 1025, 257, 5]],
     },
@@ -45,7 +46,7 @@ const BUILDS: [Build; 4] = [
         wave: 64,
         block: 128,
         k: 16,
-        min_slice: 1024,
+        slice_target: 1024,
         slice_keys: 2048,
         batches: &[&[3000, 16, 17, 0], &[7000, 700]],
     },
@@ -54,17 +55,18 @@ const BUILDS: [Build; 4] = [
         wave: 32,
         block: 64,
         k: 16,
-        min_slice: 64,
+        slice_target: 64,
         slice_keys: 2048,
         batches: &[&[3000, 1100]],
     },
     Build {
         name: "k2048",
         wave: 32,
-        block: 64,
+        // A thread places at most 64 keys: slices of SLICE_TARGET keys need 128 threads.
+        block: 128,
         k: 2048,
-        min_slice: 1024,
-        slice_keys: 4096,
+        slice_target: SLICE_TARGET,
+        slice_keys: SLICE_TARGET,
         batches: &[&[20000, 3000, 2049, 2048]],
     },
 ];
@@ -86,7 +88,7 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
         .arg(format!("-DMONO_WAVE={}", b.wave))
         .arg(format!("-DSEL_BLOCK={}", b.block))
         .arg(format!("-DSEL_K={}", b.k))
-        .arg(format!("-DSEL_MIN_SLICE_KEYS={}", b.min_slice))
+        .arg(format!("-DSEL_SLICE_TARGET={}", b.slice_target))
         .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
         .args([
             "-DMBX_DEBUG=1",
@@ -121,7 +123,7 @@ fn launch(
     let counts: Vec<u32> = rows
         .lens
         .iter()
-        .map(|l| l.div_ceil(b.min_slice).clamp(1, MAX_SLICES))
+        .map(|&l| slice_count(l, b.slice_target))
         .collect();
     let p = place_slices(&counts).unwrap();
     let mut words = vec![
@@ -223,8 +225,8 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                 }
             }
         }
-        // A negative NaN among the keys of a row the one CTA keeps in LDS (and that two slices
-        // load) is flagged on that row alone, by both kernels.
+        // A negative NaN among the keys of a row the one CTA keeps in LDS (and that one or two
+        // slices load, by the build's target) is flagged on that row alone, by both kernels.
         let lens = [100, 1500];
         let stride = 1504;
         let mut scores = cases::rows(Pattern::Random, &lens, stride, 77);

@@ -31,11 +31,24 @@ proptest! {
     fn production_slices_tile_every_row(len in 0..=MAX_ROW_KEYS) {
         let s = select_slices(len).unwrap();
         check_tiling(&s);
-        prop_assert_eq!(s.count(), len.div_ceil(MIN_SLICE_KEYS).clamp(1, MAX_SLICES));
-        // Fewer slices would leave one past the room; more, one below half the minimum.
+        prop_assert_eq!(s.count(), len.div_ceil(SLICE_TARGET).clamp(1, MAX_SLICES));
+        // Slices reach the target unless the row is one slice, and pass it only at 64 slices.
         if s.count() > 1 {
-            prop_assert!(s.chunk() > MIN_SLICE_KEYS / 2);
+            prop_assert!(s.chunk() > SLICE_TARGET / 2);
         }
+        if s.count() < MAX_SLICES {
+            prop_assert!(s.chunk() <= SLICE_TARGET);
+        }
+    }
+
+    #[test]
+    fn longest_slice_bounds_every_shorter_row(max_len in 0..=MAX_ROW_KEYS, frac in 0.0..=1.0f64) {
+        let longest = longest_slice(max_len).unwrap();
+        let len = (max_len as f64 * frac) as u32;
+        prop_assert!(select_slices(len).unwrap().chunk() <= longest);
+        // And it is no longer than needed: some row up to max_len has a slice that long.
+        let witness = [max_len, max_len.min(SLICE_TARGET)];
+        prop_assert!(witness.iter().any(|&l| select_slices(l).unwrap().chunk() == longest));
     }
 
     #[test]
@@ -163,9 +176,52 @@ fn limits_are_refused_with_a_reason() {
     assert_eq!(TopK::GLM5.room(), 4096);
     assert_eq!(place_slices(&[]), Err(LayoutError::NoRows));
     assert!(place_slices(&[65]).is_err());
-    // Four rows of 128K keys: 64 slices each, interleaved on 256 tasks; eight go in runs.
+    // Rows of 128K keys are 16 slices of 8K: eight interleave on 128 tasks, sixteen on 256.
+    let long = select_slices(128 * 1024).unwrap();
+    assert_eq!((long.count(), long.chunk()), (16, SLICE_TARGET));
+    let eight = place_slices(&[long.count(); 8]).unwrap();
+    assert_eq!(
+        (eight.order(), eight.tasks()),
+        (TaskOrder::Interleaved, 128)
+    );
+    let sixteen = place_slices(&[long.count(); 16]).unwrap();
+    assert_eq!(
+        (sixteen.order(), sixteen.tasks()),
+        (TaskOrder::Interleaved, 256)
+    );
+    // Rows of 64 slices: four interleave on 256 tasks, eight go in runs.
     let four = place_slices(&[64; 4]).unwrap();
     assert_eq!((four.order(), four.tasks()), (TaskOrder::Interleaved, 256));
     let eight = place_slices(&[64; 8]).unwrap();
     assert_eq!((eight.order(), eight.tasks()), (TaskOrder::Runs, 512));
+}
+
+/// Every length the layout accepts, not a sample: the slicing tiles it within the room, and
+/// `longest_slice` is the longest slice of the rows up to each length. The longest row is 64
+/// slices of exactly SLICE_ROOM; rows up to the target are one slice.
+#[test]
+fn every_accepted_length_slices_within_the_room() {
+    let mut longest_so_far = 0;
+    for len in 0..=MAX_ROW_KEYS {
+        let s = select_slices(len).unwrap();
+        check_tiling(&s);
+        longest_so_far = longest_so_far.max(s.chunk());
+        assert_eq!(
+            longest_slice(len).unwrap(),
+            longest_so_far,
+            "rows up to {len}"
+        );
+    }
+    let longest = select_slices(MAX_ROW_KEYS).unwrap();
+    assert_eq!((longest.count(), longest.chunk()), (MAX_SLICES, SLICE_ROOM));
+    assert_eq!(MAX_ROW_KEYS, 1 << 20);
+    let shape = |len: u32| {
+        let s = select_slices(len).unwrap();
+        (s.count(), s.chunk())
+    };
+    assert_eq!(shape(SLICE_TARGET), (1, SLICE_TARGET));
+    assert_eq!(shape(SLICE_TARGET + 1), (2, 4100));
+    assert_eq!(shape(128 * 1024), (16, SLICE_TARGET));
+    assert_eq!(shape(MAX_SLICES * SLICE_TARGET), (MAX_SLICES, SLICE_TARGET));
+    assert_eq!(longest_slice(SLICE_TARGET + 1).unwrap(), SLICE_TARGET);
 }
