@@ -2,7 +2,7 @@
 //! the tiny preset's, with each variant switch. With MONO_REQUIRE_COMPILERS=1 (CI) a missing
 //! compiler fails instead of skipping.
 
-use device::{Clang, Compiler, Nvrtc};
+use device::{Clang, Compiler, KernelSource, Nvrtc};
 use indexer::gpu::{sources, KernelConfig};
 use indexer::reference::{IndexerDims, IndexerOptions};
 use model::numerics::RopeStyle;
@@ -54,6 +54,11 @@ fn configs(fp8: bool) -> Vec<KernelConfig> {
     out
 }
 
+/// ptxas says so when it must serialise wgmma (accumulators touched while in flight): slow.
+fn wgmma_serialised(log: &str) -> bool {
+    log.contains("wgmma")
+}
+
 fn builds_everything(compiler: &dyn Compiler) {
     let mut built = Vec::new();
     for source in sources().into_iter().chain(
@@ -64,9 +69,8 @@ fn builds_everything(compiler: &dyn Compiler) {
         let compiled = compiler
             .compile(&source)
             .unwrap_or_else(|e| panic!("{} for {}: {e}", source.name(), compiler.target()));
-        // ptxas warns when it must serialise wgmma (accumulators touched while in flight): slow.
         assert!(
-            !compiled.log.contains("wgmma"),
+            !wgmma_serialised(&compiled.log),
             "{} for {}: {}",
             source.name(),
             compiler.target(),
@@ -121,4 +125,36 @@ fn kernels_build_for_gfx950() {
     if let Some(c) = compiler(|| Ok(Box::new(Clang::find("gfx950")?))) {
         builds_everything(c.as_ref());
     }
+}
+
+/// The negative control of the serialisation check: a kernel that adds to an accumulator while
+/// its wgmma is in flight must be caught by it.
+#[test]
+fn a_wgmma_touched_in_flight_is_caught() {
+    let Some(c) = compiler(|| Ok(Box::new(Nvrtc::new("sm_90a")?))) else {
+        return;
+    };
+    let body = r#"
+#include "prelude.h"
+MONO_KERNEL void touched(float* out, u64 b) {
+  const u32 a[4] = {1, 2, 3, 4};
+  float d[16] = {};
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  for (int k = 0; k < 2; ++k) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
+    d[0] += 1.0f;
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  for (int i = 0; i < 16; ++i) out[i] = d[i];
+}
+"#;
+    let source = KernelSource::new("touched.hip", body);
+    let compiled = c.compile(&source).unwrap_or_else(|e| panic!("{e}"));
+    assert!(wgmma_serialised(&compiled.log), "{}", compiled.log);
 }
