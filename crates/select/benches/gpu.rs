@@ -16,6 +16,8 @@ use select::layout::TopK;
 use select::reference::{select_rows, Rows};
 
 const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
+/// The rows the registers kernel holds (built for each length: 8 and 16 keys a thread).
+const REG_LENS: [u32; 2] = [8192, 16384];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
 /// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
@@ -117,58 +119,71 @@ fn main() {
         bytes_per_us / 1e6
     );
     let mut table = Vec::new();
-    for method in [Method::MultiSlice, Method::OneCta] {
-        for len in LENS {
-            // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
-            let mut built = Vec::new();
-            for fast_rounds in [false, true] {
-                let shared = dev.info().max_shared_per_block;
-                let shape = Shape {
-                    fast_rounds,
-                    ..Shape::for_rows_within(method, TopK::GLM5, len, shared).expect("shape")
-                };
-                match Selector::build(&dev, method, shape, Variant::default()) {
-                    Ok(s) => built.push(s),
-                    Err(e) => println!(
-                        "{} {len} fast={fast_rounds}: build failed: {e}",
-                        method.name()
-                    ),
-                }
+    let plan = [Method::MultiSlice, Method::OneCta, Method::Registers]
+        .into_iter()
+        .flat_map(|m| {
+            let lens: &[u32] = if m == Method::Registers {
+                &REG_LENS
+            } else {
+                &LENS
+            };
+            lens.iter().map(move |&len| (m, len))
+        });
+    for (method, len) in plan {
+        // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
+        let mut built = Vec::new();
+        for fast_rounds in [false, true] {
+            let shared = dev.info().max_shared_per_block;
+            let shape = Shape {
+                fast_rounds,
+                ..Shape::for_rows_within(method, TopK::GLM5, len, shared).expect("shape")
+            };
+            match Selector::build(&dev, method, shape, Variant::default()) {
+                Ok(s) => built.push(s),
+                Err(e) => println!(
+                    "{} {len} fast={fast_rounds}: build failed: {e}",
+                    method.name()
+                ),
             }
-            for rows in ROWS {
-                let cells: Vec<String> = built
-                    .iter()
-                    .map(|sel| case(&dev, &stream, sel, rows, len))
-                    .collect();
-                let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
-                let line = format!(
-                    "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
-                    method.name(),
-                    cells.join(" ")
-                );
-                eprintln!("{line}");
-                table.push(line);
-            }
+        }
+        for rows in ROWS {
+            let cells: Vec<String> = built
+                .iter()
+                .map(|sel| case(&dev, &stream, sel, rows, len))
+                .collect();
+            let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
+            let line = format!(
+                "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
+                method.name(),
+                cells.join(" ")
+            );
+            eprintln!("{line}");
+            table.push(line);
         }
     }
-    // The fixed cost: rows of exactly k keys take the short-row path (two slices copy positions),
-    // so this is the graph's cooperative launch with almost no work in it.
-    let shape = Shape::for_rows(Method::MultiSlice, TopK::GLM5, 8192).expect("shape");
-    match Selector::build(&dev, Method::MultiSlice, shape, Variant::default()) {
-        Ok(sel) => {
-            for rows in ROWS {
-                let k = TopK::GLM5.k();
-                let cell = case(&dev, &stream, &sel, rows, k);
-                table.push(format!(
-                    "{:<12} {rows:>4} {k:>8} {cell} (launch floor)",
-                    "short-rows"
-                ));
+    // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
+    // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
+    // 1024 threads in a plain launch), so a launch with almost no work in it.
+    for method in [Method::MultiSlice, Method::Registers] {
+        let shape = Shape::for_rows(method, TopK::GLM5, 8192).expect("shape");
+        match Selector::build(&dev, method, shape, Variant::default()) {
+            Ok(sel) => {
+                for rows in ROWS {
+                    let k = TopK::GLM5.k();
+                    let cell = case(&dev, &stream, &sel, rows, k);
+                    table.push(format!(
+                        "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
+                        "short-rows",
+                        method.name()
+                    ));
+                }
             }
+            Err(e) => println!("short rows ({}): build failed: {e}", method.name()),
         }
-        Err(e) => println!("short rows: build failed: {e}"),
     }
     let traces: Vec<String> = [
         (Method::OneCta, 8192),
+        (Method::Registers, 8192),
         (Method::MultiSlice, 8192),
         (Method::OneCta, 32768),
         (Method::MultiSlice, 131072),

@@ -22,9 +22,11 @@
 //
 // The headers, in order, each including the one before it: select_shape.h (defines, keys, state,
 // scans), select_rounds.h (6-bit rounds and polls), select_place.h (compaction, wide digits,
-// placement, tail), select_tasks.h (descent, loads, one CTA, task functions).
+// placement, tail), select_tasks.h (descent, loads, one CTA, task functions), select_regs.h (the one
+// CTA over a short row held in registers, which says how it works).
 #pragma once
 #include "select_shape.h"
 #include "select_rounds.h"
 #include "select_place.h"
 #include "select_tasks.h"
+#include "select_regs.h"

@@ -3,7 +3,7 @@
 // int32 positions, or cache slots when a page table [rows, pages_stride] is given; flags is
 // [rows, SEL_FLAGS] error words, zeroed by the host; trace: 2 * SEL_TRACE_MARKS words, written
 // only by SEL_TRACE builds. Launch with SEL_BLOCK threads and SEL_LDS_WORDS * 4 bytes of dynamic
-// shared memory.
+// shared memory (select_in_registers: SEL_REG_BLOCK threads, no dynamic shared memory).
 #include "prelude.h"
 #include "mailbox.h"
 #include "select.h"
@@ -30,6 +30,23 @@ MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
   if (row >= rows) return;
   sel_trace_begin(sm, trace, row == 0);
   sel_one_cta_task(sm, sel_lds, sel_row_of(scores, stride, lens, pages, pages_stride, out, flags, row));
+}
+
+// One CTA of SEL_REG_BLOCK threads per row of at most SEL_REG_KEYS * SEL_REG_BLOCK keys, held in
+// registers; no dynamic shared memory.
+MONO_KERNEL void __launch_bounds__(SEL_REG_BLOCK, 1)
+    select_in_registers(const float* scores, u32 stride, const u32* lens, u32 rows, const i32* pages, u32 pages_stride,
+                        i32* out, u32* flags, u64* trace) {
+  __shared__ sel_reg_smem sm;
+  const u32 row = mono_block();
+  if (row >= rows) return;
+#if SEL_TRACE
+  if (mono_thread() == 0) sm.trace = row == 0 ? trace : nullptr, sm.marks = 0;
+  sel_reg_mark(sm, SEL_PH_START);
+#else
+  (void)trace;
+#endif
+  sel_regs_task(sm, sel_row_of(scores, stride, lens, pages, pages_stride, out, flags, row));
 }
 
 // One CTA per task; task -> (row, slice) by src/layout.rs SlicePlacement: runs == 0 interleaved

@@ -3,9 +3,9 @@
 //! whose CTAs are all resident at once), and reading the lists back with the kernels' error flags.
 
 use crate::layout::{
-    lds_words, longest_slice, one_cta_room, place_slices, select_slices, LayoutError, SelectBoxes,
-    TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES, ONE_CTA_ROOM, PAGE_TOKENS,
-    PLACE_RUN, ROOM_PER_K, ROUNDS, SLICE_ALIGN, SLICE_TARGET,
+    lds_words, longest_slice, one_cta_room, place_slices, reg_keys_per_thread, select_slices,
+    LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES,
+    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, ROOM_PER_K, ROUNDS, SLICE_ALIGN, SLICE_TARGET,
 };
 use crate::reference::{Pages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -16,7 +16,7 @@ use mailbox::{Stall, DIAG_WORDS};
 pub const SELECT_HIP: (&str, &str) = ("select.hip", include_str!("../kernels/select.hip"));
 /// The headers of `select.hip`, which includes `select.h`; that includes the others in this order,
 /// each of which includes the one before it.
-pub const SELECT_HEADERS: [(&str, &str); 5] = [
+pub const SELECT_HEADERS: [(&str, &str); 6] = [
     ("select.h", include_str!("../kernels/select.h")),
     ("select_shape.h", include_str!("../kernels/select_shape.h")),
     (
@@ -25,9 +25,10 @@ pub const SELECT_HEADERS: [(&str, &str); 5] = [
     ),
     ("select_place.h", include_str!("../kernels/select_place.h")),
     ("select_tasks.h", include_str!("../kernels/select_tasks.h")),
+    ("select_regs.h", include_str!("../kernels/select_regs.h")),
 ];
 
-/// Threads per CTA (`SEL_BLOCK`).
+/// Threads per CTA (`SEL_BLOCK`) of the one-CTA and multi-slice kernels.
 pub const BLOCK: u32 = 512;
 
 const _: () = assert!(
@@ -64,7 +65,7 @@ pub enum GpuError {
         stride: usize,
     },
     #[error(
-        "the kernel was built for rows of at most {built} keys per slice; row {row} needs {need}"
+        "the kernel was built for at most {built} keys per slice (or per row); row {row} needs {need}"
     )]
     Unfit { row: usize, need: u32, built: u32 },
     #[error("only {resident} CTAs of the multi-slice kernel can be resident at once; a row needs up to {MAX_SLICES}")]
@@ -99,6 +100,9 @@ pub enum Method {
     OneCta,
     /// Up to 64 slices per row, one CTA each (`select_multi_slice`).
     MultiSlice,
+    /// One CTA of [`REG_BLOCK`] threads per row of at most [`crate::layout::REG_MAX_ROW`] keys,
+    /// held in registers (`select_in_registers`).
+    Registers,
 }
 
 impl Method {
@@ -106,6 +110,15 @@ impl Method {
         match self {
             Method::OneCta => "one-cta",
             Method::MultiSlice => "multi-slice",
+            Method::Registers => "registers",
+        }
+    }
+
+    /// Threads per CTA.
+    pub fn block(&self) -> u32 {
+        match self {
+            Method::OneCta | Method::MultiSlice => BLOCK,
+            Method::Registers => REG_BLOCK,
         }
     }
 
@@ -113,6 +126,7 @@ impl Method {
         match self {
             Method::OneCta => "select_one_cta",
             Method::MultiSlice => "select_multi_slice",
+            Method::Registers => "select_in_registers",
         }
     }
 }
@@ -123,6 +137,8 @@ pub struct Shape {
     pub top: TopK,
     /// `SEL_SLICE_KEYS`: keys one CTA keeps in LDS (a multiple of 4).
     pub slice_keys: u32,
+    /// `SEL_REG_KEYS`: keys a thread of the registers kernel holds (a multiple of 4).
+    pub reg_keys: u32,
     /// `SEL_FAST_ROUNDS`: the rounds of PERF.md (true, the default) or the first ones, kept so
     /// that one benchmark run can time both.
     pub fast_rounds: bool,
@@ -132,7 +148,8 @@ pub struct Shape {
 
 impl Shape {
     /// For rows of at most `max_len` keys on an H200: multi-slice slices fit in LDS; the one CTA
-    /// keeps a row in LDS up to [`ONE_CTA_ROOM`] keys and streams longer ones.
+    /// keeps a row in LDS up to [`ONE_CTA_ROOM`] keys and streams longer ones; the registers
+    /// kernel holds rows up to [`crate::layout::REG_MAX_ROW`] keys (longer ones are an error).
     pub fn for_rows(method: Method, top: TopK, max_len: u32) -> Result<Shape> {
         Self::for_rows_within(method, top, max_len, H200_SHARED_PER_BLOCK)
     }
@@ -148,18 +165,28 @@ impl Shape {
         let need = match method {
             Method::MultiSlice => longest_slice(max_len)?,
             Method::OneCta => max_len.min(one_cta_room(shared_per_block, top)),
+            Method::Registers => 0,
+        };
+        let reg_keys = match method {
+            Method::Registers => reg_keys_per_thread(max_len)?,
+            Method::OneCta | Method::MultiSlice => reg_keys_per_thread(0)?,
         };
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
+            reg_keys,
             fast_rounds: true,
             trace: false,
         })
     }
 
-    /// Dynamic shared memory of a CTA (`SEL_LDS_WORDS * 4`).
-    pub fn lds_bytes(&self) -> u32 {
-        lds_words(self.slice_keys, self.top) * 4
+    /// Dynamic shared memory of a CTA of `method` (`SEL_LDS_WORDS * 4`; the registers kernel's
+    /// histograms are static).
+    pub fn lds_bytes(&self, method: Method) -> u32 {
+        match method {
+            Method::OneCta | Method::MultiSlice => lds_words(self.slice_keys, self.top) * 4,
+            Method::Registers => 0,
+        }
     }
 }
 
@@ -169,6 +196,8 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_K", shape.top.k())
         .define("SEL_ROOM_PER_K", ROOM_PER_K)
         .define("SEL_BLOCK", BLOCK)
+        .define("SEL_REG_BLOCK", REG_BLOCK)
+        .define("SEL_REG_KEYS", shape.reg_keys)
         .define("SEL_SLICE_KEYS", shape.slice_keys)
         .define("SEL_SLICE_TARGET", SLICE_TARGET)
         .define("SEL_MAX_SLICES", MAX_SLICES)
@@ -206,10 +235,10 @@ impl Selector {
     pub fn build(dev: &Device, method: Method, shape: Shape, variant: Variant) -> Result<Self> {
         let module = dev.build(&source(shape, variant))?;
         let kernel = module.kernel(method.entry())?;
-        let resident = kernel.max_coresident_grid(BLOCK, shape.lds_bytes())?;
+        let resident = kernel.max_coresident_grid(method.block(), shape.lds_bytes(method))?;
         let epoch = match method {
             Method::MultiSlice => Some(EpochNode::build(dev, variant)?),
-            Method::OneCta => None,
+            Method::OneCta | Method::Registers => None,
         };
         Ok(Selector {
             kernel,
@@ -360,6 +389,12 @@ impl Batch {
                 }
             }
         }
+        if sel.method == Method::Registers {
+            let built = sel.shape.reg_keys * REG_BLOCK;
+            if let Some((row, &need)) = self.lens.iter().enumerate().find(|(_, &l)| l > built) {
+                return Err(GpuError::Unfit { row, need, built });
+            }
+        }
         Ok(())
     }
 
@@ -372,7 +407,7 @@ impl Batch {
     /// benchmark loop.
     pub fn enqueue(&self, sel: &Selector, stream: &Stream, repeats: u32) -> Result<()> {
         self.check_fits(sel)?;
-        let launch = Launch::new(0, BLOCK).shared(sel.shape.lds_bytes());
+        let launch = Launch::new(0, sel.method.block()).shared(sel.shape.lds_bytes(sel.method));
         let pages = self.pages.as_ref();
         let pages_ptr = pages.map_or(0, |p| p.device_ptr());
         let Some(epoch_node) = &sel.epoch else {

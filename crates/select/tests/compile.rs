@@ -6,7 +6,7 @@
 use device::{Clang, Compiler, Nvrtc};
 use mailbox::gpu::{DebugBound, Variant};
 use select::gpu::{source, sources, Method, Shape, SELECT_HEADERS};
-use select::layout::{TopK, MAX_ROW_KEYS};
+use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
 
 fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
     match make() {
@@ -38,6 +38,14 @@ fn builds(compiler: &dyn Compiler) {
         (Method::OneCta, TopK::GLM5, MAX_ROW_KEYS, Variant::default()),
         (Method::MultiSlice, TopK::GLM5, 8192, debug),
         (Method::OneCta, TopK::new(16).unwrap(), 4096, debug),
+        (Method::Registers, TopK::GLM5, 8192, Variant::default()),
+        (
+            Method::Registers,
+            TopK::GLM5,
+            REG_MAX_ROW,
+            Variant::default(),
+        ),
+        (Method::Registers, TopK::new(16).unwrap(), 100, debug),
     ] {
         all.push(source(Shape::for_rows(method, top, len).unwrap(), variant));
     }
@@ -57,15 +65,20 @@ fn builds(compiler: &dyn Compiler) {
         names.sort();
         assert_eq!(
             names,
-            ["select_multi_slice", "select_one_cta"],
+            [
+                "select_in_registers",
+                "select_multi_slice",
+                "select_one_cta"
+            ],
             "{}",
             compiler.target()
         );
         for r in &compiled.resources {
             eprintln!(
-                "{} {:?}: {r:?}",
+                "{} {:?} {:?}: {r:?}",
                 compiler.target(),
-                src.defines().get("SEL_SLICE_KEYS")
+                src.defines().get("SEL_SLICE_KEYS"),
+                src.defines().get("SEL_REG_KEYS")
             );
         }
     }

@@ -1,7 +1,8 @@
 //! The select kernels on the GPU, entry by entry against the reference of their own input: every
 //! pattern of issue 4 over rows shorter than k, exactly k, k + 1, 8K, 32K, 128K, 300K and 1M keys,
-//! in batches of 1, 4 and 8 rows, both kernels; cache slots through a page table; NaN reported;
-//! and the three negative controls shown to fail the checker. Prints a table last.
+//! in batches of 1, 4 and 8 rows, all three kernels (the registers kernel on the batches whose rows
+//! it holds, up to 16384 keys); cache slots through a page table; NaN reported; and the three
+//! negative controls shown to fail the checker. Prints a table last.
 //!
 //! The one CTA keeps rows of up to `one_cta_room` keys (32768 on the H200) in LDS and selects
 //! them with wide digits; longer rows stream. The batches cover both sides of that edge, and the
@@ -18,7 +19,7 @@ use mailbox::gpu::{DebugBound, Variant};
 use select::cases::{self, Pattern};
 use select::check::{check_output, controls, expected_sets, missed, CheckError};
 use select::gpu::{Batch, GpuError, Method, Selector, Shape};
-use select::layout::{TopK, MAX_ROW_KEYS};
+use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
 use select::reference::{select_row, select_rows, Pages, Rows};
 use std::time::Instant;
 
@@ -32,15 +33,24 @@ const DEBUG: Variant = Variant {
     epoch_clear: true,
 };
 
-/// Batches of the matrix: 1, 4 and 8 rows with mixed lengths, the short-row edge cases, and the
-/// one CTA's LDS edge (32768 keys in LDS, 32769 streamed on the H200).
-const BATCHES: [&[u32]; 5] = [
+/// Batches of the matrix: 1, 4 and 8 rows with mixed lengths, the short-row edge cases, the one
+/// CTA's LDS edge (32768 keys in LDS, 32769 streamed on the H200), and rows the registers kernel
+/// holds (its edge: 16384).
+const BATCHES: [&[u32]; 7] = [
     &[1 << 20],
     &[8192, 32768, 131072, 300_000],
     &[1000, 2048, 2049, 8192, 32768, 131072, 300_000, 1 << 20],
     &[0, 1, 2047, 4095],
     &[2049, 16384, 32768, 32769],
+    &[8192],
+    &[8192, 16384, 2049, 4096, 12345, 8193, 16383, 100],
 ];
+const METHODS: [Method; 3] = [Method::OneCta, Method::MultiSlice, Method::Registers];
+
+/// Whether `method` takes rows of these lengths (the registers kernel: up to [`REG_MAX_ROW`]).
+fn takes(method: Method, lens: &[u32]) -> bool {
+    method != Method::Registers || lens.iter().all(|&l| l <= REG_MAX_ROW)
+}
 
 struct Host {
     lens: Vec<u32>,
@@ -75,16 +85,21 @@ struct Kernels {
 }
 
 impl Kernels {
-    /// Both kernels, debug and production builds, for the longest rows (they take any shorter).
+    /// The three kernels, debug and production builds, for the longest rows they take (and any
+    /// shorter).
     fn new() -> Kernels {
         let dev = Device::open(0).unwrap_or_else(|e| panic!("{e}"));
         let stream = dev.new_stream().unwrap();
         let mut built = Vec::new();
         let shared = dev.info().max_shared_per_block;
-        for method in [Method::OneCta, Method::MultiSlice] {
+        for method in METHODS {
             for variant in [DEBUG, Variant::default()] {
                 let top = TopK::new(K).unwrap();
-                let shape = Shape::for_rows_within(method, top, MAX_ROW_KEYS, shared).unwrap();
+                let longest = match method {
+                    Method::Registers => REG_MAX_ROW,
+                    Method::OneCta | Method::MultiSlice => MAX_ROW_KEYS,
+                };
+                let shape = Shape::for_rows_within(method, top, longest, shared).unwrap();
                 let sel =
                     Selector::build(&dev, method, shape, variant).unwrap_or_else(|e| panic!("{e}"));
                 eprintln!(
@@ -147,7 +162,7 @@ fn check_matrix_on_the_gpu() {
             eprintln!("{} {lens:?}: stops {}", pattern.name(), stops.join(" "));
             let want = select_rows(&rows, top, None).unwrap();
             let sets = expected_sets(&rows, top, None).unwrap();
-            for method in [Method::OneCta, Method::MultiSlice] {
+            for method in METHODS.into_iter().filter(|&m| takes(m, lens)) {
                 for (vname, variant) in [("debug", DEBUG), ("prod", Variant::default())] {
                     let case = format!(
                         "{} {:<12} {} rows {:?} {vname}",
@@ -209,10 +224,23 @@ fn check_matrix_on_the_gpu() {
     assert_eq!(failed, 0);
 }
 
-/// Cache slots through a scrambled page table, both kernels.
+/// Cache slots through a scrambled page table, every kernel.
 fn slots_case(k: &Kernels) -> Vec<Line> {
+    METHODS
+        .into_iter()
+        .map(|method| {
+            let lens: &[u32] = match method {
+                Method::Registers => &[5000, 16384, 2000, 9000],
+                Method::OneCta | Method::MultiSlice => &[5000, 131072, 2000, 300_000],
+            };
+            slots_of(k, method, lens)
+        })
+        .collect()
+}
+
+fn slots_of(k: &Kernels, method: Method, lens: &[u32]) -> Line {
     let top = TopK::new(K).unwrap();
-    let host = Host::new(Pattern::Random, &[5000, 131072, 2000, 300_000], 77);
+    let host = Host::new(Pattern::Random, lens, 77);
     let per_row = host.stride.div_ceil(64);
     let table: Vec<i32> = (0..host.lens.len() * per_row)
         .map(|i| ((i * 7919) % (host.lens.len() * per_row)) as i32)
@@ -222,31 +250,28 @@ fn slots_case(k: &Kernels) -> Vec<Line> {
         stride: per_row,
     };
     let rows = host.rows();
-    [Method::OneCta, Method::MultiSlice]
-        .into_iter()
-        .map(|method| {
-            let got = k.run(method, DEBUG, &rows, Some(&pages));
-            let (result, ok) = match got.map(|g| check_output(&rows, top, Some(&pages), &g)) {
-                Ok(Ok(())) => ("exact".to_string(), true),
-                Ok(Err(e)) => (format!("FAIL {e}"), false),
-                Err(e) => (format!("error: {e}"), false),
-            };
-            Line {
-                case: format!("{} page-table slots, 4 rows", method.name()),
-                result,
-                ok,
-            }
-        })
-        .collect()
+    let got = k.run(method, DEBUG, &rows, Some(&pages));
+    let (result, ok) = match got.map(|g| check_output(&rows, top, Some(&pages), &g)) {
+        Ok(Ok(())) => ("exact".to_string(), true),
+        Ok(Err(e)) => (format!("FAIL {e}"), false),
+        Err(e) => (format!("error: {e}"), false),
+    };
+    Line {
+        case: format!("{} page-table slots, rows {lens:?}", method.name()),
+        result,
+        ok,
+    }
 }
 
 /// A NaN among the keys of row 1 must be reported (NaN past a row's length never is: every case
 /// above has it in the padding): a positive NaN in a row the one CTA streams, a negative one in a
-/// row it keeps in LDS (each kernel checks NaN where it loads the keys).
+/// row it keeps in LDS, and one in a row the registers kernel holds (each kernel checks NaN where
+/// it loads the keys).
 fn nan_case(k: &Kernels) -> Vec<Line> {
     let cases = [
         (&[3000, 131072, 100][..], 70_000, f32::NAN),
         (&[100, 20000, 3000][..], 12_345, f32::from_bits(0xffc0_0001)),
+        (&[100, 16000, 3000][..], 12_345, f32::from_bits(0xffc0_0001)),
     ];
     cases
         .into_iter()
@@ -254,8 +279,9 @@ fn nan_case(k: &Kernels) -> Vec<Line> {
             let mut host = Host::new(Pattern::Random, lens, 5);
             let at = host.stride + pos;
             host.scores[at] = nan;
-            [Method::OneCta, Method::MultiSlice]
+            METHODS
                 .into_iter()
+                .filter(|&m| takes(m, lens))
                 .map(|method| {
                     let got = k.run(method, DEBUG, &host.rows(), None);
                     let ok = matches!(&got, Err(GpuError::Flagged { row: 1, what }) if what.contains("NaN"));

@@ -1,10 +1,10 @@
 //! The kernels' own source (`kernels/select.hip`, `select.h` and the headers it includes, found
 //! through `-I kernels`) run on CPU threads through a host stand-in of the prelude (`tests/host/`),
-//! compared entry by entry with the reference: wave sizes 32 and 64, both kernels, every pattern,
+//! compared entry by entry with the reference: wave sizes 32 and 64, all three kernels, every pattern,
 //! page tables, a build with many small slices, and one at production k and slicing. This checks the device
 //! code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between CTAs),
 //! but not the GPU's memory model or speed.
-//! Slow (each CTA is a process of SEL_BLOCK threads) and needs g++ with C++20, so ignored:
+//! Slow (each CTA is a process of the block's threads) and needs g++ with C++20, so ignored:
 //! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
 
 use mailbox::layout::ScratchLayout;
@@ -27,6 +27,10 @@ struct Build {
     /// `SEL_SLICE_TARGET`: small in the first builds, so that short rows take several slices.
     slice_target: u32,
     slice_keys: u32,
+    /// `SEL_REG_BLOCK` and `SEL_REG_KEYS` of the registers kernel: it runs the batches whose rows
+    /// all fit in `reg_block * reg_keys` keys.
+    reg_block: u32,
+    reg_keys: u32,
     /// Row lengths of the batches it runs.
     batches: &'static [&'static [u32]],
 }
@@ -39,6 +43,8 @@ const BUILDS: [Build; 4] = [
         k: 16,
         slice_target: 1024,
         slice_keys: 2048,
+        reg_block: 256,
+        reg_keys: 28,
         batches: &[&[3000, 16, 17, 0], &[7000, 700], &[5133, 1025, 257, 5]],
     },
     Build {
@@ -48,6 +54,8 @@ const BUILDS: [Build; 4] = [
         k: 16,
         slice_target: 1024,
         slice_keys: 2048,
+        reg_block: 256,
+        reg_keys: 32,
         batches: &[&[3000, 16, 17, 0], &[7000, 700]],
     },
     Build {
@@ -57,6 +65,8 @@ const BUILDS: [Build; 4] = [
         k: 16,
         slice_target: 64,
         slice_keys: 2048,
+        reg_block: 64,
+        reg_keys: 32,
         batches: &[&[3000, 1100]],
     },
     Build {
@@ -67,6 +77,8 @@ const BUILDS: [Build; 4] = [
         k: 2048,
         slice_target: SLICE_TARGET,
         slice_keys: SLICE_TARGET,
+        reg_block: 1024,
+        reg_keys: 20,
         batches: &[&[20000, 3000, 2049, 2048]],
     },
 ];
@@ -90,6 +102,8 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
         .arg(format!("-DSEL_K={}", b.k))
         .arg(format!("-DSEL_SLICE_TARGET={}", b.slice_target))
         .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
+        .arg(format!("-DSEL_REG_BLOCK={}", b.reg_block))
+        .arg(format!("-DSEL_REG_KEYS={}", b.reg_keys))
         .args([
             "-DMBX_DEBUG=1",
             "-DMBX_DEBUG_TRAP=0",
@@ -108,7 +122,7 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
     exe
 }
 
-/// One launch of `method` (0 one-CTA, 1 multi-slice): the error words and the lists.
+/// One launch of `method` (0 one-CTA, 1 multi-slice, 2 registers): the error words and the lists.
 fn launch(
     exe: &Path,
     b: &Build,
@@ -175,6 +189,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     // Where the rows that the one CTA keeps in LDS (wide digits) stopped, and the others.
     let mut lds_stops = std::collections::BTreeSet::new();
     let mut other_stops = std::collections::BTreeSet::new();
+    let mut reg_stops = std::collections::BTreeSet::new();
     for b in &BUILDS {
         let exe = compile(b, &dir);
         let top = TopK::new(b.k).unwrap();
@@ -196,8 +211,12 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                     stride: per_row,
                 };
                 let pages = (p % 2 == 1).then_some(&pages);
+                let in_regs = lens.iter().all(|&len| len <= b.reg_block * b.reg_keys);
                 for (r, &len) in lens.iter().enumerate() {
                     let th = select_row(rows.row(r), top).unwrap().threshold;
+                    if let (Some(t), true) = (th, in_regs) {
+                        reg_stops.insert(t.prefix_bits);
+                    }
                     if let Some(t) = th {
                         let in_lds = len <= b.slice_keys;
                         if in_lds {
@@ -208,7 +227,10 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                         .insert(t.prefix_bits);
                     }
                 }
-                for method in [0, 1] {
+                for method in [0, 1, 2] {
+                    if method == 2 && !in_regs {
+                        continue;
+                    }
                     runs += 1;
                     let result = launch(&exe, b, method, &rows, pages).and_then(|(flags, out)| {
                         if flags.iter().any(|&f| f != 0) {
@@ -236,7 +258,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
             stride,
             lens: &lens,
         };
-        for method in [0, 1] {
+        for method in [0, 1, 2] {
             runs += 1;
             let flags = launch(&exe, b, method, &rows, None).map(|(flags, _)| flags);
             if flags != Ok(vec![0, 0, 0, 0, 1, 0, 0, 0]) {
@@ -247,9 +269,16 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{runs} emulated launches, {} failed", failures.len());
-    eprintln!("stops: rows in the one CTA's LDS {lds_stops:?}, longer rows {other_stops:?}");
+    eprintln!(
+        "stops: rows in the one CTA's LDS {lds_stops:?}, longer rows {other_stops:?}, rows the \
+         registers kernel took {reg_stops:?}"
+    );
     assert!(failures.is_empty(), "{failures:?}");
-    // Every path ran: wide digits from 12 and from 24 bits, and ties placed at 32, on both sides.
+    // Every path ran: wide digits from 12 and from 24 bits, and ties placed at 32, on both sides
+    // of the one CTA's LDS edge and in the registers kernel.
     let all: std::collections::BTreeSet<u32> = [12, 24, 32].into();
-    assert_eq!((lds_stops, other_stops), (all.clone(), all));
+    assert_eq!(
+        (lds_stops, other_stops, reg_stops),
+        (all.clone(), all.clone(), all)
+    );
 }

@@ -1,7 +1,8 @@
 // Runs one launch of a select kernel from its own source on CPU threads (tests/host_emulation.rs):
-// every CTA a forked process with SEL_BLOCK threads, device memory in shared mappings.
+// every CTA a forked process with the kernel's threads (SEL_BLOCK, or SEL_REG_BLOCK for the
+// registers kernel), device memory in shared mappings.
 //   driver <input> <output>
-// input (little-endian u32 words): method (0 one-CTA, 1 multi-slice), rows, stride, pages_stride
+// input (little-endian u32 words): method (0 one-CTA, 1 multi-slice, 2 registers), rows, stride, pages_stride
 // (0: no page table), runs, tasks, hist_offset, cand_offset, cand_stride, scratch_boxes; then lens,
 // scores [rows, stride], the page table [rows, pages_stride]. output: flags [rows, SEL_FLAGS], then
 // the lists [rows, SEL_K]. Exit status 3: the launch did not end within a minute.
@@ -42,17 +43,18 @@ static void read_words(FILE* f, void* dst, size_t n) {
 }
 
 template <class Body>
-static int launch(u32 grid, Body body) {
+static int launch(u32 grid, u32 block, Body body) {
   std::vector<pid_t> ctas;
   for (u32 b = 0; b < grid; ++b) {
     const pid_t pid = fork();
     if (pid == 0) {
       emu_block = b;
       emu_grid_dim = grid;
-      block_barrier = new std::barrier<>(SEL_BLOCK);
-      for (u32 w = 0; w < SEL_BLOCK / MONO_WAVE; ++w) wave_barrier[w] = new std::barrier<>(MONO_WAVE);
+      emu_block_dim = block;
+      block_barrier = new std::barrier<>(block);
+      for (u32 w = 0; w < block / MONO_WAVE; ++w) wave_barrier[w] = new std::barrier<>(MONO_WAVE);
       std::vector<std::thread> threads;
-      for (u32 t = 0; t < SEL_BLOCK; ++t) threads.emplace_back([t, &body] {
+      for (u32 t = 0; t < block; ++t) threads.emplace_back([t, &body] {
           emu_thread = t;
           body();
         });
@@ -102,12 +104,19 @@ int main(int argc, char** argv) {
   u64* scratch = device_alloc<u64>(scratch_boxes);
   u32* epoch = device_alloc<u32>(1);
   u32* diag = device_alloc<u32>(8);
-  const int status =
-      method == 0 ? launch(rows, [&] { select_one_cta(scores, stride, lens, rows, pages, pages_stride, out, flags, nullptr); })
-                  : launch(tasks, [&] {
-                      select_multi_slice(scores, stride, lens, rows, runs, pages, pages_stride, out, flags, scratch,
-                                         epoch, 1, 0, hist_offset, cand_offset, cand_stride, diag, nullptr);
-                    });
+  int status = 2;
+  if (method == 0)
+    status = launch(rows, SEL_BLOCK,
+                    [&] { select_one_cta(scores, stride, lens, rows, pages, pages_stride, out, flags, nullptr); });
+  if (method == 1)
+    status = launch(tasks, SEL_BLOCK, [&] {
+      select_multi_slice(scores, stride, lens, rows, runs, pages, pages_stride, out, flags, scratch, epoch, 1, 0,
+                         hist_offset, cand_offset, cand_stride, diag, nullptr);
+    });
+  if (method == 2)
+    status = launch(rows, SEL_REG_BLOCK, [&] {
+      select_in_registers(scores, stride, lens, rows, pages, pages_stride, out, flags, nullptr);
+    });
   if (diag[0]) fprintf(stderr, "stall: task %u box %u cta %u\n", diag[1], diag[2], diag[3]);
   FILE* o = fopen(argv[2], "wb");
   fwrite(flags, 4, rows * SEL_FLAGS, o);

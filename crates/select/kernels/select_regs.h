@@ -1,0 +1,215 @@
+// The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_REG_BLOCK keys,
+// src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
+// SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
+// Three wide digits (12, 12 and 8 bits) counted with shared-memory atomics give T, and the keys
+// sharing T's 12- and 24-bit prefixes that decide P; one block scan then places the list.
+//
+// Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
+// phases (PERF.md run 9), not on its keys. Here a digit costs two barriers, one after the counts
+// and one after the wave sums, and no thread waits for another to decide: every thread finds the
+// digit itself (the wave holding the rank, then the thread, then the bin) from the wave sums and
+// the bins, which stay in place until the next digit's counts are done. Part of select.h.
+#pragma once
+#include "select_tasks.h"
+
+#ifndef SEL_REG_BLOCK
+#define SEL_REG_BLOCK 1024
+#endif
+#ifndef SEL_REG_KEYS
+#define SEL_REG_KEYS 8
+#endif
+#define SEL_REG_WAVES (SEL_REG_BLOCK / MONO_WAVE)
+// The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
+// of a 12-bit digit (the 8-bit one: the threads whose bins are below 256).
+#define SEL_REG_WIDE_BINS 4096u
+#define SEL_REG_LAST_BINS 256u
+#define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_REG_BLOCK)
+
+static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at a time, marked in a u32");
+static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one wave looks at every wave's sum");
+static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
+static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
+
+struct sel_reg_smem {
+  alignas(16) u32 wide[2][SEL_REG_WIDE_BINS];
+  alignas(16) u32 last[SEL_REG_LAST_BINS];
+  u32 wave_sum[SEL_REG_WAVES];
+  u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
+#if SEL_TRACE
+  u64* trace;  // thread 0 only; nullptr when this CTA is not traced
+  u32 marks;
+#endif
+};
+
+MONO_DEV void sel_reg_mark(sel_reg_smem& sm, u32 phase) {
+#if SEL_TRACE
+  if (mono_thread() == 0 && sm.trace && sm.marks < SEL_TRACE_MARKS) {
+    sm.trace[2 * sm.marks] = phase;
+    sm.trace[2 * sm.marks + 1] = mono_clock_cycles();
+    ++sm.marks;
+  }
+#else
+  (void)sm, (void)phase;
+#endif
+}
+
+// A digit's bin and its counts: keys in the bins above it, keys in it.
+struct sel_reg_digit {
+  u32 bin, above, count;
+};
+
+MONO_DEV u32 sel_lowest_lane(u64 ballot) { return mono_popc64((ballot & (~ballot + 1)) - 1); }
+
+// The keys in the bins thread t owns (none past `bins`).
+MONO_DEV u32 sel_reg_owned(const u32* hist, u32 bins, u32 t) {
+  u32 sum = 0;
+  if (t * SEL_REG_PER < bins) {
+#pragma unroll
+    for (u32 q = 0; q < SEL_REG_PER / 4; ++q) {
+      const mono_u32x4 v = *(const mono_u32x4*)(hist + t * SEL_REG_PER + 4 * q);
+      sum += v.x + v.y + v.z + v.w;
+    }
+  }
+  return sum;
+}
+
+// The bin of hist (counts done, a barrier since) holding the rank-th key from the top. Block-wide:
+// one barrier, after which every thread finds the same digit; false when the counts lost the rank.
+MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 rank, sel_reg_digit* d) {
+  const u32 lane = mono_lane(), top_lane = MONO_WAVE - 1u - lane;
+  const u32 wave = sel_wave_sum(sel_reg_owned(hist, bins, mono_thread()));
+  if (lane == 0) sm.wave_sum[mono_wave()] = wave;
+  mono_sync_block();
+  // Lane l looks at wave SEL_REG_WAVES - 1 - l: the scan runs down from the top bins.
+  const u32 wv = lane < SEL_REG_WAVES ? sm.wave_sum[SEL_REG_WAVES - 1u - lane] : 0u;
+  const u32 wcum = sel_wave_scan(wv);
+  const u64 in_wave = mono_ballot(wcum >= rank);
+  if (!in_wave) return false;
+  const u32 l1 = sel_lowest_lane(in_wave), w = SEL_REG_WAVES - 1u - l1;
+  const u32 above_wave = mono_shfl(wcum - wv, l1);
+  // Lane l looks at thread MONO_WAVE - 1 - l of that wave.
+  const u32 tv = sel_reg_owned(hist, bins, w * MONO_WAVE + top_lane);
+  const u32 tcum = above_wave + sel_wave_scan(tv);
+  const u64 in_thread = mono_ballot(tcum >= rank);
+  if (!in_thread) return false;
+  const u32 l2 = sel_lowest_lane(in_thread), t = w * MONO_WAVE + MONO_WAVE - 1u - l2;
+  u32 above = mono_shfl(tcum - tv, l2);
+  // That thread's bins, from its top one down (every lane reads the same words).
+  for (u32 j = SEL_REG_PER; j-- > 0;) {
+    const u32 h = hist[t * SEL_REG_PER + j];
+    if (rank <= above + h) {
+      *d = sel_reg_digit{t * SEL_REG_PER + j, above, h};
+      return true;
+    }
+    above += h;
+  }
+  return false;
+}
+
+// Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits).
+MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* hist, u32 mask, u32 bits, u32 shift,
+                            u32 dmask) {
+#pragma unroll
+  for (u32 j = 0; j < SEL_REG_KEYS; ++j)
+    if (j < valid && (keys[j] & mask) == bits) mono_atomic_add_lds_u32(hist + ((keys[j] >> shift) & dmask), 1u);
+}
+
+// Writes the keys of this thread marked in m (bit j: position first + j), in order, from entry
+// `index` while below k (only ties can pass it).
+MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
+#pragma unroll 1
+  for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
+}
+
+// A row of at most k keys: entry i is position i, then -1.
+MONO_DEV void sel_reg_short_row(const sel_row& r) {
+  bool nan = false;
+  for (u32 i = mono_thread(); i < SEL_K; i += SEL_REG_BLOCK) {
+    if (i < r.len) nan |= sel_is_nan(mono_f32_bits(r.scores[i]));
+    r.out[i] = i < r.len ? sel_entry(r, i) : -1;
+  }
+  if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
+}
+
+// The row on this CTA, its keys in registers. Block-wide.
+MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
+  if (r.len <= SEL_K) {
+    sel_reg_short_row(r);
+    return true;
+  }
+  if (r.len > SEL_REG_KEYS * SEL_REG_BLOCK) {
+    sel_flag(r, SEL_FLAG_SHAPE);
+    return false;
+  }
+  const u32 first = mono_thread() * SEL_REG_KEYS;
+  const u32 valid = r.len > first ? (r.len - first < SEL_REG_KEYS ? r.len - first : SEL_REG_KEYS) : 0u;
+  u32 keys[SEL_REG_KEYS];
+#pragma unroll
+  for (u32 q = 0; q < SEL_REG_KEYS / 4; ++q) {
+    const mono_u32x4 v = 4 * q < valid ? *(const mono_u32x4*)(r.scores + first + 4 * q) : mono_u32x4{0, 0, 0, 0};
+    keys[4 * q] = v.x, keys[4 * q + 1] = v.y, keys[4 * q + 2] = v.z, keys[4 * q + 3] = v.w;
+  }
+  // While the loads are in flight: the histograms zeroed.
+  for (u32 i = 4 * mono_thread(); i < 2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS; i += 4 * SEL_REG_BLOCK) {
+    u32* at = i < 2 * SEL_REG_WIDE_BINS ? &sm.wide[0][0] + i : sm.last + (i - 2 * SEL_REG_WIDE_BINS);
+    *(mono_u32x4*)at = mono_u32x4{0, 0, 0, 0};
+  }
+  // A NaN's key lies outside [key(-inf), key(+inf)]; past the row's end a key is 0, below both,
+  // so it never reaches T's bins (a row here has more than k keys).
+  u32 lo = 0xffffffffu, hi = 0;
+#pragma unroll
+  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
+    keys[j] = j < valid ? sel_radix_key(keys[j]) : 0u;
+    if (j < valid) lo = lo < keys[j] ? lo : keys[j], hi = hi > keys[j] ? hi : keys[j];
+  }
+  if (lo < sel_radix_key(0xff800000u) || hi > sel_radix_key(0x7f800000u)) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
+  mono_sync_block();
+  sel_reg_mark(sm, SEL_PH_LOADED);
+  // The digits, one loop body for the three (so the second and third run from the instruction
+  // cache): T's bits so far, their length, the rank of T below them, the keys above them; and at
+  // 12 and 24 bits, the keys sharing and above the prefix (P's candidates).
+  u32 bits = 0, len = 0, rank = SEL_K, above = 0, sharing12 = 0, above12 = 0, sharing24 = 0, above24 = 0;
+#pragma unroll 1
+  for (u32 i = 0; i < 3; ++i) {
+    const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
+    u32* hist = i == 0 ? sm.wide[0] : (i == 1 ? sm.wide[1] : sm.last);
+    sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
+    mono_sync_block();
+    sel_reg_digit d;
+    if (!sel_reg_choose(sm, hist, 1u << width, rank, &d)) {
+      sel_flag(r, SEL_FLAG_LOST);
+      return false;
+    }
+    bits |= d.bin << shift, len += width, rank -= d.above, above += d.above;
+    if (i == 0) sharing12 = d.count, above12 = above;
+    if (i == 1) sharing24 = d.count, above24 = above;
+    sel_reg_mark(sm, SEL_PH_WIDE);
+  }
+  // P: T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those
+  // fit, else T (the contract's stops, src/reference.rs threshold).
+  const u32 t = bits, above_t = above;
+  const bool at12 = sharing12 <= SEL_ROOM, at24 = !at12 && sharing24 <= SEL_ROOM;
+  const u32 p_mask = at12 ? sel_mask(12) : (at24 ? sel_mask(24) : 0xffffffffu);
+  const u32 p_bits = t & p_mask;
+  const u32 above_p = at12 ? above12 : (at24 ? above24 : above_t);
+  u32 ma = 0, mb = 0, mc = 0;  // above P; sharing P above T; equal to T
+#pragma unroll
+  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
+    const bool a = (keys[j] & p_mask) > p_bits;
+    ma |= (u32)a << j;
+    mb |= (u32)(!a && keys[j] > t) << j;
+    mc |= (u32)(keys[j] == t) << j;
+  }
+  // One block scan of the three kinds' counts (the first two packed: each below k).
+  const u32 ab = mono_popc64(ma) | mono_popc64(mb) << 16, c = mono_popc64(mc);
+  const u32 iab = sel_wave_scan(ab), ic = sel_wave_scan(c), lane = mono_lane(), wave = mono_wave();
+  if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = iab, sm.wave_total[1][wave] = ic;
+  mono_sync_block();
+  const u32 ab_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
+  const u32 c_before = sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c;
+  sel_reg_write(r, first, ma, ab_before & 0xffffu);
+  sel_reg_write(r, first, mb, above_p + (ab_before >> 16));
+  sel_reg_write(r, first, mc, above_t + c_before);
+  sel_reg_mark(sm, SEL_PH_PLACED);
+  return true;
+}
