@@ -1,10 +1,12 @@
 //! The select kernels on the GPU: rows 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M keys (random
 //! scores), each launch checked once against the reference, then timed as graph replays (one epoch
 //! node and R selects per graph; the median replay over R), with the floor of reading the scores
-//! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side
-//! by side; then the launch floor (rows of k keys); then the phases of one select as stamped by a
-//! `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows). Prints "skipped" without a
-//! GPU. torch.topk on the same shapes: `python3 tools/bench/select_torch.py`.
+//! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds
+//! (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side by side; the registers kernel at 8K and 16K keys with
+//! CTAs of 1024, 512 and 256 threads; then the launch floor (rows of k keys); then the phases of
+//! one select as stamped by a `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows).
+//! Prints "skipped" without a GPU. torch.topk on the same shapes:
+//! `python3 tools/bench/select_torch.py`.
 //!
 //! `cargo bench -p select --bench gpu`
 
@@ -12,12 +14,14 @@ use device::{Device, Stream};
 use mailbox::gpu::Variant;
 use select::cases::{self, Pattern};
 use select::gpu::{Batch, Method, Selector, Shape};
-use select::layout::TopK;
+use select::layout::{reg_keys_per_thread, TopK};
 use select::reference::{select_rows, Rows};
 
 const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
-/// The rows the registers kernel holds (built for each length: 8 and 16 keys a thread).
+/// Rows the registers kernel holds, and the CTA sizes it is built with for each (keys a thread:
+/// as few as hold the row).
 const REG_LENS: [u32; 2] = [8192, 16384];
+const REG_BLOCKS: [u32; 3] = [1024, 512, 256];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
 /// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
@@ -119,16 +123,9 @@ fn main() {
         bytes_per_us / 1e6
     );
     let mut table = Vec::new();
-    let plan = [Method::MultiSlice, Method::OneCta, Method::Registers]
+    let plan = [Method::MultiSlice, Method::OneCta]
         .into_iter()
-        .flat_map(|m| {
-            let lens: &[u32] = if m == Method::Registers {
-                &REG_LENS
-            } else {
-                &LENS
-            };
-            lens.iter().map(move |&len| (m, len))
-        });
+        .flat_map(|m| LENS.iter().map(move |&len| (m, len)));
     for (method, len) in plan {
         // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
         let mut built = Vec::new();
@@ -161,6 +158,42 @@ fn main() {
             table.push(line);
         }
     }
+    table.push(format!(
+        "\n{:<12} {:>4} {:>8} {}",
+        "kernel",
+        "rows",
+        "keys",
+        REG_BLOCKS
+            .map(|b| format!("{:>10} {:<8}", format!("{b} thr us"), "check"))
+            .join(" ")
+    ));
+    for len in REG_LENS {
+        let built: Vec<Option<Selector>> = REG_BLOCKS
+            .iter()
+            .map(|&block| {
+                let shape = Shape {
+                    reg_block: block,
+                    reg_keys: reg_keys_per_thread(len, block).ok()?,
+                    ..Shape::for_rows(Method::Registers, TopK::GLM5, len).ok()?
+                };
+                Selector::build(&dev, Method::Registers, shape, Variant::default())
+                    .map_err(|e| println!("registers {len} x {block}: build failed: {e}"))
+                    .ok()
+            })
+            .collect();
+        for rows in ROWS {
+            let cells: Vec<String> = built
+                .iter()
+                .map(|sel| match sel {
+                    Some(sel) => case(&dev, &stream, sel, rows, len),
+                    None => format!("{:>10} {:<8}", "-", ""),
+                })
+                .collect();
+            let line = format!("{:<12} {rows:>4} {len:>8} {}", "registers", cells.join(" "));
+            eprintln!("{line}");
+            table.push(line);
+        }
+    }
     // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
     // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
     // 1024 threads in a plain launch), so a launch with almost no work in it.
@@ -181,15 +214,33 @@ fn main() {
             Err(e) => println!("short rows ({}): build failed: {e}", method.name()),
         }
     }
+    let shared = dev.info().max_shared_per_block;
+    let registers = |block: u32| -> Option<Shape> {
+        Some(Shape {
+            reg_block: block,
+            reg_keys: reg_keys_per_thread(8192, block).ok()?,
+            ..Shape::for_rows(Method::Registers, TopK::GLM5, 8192).ok()?
+        })
+    };
     let traces: Vec<String> = [
         (Method::OneCta, 8192),
-        (Method::Registers, 8192),
         (Method::MultiSlice, 8192),
         (Method::OneCta, 32768),
         (Method::MultiSlice, 131072),
     ]
     .into_iter()
-    .map(|(method, len)| trace(&dev, &stream, method, len))
+    .map(|(m, len)| {
+        (
+            m,
+            len,
+            Shape::for_rows_within(m, TopK::GLM5, len, shared).ok(),
+        )
+    })
+    .chain(REG_BLOCKS.map(|b| (Method::Registers, 8192, registers(b))))
+    .map(|(method, len, shape)| match shape {
+        Some(shape) => trace(&dev, &stream, method, shape, len),
+        None => format!("{} {len}: no shape", method.name()),
+    })
     .collect();
     println!(
         "\n{:<12} {:>4} {:>8} {:>10} {:<8} {:>10} {:<8} {:>9}",
@@ -207,15 +258,18 @@ fn main() {
     }
 }
 
-/// One select of 4 random rows by a `SEL_TRACE` build, warm (a select before it): its marks.
-fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
-    let name = format!("{} 4 x {len}", method.name());
+/// One select of 4 random rows by a `SEL_TRACE` build of `shape`, warm (a select before it): its
+/// marks.
+fn trace(dev: &Device, stream: &Stream, method: Method, shape: Shape, len: u32) -> String {
+    let name = match method {
+        Method::Registers => format!("{} {} 4 x {len}", method.name(), shape.reg_block),
+        Method::OneCta | Method::MultiSlice => format!("{} 4 x {len}", method.name()),
+    };
     let run = || -> Result<String, String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
-        let shared = dev.info().max_shared_per_block;
         let shape = Shape {
             trace: true,
-            ..Shape::for_rows_within(method, TopK::GLM5, len, shared).map_err(|e| text(&e))?
+            ..shape
         };
         let sel = Selector::build(dev, method, shape, Variant::default()).map_err(|e| text(&e))?;
         let lens = vec![len; 4];

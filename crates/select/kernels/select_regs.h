@@ -30,10 +30,16 @@ static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one
 static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
 
+// A digit's bin and its counts: keys in the bins above it, keys in it.
+struct sel_reg_digit {
+  u32 bin, above, count;
+};
+
 struct sel_reg_smem {
-  alignas(16) u32 wide[2][SEL_REG_WIDE_BINS];
-  alignas(16) u32 last[SEL_REG_LAST_BINS];
+  // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together).
+  alignas(16) u32 hist[2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS];
   u32 wave_sum[SEL_REG_WAVES];
+  sel_reg_digit digit;  // the digit being chosen
   u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
 #if SEL_TRACE
   u64* trace;  // thread 0 only; nullptr when this CTA is not traced
@@ -53,57 +59,54 @@ MONO_DEV void sel_reg_mark(sel_reg_smem& sm, u32 phase) {
 #endif
 }
 
-// A digit's bin and its counts: keys in the bins above it, keys in it.
-struct sel_reg_digit {
-  u32 bin, above, count;
-};
-
-MONO_DEV u32 sel_lowest_lane(u64 ballot) { return mono_popc64((ballot & (~ballot + 1)) - 1); }
-
-// The keys in the bins thread t owns (none past `bins`).
-MONO_DEV u32 sel_reg_owned(const u32* hist, u32 bins, u32 t) {
-  u32 sum = 0;
-  if (t * SEL_REG_PER < bins) {
+// Inclusive, from the last lane down: lane l gets the sum over lanes l.. of its wave.
+MONO_DEV u32 sel_wave_suffix(u32 v) {
+  const u32 lane = mono_lane();
 #pragma unroll
-    for (u32 q = 0; q < SEL_REG_PER / 4; ++q) {
-      const mono_u32x4 v = *(const mono_u32x4*)(hist + t * SEL_REG_PER + 4 * q);
-      sum += v.x + v.y + v.z + v.w;
-    }
+  for (u32 d = 1; d < MONO_WAVE; d <<= 1) {
+    const u32 o = mono_shfl(v, lane + d < MONO_WAVE ? lane + d : lane);
+    if (lane + d < MONO_WAVE) v += o;
   }
-  return sum;
+  return v;
 }
 
-// The bin of hist (counts done, a barrier since) holding the rank-th key from the top. Block-wide:
-// one barrier, after which every thread finds the same digit; false when the counts lost the rank.
+// The bin of hist (counts done, a barrier since) holding the rank-th key from the top. Each
+// thread keeps its bins in registers and learns the keys above them: in its wave (a suffix scan),
+// then in the waves above (their sums, after a barrier). The one thread whose bins hold the rank
+// walks them and leaves the digit in sm.digit for all after a second barrier. Block-wide; false
+// when the counts lost the rank.
 MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 rank, sel_reg_digit* d) {
-  const u32 lane = mono_lane(), top_lane = MONO_WAVE - 1u - lane;
-  const u32 wave = sel_wave_sum(sel_reg_owned(hist, bins, mono_thread()));
-  if (lane == 0) sm.wave_sum[mono_wave()] = wave;
-  mono_sync_block();
-  // Lane l looks at wave SEL_REG_WAVES - 1 - l: the scan runs down from the top bins.
-  const u32 wv = lane < SEL_REG_WAVES ? sm.wave_sum[SEL_REG_WAVES - 1u - lane] : 0u;
-  const u32 wcum = sel_wave_scan(wv);
-  const u64 in_wave = mono_ballot(wcum >= rank);
-  if (!in_wave) return false;
-  const u32 l1 = sel_lowest_lane(in_wave), w = SEL_REG_WAVES - 1u - l1;
-  const u32 above_wave = mono_shfl(wcum - wv, l1);
-  // Lane l looks at thread MONO_WAVE - 1 - l of that wave.
-  const u32 tv = sel_reg_owned(hist, bins, w * MONO_WAVE + top_lane);
-  const u32 tcum = above_wave + sel_wave_scan(tv);
-  const u64 in_thread = mono_ballot(tcum >= rank);
-  if (!in_thread) return false;
-  const u32 l2 = sel_lowest_lane(in_thread), t = w * MONO_WAVE + MONO_WAVE - 1u - l2;
-  u32 above = mono_shfl(tcum - tv, l2);
-  // That thread's bins, from its top one down (every lane reads the same words).
-  for (u32 j = SEL_REG_PER; j-- > 0;) {
-    const u32 h = hist[t * SEL_REG_PER + j];
-    if (rank <= above + h) {
-      *d = sel_reg_digit{t * SEL_REG_PER + j, above, h};
-      return true;
-    }
-    above += h;
+  const u32 t = mono_thread(), lane = mono_lane(), wave = mono_wave();
+  u32 h[SEL_REG_PER], mine = 0;
+#pragma unroll
+  for (u32 q = 0; q < SEL_REG_PER / 4; ++q) {
+    const mono_u32x4 v =
+        t * SEL_REG_PER < bins ? *(const mono_u32x4*)(hist + t * SEL_REG_PER + 4 * q) : mono_u32x4{0, 0, 0, 0};
+    h[4 * q] = v.x, h[4 * q + 1] = v.y, h[4 * q + 2] = v.z, h[4 * q + 3] = v.w;
+    mine += v.x + v.y + v.z + v.w;
   }
-  return false;
+  // Most waves' bins are empty past the first digit (and many in it): those skip the scans.
+  const bool counted = mono_ballot(mine != 0) != 0;
+  const u32 suffix = counted ? sel_wave_suffix(mine) : 0u;
+  if (lane == 0) sm.wave_sum[wave] = suffix;
+  if (t == 0) sm.digit.bin = SEL_NONE;  // every thread read the last digit before the counts
+  mono_sync_block();
+  u32 above = 0;
+  if (counted)
+    above = sel_wave_sum(lane > wave && lane < SEL_REG_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
+  if (counted && above < rank && rank <= above + mine) {
+#pragma unroll
+    for (u32 j = SEL_REG_PER; j-- > 0;) {
+      if (rank <= above + h[j]) {
+        sm.digit = sel_reg_digit{t * SEL_REG_PER + j, above, h[j]};
+        break;
+      }
+      above += h[j];
+    }
+  }
+  mono_sync_block();
+  *d = sm.digit;
+  return d->bin != SEL_NONE;
 }
 
 // Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits).
@@ -115,7 +118,7 @@ MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* his
 }
 
 // Writes the keys of this thread marked in m (bit j: position first + j), in order, from entry
-// `index` while below k (only ties can pass it).
+// `index` while below k (only ties can reach it).
 MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
 #pragma unroll 1
   for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
@@ -150,19 +153,32 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     keys[4 * q] = v.x, keys[4 * q + 1] = v.y, keys[4 * q + 2] = v.z, keys[4 * q + 3] = v.w;
   }
   // While the loads are in flight: the histograms zeroed.
-  for (u32 i = 4 * mono_thread(); i < 2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS; i += 4 * SEL_REG_BLOCK) {
-    u32* at = i < 2 * SEL_REG_WIDE_BINS ? &sm.wide[0][0] + i : sm.last + (i - 2 * SEL_REG_WIDE_BINS);
-    *(mono_u32x4*)at = mono_u32x4{0, 0, 0, 0};
-  }
-  // A NaN's key lies outside [key(-inf), key(+inf)]; past the row's end a key is 0, below both,
-  // so it never reaches T's bins (a row here has more than k keys).
-  u32 lo = 0xffffffffu, hi = 0;
+  constexpr u32 hist_quads = sizeof(sm.hist) / 16;
 #pragma unroll
-  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
-    keys[j] = j < valid ? sel_radix_key(keys[j]) : 0u;
-    if (j < valid) lo = lo < keys[j] ? lo : keys[j], hi = hi > keys[j] ? hi : keys[j];
+  for (u32 i = 0; i < (hist_quads + SEL_REG_BLOCK - 1) / SEL_REG_BLOCK; ++i)
+    if (i * SEL_REG_BLOCK + mono_thread() < hist_quads)
+      *(mono_u32x4*)(sm.hist + 4 * (i * SEL_REG_BLOCK + mono_thread())) = mono_u32x4{0, 0, 0, 0};
+  // Scores to keys, flagging NaN. Past the row's end a key is 0, below every valid key, so it is
+  // never counted in T's bins (a row here has more than k keys) nor placed; only a thread's quads
+  // at or past the end need that, so whole quads take the short way.
+  bool nan = false;
+#pragma unroll
+  for (u32 q = 0; q < SEL_REG_KEYS / 4; ++q) {
+    if (4 * q + 4 <= valid) {
+#pragma unroll
+      for (u32 j = 4 * q; j < 4 * q + 4; ++j) {
+        nan |= (keys[j] & 0x7fffffffu) > 0x7f800000u;
+        keys[j] = sel_radix_key(keys[j]);
+      }
+    } else {
+#pragma unroll
+      for (u32 j = 4 * q; j < 4 * q + 4; ++j) {
+        nan |= j < valid && (keys[j] & 0x7fffffffu) > 0x7f800000u;
+        keys[j] = j < valid ? sel_radix_key(keys[j]) : 0u;
+      }
+    }
   }
-  if (lo < sel_radix_key(0xff800000u) || hi > sel_radix_key(0x7f800000u)) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
+  if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
   mono_sync_block();
   sel_reg_mark(sm, SEL_PH_LOADED);
   // The digits, one loop body for the three (so the second and third run from the instruction
@@ -172,7 +188,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
 #pragma unroll 1
   for (u32 i = 0; i < 3; ++i) {
     const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
-    u32* hist = i == 0 ? sm.wide[0] : (i == 1 ? sm.wide[1] : sm.last);
+    u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
     sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
     mono_sync_block();
     sel_reg_digit d;

@@ -128,7 +128,9 @@ static_assert(SEL_FIRST_BITS + SEL_GROUP_BITS == 12 && SEL_FIRST_BITS + SEL_WIDE
               "the one CTA's digits meet the stops 12 and 24 and end at 32 bits");
 
 // ---- keys and prefixes (src/reference.rs radix_key, src/descent.rs Prefix) ------------------------
-MONO_DEV u32 sel_radix_key(u32 bits) { return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u); }
+// Negative: all bits flipped; otherwise the sign bit set. Written as one xor with the sign spread
+// (2 instructions, not a select of 3: the registers kernel runs it on every key).
+MONO_DEV u32 sel_radix_key(u32 bits) { return bits ^ ((u32)((i32)bits >> 31) | 0x80000000u); }
 MONO_DEV bool sel_is_nan(u32 bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
 MONO_DEV u32 sel_mask(u32 len) { return len == 0 ? 0u : 0xffffffffu << (32u - len); }
 // Digits of the rounds, from the top: 6, 6, 6, 6, 6, 2 bits.

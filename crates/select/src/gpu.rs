@@ -100,8 +100,8 @@ pub enum Method {
     OneCta,
     /// Up to 64 slices per row, one CTA each (`select_multi_slice`).
     MultiSlice,
-    /// One CTA of [`REG_BLOCK`] threads per row of at most [`crate::layout::REG_MAX_ROW`] keys,
-    /// held in registers (`select_in_registers`).
+    /// One CTA (of [`REG_BLOCK`] threads unless the shape says otherwise) per row of at most
+    /// [`crate::layout::REG_MAX_ROW`] keys, held in registers (`select_in_registers`).
     Registers,
 }
 
@@ -111,14 +111,6 @@ impl Method {
             Method::OneCta => "one-cta",
             Method::MultiSlice => "multi-slice",
             Method::Registers => "registers",
-        }
-    }
-
-    /// Threads per CTA.
-    pub fn block(&self) -> u32 {
-        match self {
-            Method::OneCta | Method::MultiSlice => BLOCK,
-            Method::Registers => REG_BLOCK,
         }
     }
 
@@ -137,7 +129,9 @@ pub struct Shape {
     pub top: TopK,
     /// `SEL_SLICE_KEYS`: keys one CTA keeps in LDS (a multiple of 4).
     pub slice_keys: u32,
-    /// `SEL_REG_KEYS`: keys a thread of the registers kernel holds (a multiple of 4).
+    /// `SEL_REG_BLOCK` and `SEL_REG_KEYS`: threads of the registers kernel's CTA, and keys each
+    /// holds (a multiple of 4; [`reg_keys_per_thread`]).
+    pub reg_block: u32,
     pub reg_keys: u32,
     /// `SEL_FAST_ROUNDS`: the rounds of PERF.md (true, the default) or the first ones, kept so
     /// that one benchmark run can time both.
@@ -168,16 +162,25 @@ impl Shape {
             Method::Registers => 0,
         };
         let reg_keys = match method {
-            Method::Registers => reg_keys_per_thread(max_len)?,
-            Method::OneCta | Method::MultiSlice => reg_keys_per_thread(0)?,
+            Method::Registers => reg_keys_per_thread(max_len, REG_BLOCK)?,
+            Method::OneCta | Method::MultiSlice => reg_keys_per_thread(0, REG_BLOCK)?,
         };
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
+            reg_block: REG_BLOCK,
             reg_keys,
             fast_rounds: true,
             trace: false,
         })
+    }
+
+    /// Threads of a CTA of `method`.
+    pub fn block(&self, method: Method) -> u32 {
+        match method {
+            Method::OneCta | Method::MultiSlice => BLOCK,
+            Method::Registers => self.reg_block,
+        }
     }
 
     /// Dynamic shared memory of a CTA of `method` (`SEL_LDS_WORDS * 4`; the registers kernel's
@@ -196,7 +199,7 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_K", shape.top.k())
         .define("SEL_ROOM_PER_K", ROOM_PER_K)
         .define("SEL_BLOCK", BLOCK)
-        .define("SEL_REG_BLOCK", REG_BLOCK)
+        .define("SEL_REG_BLOCK", shape.reg_block)
         .define("SEL_REG_KEYS", shape.reg_keys)
         .define("SEL_SLICE_KEYS", shape.slice_keys)
         .define("SEL_SLICE_TARGET", SLICE_TARGET)
@@ -235,7 +238,7 @@ impl Selector {
     pub fn build(dev: &Device, method: Method, shape: Shape, variant: Variant) -> Result<Self> {
         let module = dev.build(&source(shape, variant))?;
         let kernel = module.kernel(method.entry())?;
-        let resident = kernel.max_coresident_grid(method.block(), shape.lds_bytes(method))?;
+        let resident = kernel.max_coresident_grid(shape.block(method), shape.lds_bytes(method))?;
         let epoch = match method {
             Method::MultiSlice => Some(EpochNode::build(dev, variant)?),
             Method::OneCta | Method::Registers => None,
@@ -390,7 +393,7 @@ impl Batch {
             }
         }
         if sel.method == Method::Registers {
-            let built = sel.shape.reg_keys * REG_BLOCK;
+            let built = sel.shape.reg_keys * sel.shape.reg_block;
             if let Some((row, &need)) = self.lens.iter().enumerate().find(|(_, &l)| l > built) {
                 return Err(GpuError::Unfit { row, need, built });
             }
@@ -407,7 +410,8 @@ impl Batch {
     /// benchmark loop.
     pub fn enqueue(&self, sel: &Selector, stream: &Stream, repeats: u32) -> Result<()> {
         self.check_fits(sel)?;
-        let launch = Launch::new(0, sel.method.block()).shared(sel.shape.lds_bytes(sel.method));
+        let launch =
+            Launch::new(0, sel.shape.block(sel.method)).shared(sel.shape.lds_bytes(sel.method));
         let pages = self.pages.as_ref();
         let pages_ptr = pages.map_or(0, |p| p.device_ptr());
         let Some(epoch_node) = &sel.epoch else {

@@ -77,21 +77,30 @@ pub const ONE_CTA_ROOM: u32 = 32768;
 /// Unit of the one-CTA room.
 pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
-/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`).
+/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise.
 pub const REG_BLOCK: u32 = 1024;
-/// Keys a thread of the registers kernel holds at most (`SEL_REG_KEYS`, a multiple of 4): 1024
-/// threads have 64 registers each, and a key takes one.
-pub const REG_MAX_PER_THREAD: u32 = 16;
-/// The longest row the registers kernel takes.
-pub const REG_MAX_ROW: u32 = REG_BLOCK * REG_MAX_PER_THREAD;
+/// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
+/// registers each (a key takes one).
+pub const REG_MAX_ROW: u32 = 16384;
+/// Keys a thread of the registers kernel holds at most (`SEL_REG_KEYS`: marked in a u32).
+pub const REG_MAX_PER_THREAD: u32 = 32;
 
-/// Keys per thread of a registers kernel built for rows of at most `max_len` keys: the fewest
-/// (a multiple of 4, at least 4) that hold such a row. (device `SEL_REG_KEYS`)
-pub fn reg_keys_per_thread(max_len: u32) -> Result<u32, LayoutError> {
-    if max_len > REG_MAX_ROW {
-        return Err(LayoutError::TooLongForRegisters { len: max_len });
+/// Keys per thread of a registers kernel of `block` threads built for rows of at most `max_len`
+/// keys: the fewest (a multiple of 4, at least 4) that hold such a row. `block` is a power of two
+/// from 64 to 1024 (a thread owns a whole number of quads of a 4096-bin histogram). (device
+/// `SEL_REG_KEYS`, `SEL_REG_BLOCK`)
+pub fn reg_keys_per_thread(max_len: u32, block: u32) -> Result<u32, LayoutError> {
+    if !block.is_power_of_two() || !(64..=1024).contains(&block) {
+        return Err(LayoutError::BadRegBlock { block });
     }
-    Ok(max_len.div_ceil(REG_BLOCK).div_ceil(4).max(1) * 4)
+    let per = max_len.div_ceil(block).div_ceil(4).max(1) * 4;
+    if max_len > REG_MAX_ROW || per > REG_MAX_PER_THREAD {
+        return Err(LayoutError::TooLongForRegisters {
+            len: max_len,
+            block,
+        });
+    }
+    Ok(per)
 }
 
 /// Dynamic LDS words of a select CTA that keeps `keys` keys: the keys, then either the candidate
@@ -143,8 +152,10 @@ pub enum LayoutError {
     RowTooLong { len: u32 },
     #[error("a row of {len} keys cannot be cut into {count} slices (1..={MAX_SLICES}, none empty, each at most {SLICE_ROOM} keys, starting on multiples of {SLICE_ALIGN})")]
     BadSliceCount { len: u32, count: u32 },
-    #[error("a row of {len} keys is longer than the {REG_MAX_ROW} the registers kernel holds")]
-    TooLongForRegisters { len: u32 },
+    #[error("a row of {len} keys does not fit the registers kernel of {block} threads (at most {REG_MAX_ROW} keys, {REG_MAX_PER_THREAD} a thread)")]
+    TooLongForRegisters { len: u32, block: u32 },
+    #[error("the registers kernel takes 64, 128, 256, 512 or 1024 threads, not {block}")]
+    BadRegBlock { block: u32 },
     #[error("a select launch needs at least one row")]
     NoRows,
     #[error("row {row}: slice count {count} is outside 1..={MAX_SLICES}")]
