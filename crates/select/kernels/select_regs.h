@@ -114,7 +114,7 @@ MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* his
                             u32 dmask) {
 #pragma unroll
   for (u32 j = 0; j < SEL_REG_KEYS; ++j)
-    if (j < valid && (keys[j] & mask) == bits) mono_atomic_add_lds_u32(hist + ((keys[j] >> shift) & dmask), 1u);
+    if (j < valid && (keys[j] & mask) == bits) mono_count_lds_u32(hist + ((keys[j] >> shift) & dmask));
 }
 
 // Writes the keys of this thread marked in m (bit j: position first + j), in order, from entry
@@ -203,17 +203,16 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   }
   // P: T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those
   // fit, else T (the contract's stops, src/reference.rs threshold).
+  // A key's prefix is above P iff the key is above P's largest key (P with every bit below set).
   const u32 t = bits, above_t = above;
   const bool at12 = sharing12 <= SEL_ROOM, at24 = !at12 && sharing24 <= SEL_ROOM;
-  const u32 p_mask = at12 ? sel_mask(12) : (at24 ? sel_mask(24) : 0xffffffffu);
-  const u32 p_bits = t & p_mask;
+  const u32 p_top = t | (at12 ? ~sel_mask(12) : (at24 ? ~sel_mask(24) : 0u));
   const u32 above_p = at12 ? above12 : (at24 ? above24 : above_t);
   u32 ma = 0, mb = 0, mc = 0;  // above P; sharing P above T; equal to T
 #pragma unroll
   for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
-    const bool a = (keys[j] & p_mask) > p_bits;
-    ma |= (u32)a << j;
-    mb |= (u32)(!a && keys[j] > t) << j;
+    ma |= (u32)(keys[j] > p_top) << j;
+    mb |= (u32)(keys[j] > t && keys[j] <= p_top) << j;
     mc |= (u32)(keys[j] == t) << j;
   }
   // One block scan of the three kinds' counts (the first two packed: each below k).
