@@ -14,12 +14,16 @@
 //! (8 bits, then 12 + 12 over the keys sharing the prefix), then one placement pass in position
 //! order. A longer row:
 //! the multi-slice steps with a single slice and nothing exchanged.
+//!
+//! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits over the
+//! whole row, then one placement pass in position order.
 
 use crate::descent::{
     histogram, pack_hist, unpack_hist, wide_histogram, Cut, Descent, Kind, LostKeys,
 };
 use crate::layout::{
-    LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, WIDE_BITS,
+    LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, REG_MAX_ROW,
+    WIDE_BITS,
 };
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
@@ -241,6 +245,31 @@ impl Shared<'_> {
         self.place_cut(row, &cut, pairs.into_iter())
     }
 
+    /// The registers kernel over a row of more than k keys (`sel_regs_task`): digits of 12, 12 and
+    /// 8 bits over every key of the row, each from a histogram of the keys sharing the prefix so
+    /// far; P is T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when
+    /// those fit, else T; one pass in position order places the list.
+    fn in_registers(&self, row: usize) -> Result<(), CpuError> {
+        let len = self.rows.lens[row];
+        let pairs: Vec<(u32, u32)> = (0..len).map(|pos| (pos, self.key(row, pos))).collect();
+        let keys: Vec<u32> = pairs.iter().map(|kp| kp.1).collect();
+        let lost = |source| CpuError::Lost {
+            row,
+            slice: 0,
+            source,
+        };
+        let mut d = Descent::start(self.top.k(), len);
+        let mut at = Vec::with_capacity(2);
+        for width in [WIDE_BITS, WIDE_BITS, 8] {
+            let hist = wide_histogram(keys.iter().copied(), d.prefix, width);
+            d.wide_step(&hist, width).map_err(lost)?;
+            at.push(d);
+        }
+        let room = self.top.room();
+        let p = at[..2].iter().find(|p| p.sharing <= room).unwrap_or(&d);
+        self.place_cut(row, &Cut::new(p, &d), pairs.into_iter())
+    }
+
     /// Places the (position, key) pairs the cut takes, in the order given (position order):
     /// above P from entry 0, sharing P above T from `above_p`, ties from `above_t` until k.
     fn place_cut(
@@ -343,6 +372,35 @@ pub fn select_one_cta(rows: &Rows, top: TopK, pages: Option<&Pages>) -> Result<V
             staged: Mutex::new(Vec::new()),
         };
         s.slice(&alone, row, 0..rows.lens[row], 0)?;
+    }
+    s.finish()
+}
+
+/// The registers kernel's select of every row, `[rows, k]`; a row longer than [`REG_MAX_ROW`]
+/// is an error, as on the device.
+pub fn select_in_registers(
+    rows: &Rows,
+    top: TopK,
+    pages: Option<&Pages>,
+) -> Result<Vec<i32>, CpuError> {
+    let s = shared(rows, top, pages)?;
+    for row in 0..rows.count() {
+        let len = rows.lens[row];
+        if len > REG_MAX_ROW {
+            return Err(LayoutError::TooLongForRegisters {
+                len,
+                block: crate::layout::REG_BLOCK,
+            }
+            .into());
+        }
+        if len > top.k() {
+            s.in_registers(row)?;
+            continue;
+        }
+        let alone = Alone {
+            staged: Mutex::new(Vec::new()),
+        };
+        s.slice(&alone, row, 0..len, 0)?;
     }
     s.finish()
 }

@@ -5,7 +5,8 @@
 //! - [`layout`]: k and the candidate room, digits, slicing, placement of slices, scratch regions.
 //! - [`descent`]: the steps of the digit descent as the kernels take them.
 //! - [`cases`]: the adversarial score rows of the checks and benchmarks.
-//! - [`cpu`]: the one-CTA and multi-slice kernels in CPU form (threads + the mailbox protocol).
+//! - [`cpu`]: the one-CTA, registers and multi-slice kernels in CPU form (the last on threads + the
+//!   mailbox protocol).
 //! - [`gpu`]: host side of the kernels (`kernels/select.hip`, `kernels/select*.h`).
 
 pub mod cases;

@@ -1,4 +1,4 @@
-//! The CPU forms of the kernels (one CTA; multi-slice on threads and the mailbox protocol) give the
+//! The CPU forms of the kernels (one CTA; registers; multi-slice on threads and the mailbox protocol) give the
 //! reference's list entry by entry, on random rows, lengths, k, slice counts and page tables.
 
 use mailbox::layout::ScratchLayout;
@@ -6,8 +6,10 @@ use mailbox::Scratch;
 use proptest::prelude::*;
 use select::cases::{self, Pattern};
 use select::check::check_output;
-use select::cpu::{select_multi_slice, select_one_cta, CpuError, Exchanged};
-use select::layout::{select_slices, SelectBoxes, Slices, TopK, MAX_SLICES, ONE_CTA_ROOM};
+use select::cpu::{select_in_registers, select_multi_slice, select_one_cta, CpuError, Exchanged};
+use select::layout::{
+    select_slices, LayoutError, SelectBoxes, Slices, TopK, MAX_SLICES, ONE_CTA_ROOM, REG_MAX_ROW,
+};
 use select::reference::{Pages, Rows};
 
 /// The largest slice count up to `want` that the row accepts.
@@ -128,6 +130,49 @@ proptest! {
         let got = select_one_cta(&case.rows(), top, pages.then_some(&p)).unwrap();
         check_output(&case.rows(), top, pages.then_some(&p), &got).unwrap();
     }
+
+    #[test]
+    fn registers_equals_the_reference(
+        pattern in pattern(),
+        lens in prop::collection::vec(0..=REG_MAX_ROW, 1..4),
+        k in 1..=300u32,
+        pages in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let top = TopK::new(k).unwrap();
+        let case = Case::new(pattern, lens, seed);
+        let p = case.pages();
+        let got = select_in_registers(&case.rows(), top, pages.then_some(&p)).unwrap();
+        check_output(&case.rows(), top, pages.then_some(&p), &got).unwrap();
+    }
+}
+
+/// The registers kernel's steps at production k: every stop, rows of k + 1 and of the most it
+/// holds; a longer row is refused, not cut.
+#[test]
+fn registers_stop_at_12_24_and_32_bits_and_refuse_longer_rows() {
+    let top = TopK::GLM5;
+    let lens = vec![8192, 2049, REG_MAX_ROW, 4097];
+    let mut stops = std::collections::BTreeSet::new();
+    for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
+        let case = Case::new(pattern, lens.clone(), 70 + i as u64);
+        for row in 0..lens.len() {
+            let sel = select::select_row(case.rows().row(row), top).unwrap();
+            stops.insert(sel.threshold.map(|t| t.prefix_bits));
+        }
+        let got = select_in_registers(&case.rows(), top, None).unwrap();
+        check_output(&case.rows(), top, None, &got)
+            .unwrap_or_else(|e| panic!("{}: {e}", pattern.name()));
+    }
+    assert_eq!(
+        stops.into_iter().collect::<Vec<_>>(),
+        [Some(12), Some(24), Some(32)]
+    );
+    let long = Case::new(Pattern::Random, vec![100, REG_MAX_ROW + 1], 1);
+    assert!(matches!(
+        select_in_registers(&long.rows(), top, None),
+        Err(CpuError::Layout(LayoutError::TooLongForRegisters { .. }))
+    ));
 }
 
 /// Production k over the production slicing, every pattern, rows that stop at 12, 24 and 32 bits.
