@@ -184,7 +184,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   // The digits, one loop body for the three (so the second and third run from the instruction
   // cache): T's bits so far, their length, the rank of T below them, the keys above them; and at
   // 12 and 24 bits, the keys sharing and above the prefix (P's candidates).
-  u32 bits = 0, len = 0, rank = SEL_K, above = 0, sharing12 = 0, above12 = 0, sharing24 = 0, above24 = 0;
+  u32 bits = 0, len = 0, rank = SEL_K, above = 0, sharing12 = 0, above12 = 0, sharing24 = 0, above24 = 0, ties = 0;
 #pragma unroll 1
   for (u32 i = 0; i < 3; ++i) {
     const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
@@ -199,6 +199,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     bits |= d.bin << shift, len += width, rank -= d.above, above += d.above;
     if (i == 0) sharing12 = d.count, above12 = above;
     if (i == 1) sharing24 = d.count, above24 = above;
+    if (i == 2) ties = d.count;
     sel_reg_mark(sm, SEL_PH_WIDE);
   }
   // P: T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those
@@ -215,13 +216,16 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     mb |= (u32)(keys[j] > t && keys[j] <= p_top) << j;
     mc |= (u32)(keys[j] == t) << j;
   }
-  // One block scan of the three kinds' counts (the first two packed: each below k).
+  // One block scan of the three kinds' counts (the first two packed: each below k). The ties need
+  // theirs only when T repeats: a lone T is the k-th entry, whoever holds it.
   const u32 ab = mono_popc64(ma) | mono_popc64(mb) << 16, c = mono_popc64(mc);
-  const u32 iab = sel_wave_scan(ab), ic = sel_wave_scan(c), lane = mono_lane(), wave = mono_wave();
+  const u32 lane = mono_lane(), wave = mono_wave();
+  const u32 iab = sel_wave_scan(ab), ic = ties > 1 ? sel_wave_scan(c) : c;
   if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = iab, sm.wave_total[1][wave] = ic;
   mono_sync_block();
   const u32 ab_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
-  const u32 c_before = sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c;
+  const u32 c_before = ties > 1 ? sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c : 0u;
+  sel_reg_mark(sm, SEL_PH_SCANNED);
   sel_reg_write(r, first, ma, ab_before & 0xffffu);
   sel_reg_write(r, first, mb, above_p + (ab_before >> 16));
   sel_reg_write(r, first, mc, above_t + c_before);

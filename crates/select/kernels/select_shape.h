@@ -102,6 +102,7 @@
 #define SEL_PH_CANDS 5    // every slice's candidates received
 #define SEL_PH_WIDE 6     // a wide digit chosen
 #define SEL_PH_PLACED 7   // the list written (this thread's part)
+#define SEL_PH_SCANNED 8  // the list's entries counted and scanned (registers kernel)
 
 // Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
 #define SEL_FLAGS 4
