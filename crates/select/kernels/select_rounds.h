@@ -183,7 +183,7 @@ MONO_DEV void sel_count_copies(u32* cnt, const Src& src, u32 bits, u32 len, u32 
 #pragma unroll
       for (u32 j = 0; j < 4; ++j)
         if (i + j < src.n && (k[b][j] & mask) == bits)
-          mono_atomic_add_lds_u32(mine + ((k[b][j] >> shift) & dmask) * MONO_WAVE, 1u);
+          mono_count_lds_u32(mine + ((k[b][j] >> shift) & dmask) * MONO_WAVE);
     }
   }
 }
