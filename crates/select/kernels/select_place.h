@@ -21,39 +21,50 @@ MONO_DEV void sel_flag(const sel_row& r, u32 which) {
   if (mono_thread() == 0) mono_st_relaxed_u32(r.flags + which, 1u);
 }
 
-// Emits, in position order, the keys of src that keep() accepts, as indices first, first + 1, ...
-// through emit(index, pos, key). Per chunk of SEL_PLACE_RUN * SEL_BLOCK keys (one for a slice or
-// the candidates), thread t takes a run of consecutive keys (as sel_place) and marks those kept;
-// one block scan on sm.wtot[buf] gives its first index. Block-wide, one barrier a chunk; two
-// calls in a row take different bufs.
-template <class Src, class Keep, class Emit>
-MONO_DEV void sel_compact(sel_smem& sm, u32 buf, const Src& src, Keep keep, u32 first, Emit emit) {
+// Emits, in position order, the keys of src that keep_a() accepts as indices first_a, first_a + 1,
+// ... through emit_a(index, pos, key), and those keep_b() accepts (none of the same keys) from
+// first_b through emit_b: both kinds in one pass over the keys. Per chunk of SEL_PLACE_RUN *
+// SEL_BLOCK keys (one for a slice or the candidates), thread t takes a run of consecutive keys (as
+// sel_place) and marks those of each kind; one block scan of both counts (16 bits each: a chunk
+// holds at most 32768 keys) gives its first indices. Block-wide, one barrier a chunk; uses
+// sm.wtot[0], so a barrier must come before its next user.
+template <class Src, class KeepA, class EmitA, class KeepB, class EmitB>
+MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first_a, EmitA emit_a, KeepB keep_b,
+                           u32 first_b, EmitB emit_b) {
+  static_assert(SEL_PLACE_RUN * SEL_BLOCK <= 0xffffu + 1u, "a chunk's counts fit 16 bits");
   for (u32 c0 = 0; c0 < src.n; c0 += SEL_PLACE_RUN * SEL_BLOCK) {
     if (c0 > 0) mono_sync_block();  // every thread has read the last chunk's scan words
     const u32 n = src.n - c0 < SEL_PLACE_RUN * SEL_BLOCK ? src.n - c0 : SEL_PLACE_RUN * SEL_BLOCK;
     const u32 run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4, quads = run / 4;
     const u32 start = c0 + mono_thread() * run, end = start + run < c0 + n ? start + run : c0 + n;
     const u32 rot = quads ? mono_thread() % quads : 0u;
-    u64 m = 0;
+    u64 ma = 0, mb = 0;
     for (u32 q = 0; q < quads; ++q) {
       const u32 at = q + rot < quads ? q + rot : q + rot - quads, i = start + 4 * at;
       if (i >= end) continue;
       u32 k[4];
       src.load4(i, k);
-      u32 c = 0;
+      u32 a = 0, b = 0;
 #pragma unroll
-      for (u32 j = 0; j < 4; ++j) c |= (u32)(i + j < end && keep(k[j])) << j;
-      m |= (u64)c << (4 * at);
+      for (u32 j = 0; j < 4; ++j) {
+        const bool in = i + j < end;
+        a |= (u32)(in && keep_a(k[j])) << j;
+        b |= (u32)(in && keep_b(k[j])) << j;
+      }
+      ma |= (u64)a << (4 * at), mb |= (u64)b << (4 * at);
     }
     u32 total;
-    u32 index = first + sel_scan1(sm, buf, mono_popc64(m), &total);
-    while (m) {
-      const u64 low = m & (~m + 1);
-      m ^= low;
-      const u32 i = start + mono_popc64(low - 1);
-      emit(index++, src.pos(i), src.key(i));
+    const u32 before = sel_scan1(sm, 0, mono_popc64(ma) | mono_popc64(mb) << 16, &total);
+    u32 ia = first_a + (before & 0xffffu), ib = first_b + (before >> 16);
+    for (u64 m = ma; m; m &= m - 1) {
+      const u32 i = start + mono_popc64((m & (~m + 1)) - 1);
+      emit_a(ia++, src.pos(i), src.key(i));
     }
-    first += total;
+    for (u64 m = mb; m; m &= m - 1) {
+      const u32 i = start + mono_popc64((m & (~m + 1)) - 1);
+      emit_b(ib++, src.pos(i), src.key(i));
+    }
+    first_a += total & 0xffffu, first_b += total >> 16;
   }
 }
 

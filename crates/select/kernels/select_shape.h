@@ -97,12 +97,11 @@
 #define SEL_PH_START 0    // the task began
 #define SEL_PH_LOADED 1   // keys in LDS (one CTA: and their top 8 bits counted)
 #define SEL_PH_ROUND 2    // a 6-bit round (gathered, or alone when streaming)
-#define SEL_PH_ABOVE 3    // the keys above P placed
-#define SEL_PH_STAGED 4   // the keys sharing P staged
-#define SEL_PH_CANDS 5    // every slice's candidates received
-#define SEL_PH_WIDE 6     // a wide digit chosen
-#define SEL_PH_PLACED 7   // the list written (this thread's part)
-#define SEL_PH_SCANNED 8  // the list's entries counted and scanned (registers kernel)
+#define SEL_PH_ABOVE 3    // the keys above P placed, and those sharing P staged (one pass)
+#define SEL_PH_CANDS 4    // every slice's candidates received
+#define SEL_PH_WIDE 5     // a wide digit chosen
+#define SEL_PH_PLACED 6   // the list written (this thread's part)
+#define SEL_PH_SCANNED 7  // the list's entries counted and scanned (registers kernel)
 
 // Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
 #define SEL_FLAGS 4

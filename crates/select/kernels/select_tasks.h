@@ -22,21 +22,21 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
   }
   const sel_state st = sm.st;  // a copy: the tail's passes change sm.st
   const u32 mask = sel_mask(st.len);
+  // One pass places the keys above P and, at 32 bits, the ties; else stages the keys sharing P.
   auto write = [&](u32 i, u32 pos, u32) { sel_write(r, i, pos); };
-  sel_compact(sm, 0, src, [&](u32 key) { return (key & mask) > st.bits; }, st.above_before, write);
-  sel_mark(sm, SEL_PH_ABOVE);
+  auto above = [&](u32 key) { return (key & mask) > st.bits; };
+  auto sharing = [&](u32 key) { return (key & mask) == st.bits; };
   if (st.len == 32) {
-    sel_compact(sm, 1, src, [&](u32 key) { return key == st.bits; }, st.above + st.sharing_before, write);
+    sel_compact2(sm, src, above, st.above_before, write, sharing, st.above + st.sharing_before, write);
     sel_mark(sm, SEL_PH_PLACED);
     return true;
   }
-  auto sharing = [&](u32 key) { return (key & mask) == st.bits; };
   if (x.c) {
-    sel_compact(sm, 1, src, sharing, st.sharing_before, [&](u32 i, u32 pos, u32 key) {
+    sel_compact2(sm, src, above, st.above_before, write, sharing, st.sharing_before, [&](u32 i, u32 pos, u32 key) {
       sel_put_relaxed(*x.c, cand_box + 2 * i, key);
       sel_put_relaxed(*x.c, cand_box + 2 * i + 1, pos);
     });
-    sel_mark(sm, SEL_PH_STAGED);
+    sel_mark(sm, SEL_PH_ABOVE);
     if (x.me != 0) return true;
     // Every slice's pairs in one batched poll; ends on a block barrier.
     const bool ok = sel_poll_all(*x.c, cand_box, 2 * st.sharing, [&](u32 i, u32 v) {
@@ -51,8 +51,10 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
     }
     sel_mark(sm, SEL_PH_CANDS);
   } else {
-    sel_compact(sm, 1, src, sharing, 0, [&](u32 i, u32 pos, u32 key) { cand_pos[i] = pos, cand_key[i] = key; });
+    sel_compact2(sm, src, above, st.above_before, write, sharing, 0,
+                 [&](u32 i, u32 pos, u32 key) { cand_pos[i] = pos, cand_key[i] = key; });
     mono_sync_block();
+    sel_mark(sm, SEL_PH_ABOVE);
   }
   if (!sel_tail(sm, r, cand_pos, cand_key, st.sharing)) {
     sel_flag(r, SEL_FLAG_LOST);

@@ -82,12 +82,11 @@ pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 /// (`mono_clock_cycles`).
 pub const TRACE_MARKS: usize = 32;
 /// The phases of a trace (`SEL_PH_*`), by number: each mark is stamped when the phase ends.
-pub const PHASES: [&str; 9] = [
+pub const PHASES: [&str; 8] = [
     "start",
     "keys loaded",
     "6-bit round",
-    "keys above P placed",
-    "candidates staged",
+    "above P placed, P's keys staged",
     "candidates received",
     "wide digit chosen",
     "list written",
