@@ -40,12 +40,7 @@ MONO_KERNEL void __launch_bounds__(SEL_REG_BLOCK, 1)
   __shared__ sel_reg_smem sm;
   const u32 row = mono_block();
   if (row >= rows) return;
-#if SEL_TRACE
-  if (mono_thread() == 0) sm.trace = row == 0 ? trace : nullptr, sm.marks = 0;
-  sel_reg_mark(sm, SEL_PH_START);
-#else
-  (void)trace;
-#endif
+  sel_trace_begin(sm, trace, row == 0);
   sel_regs_task(sm, sel_row_of(scores, stride, lens, pages, pages_stride, out, flags, row));
 }
 

@@ -47,18 +47,6 @@ struct sel_reg_smem {
 #endif
 };
 
-MONO_DEV void sel_reg_mark(sel_reg_smem& sm, u32 phase) {
-#if SEL_TRACE
-  if (mono_thread() == 0 && sm.trace && sm.marks < SEL_TRACE_MARKS) {
-    sm.trace[2 * sm.marks] = phase;
-    sm.trace[2 * sm.marks + 1] = mono_clock_cycles();
-    ++sm.marks;
-  }
-#else
-  (void)sm, (void)phase;
-#endif
-}
-
 // Inclusive, from the last lane down: lane l gets the sum over lanes l.. of its wave.
 MONO_DEV u32 sel_wave_suffix(u32 v) {
   const u32 lane = mono_lane();
@@ -180,7 +168,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   }
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
   mono_sync_block();
-  sel_reg_mark(sm, SEL_PH_LOADED);
+  sel_mark(sm, SEL_PH_LOADED);
   // The digits, one loop body for the three (so the second and third run from the instruction
   // cache): T's bits so far, their length, the rank of T below them, the keys above them; and at
   // 12 and 24 bits, the keys sharing and above the prefix (P's candidates).
@@ -200,7 +188,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     if (i == 0) sharing12 = d.count, above12 = above;
     if (i == 1) sharing24 = d.count, above24 = above;
     if (i == 2) ties = d.count;
-    sel_reg_mark(sm, SEL_PH_WIDE);
+    sel_mark(sm, SEL_PH_WIDE);
   }
   // P: T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those
   // fit, else T (the contract's stops, src/reference.rs threshold).
@@ -225,10 +213,10 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   mono_sync_block();
   const u32 ab_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
   const u32 c_before = ties > 1 ? sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c : 0u;
-  sel_reg_mark(sm, SEL_PH_SCANNED);
+  sel_mark(sm, SEL_PH_SCANNED);
   sel_reg_write(r, first, ma, ab_before & 0xffffu);
   sel_reg_write(r, first, mb, above_p + (ab_before >> 16));
   sel_reg_write(r, first, mc, above_t + c_before);
-  sel_reg_mark(sm, SEL_PH_PLACED);
+  sel_mark(sm, SEL_PH_PLACED);
   return true;
 }

@@ -191,7 +191,9 @@ struct sel_smem {
 #endif
 };
 
-MONO_DEV void sel_mark(sel_smem& sm, u32 phase) {
+// Any shared state with the trace fields (sel_smem, the registers kernel's sel_reg_smem).
+template <class Smem>
+MONO_DEV void sel_mark(Smem& sm, u32 phase) {
 #if SEL_TRACE
   if (mono_thread() == 0 && sm.trace && sm.marks < SEL_TRACE_MARKS) {
     sm.trace[2 * sm.marks] = phase;
@@ -203,7 +205,8 @@ MONO_DEV void sel_mark(sel_smem& sm, u32 phase) {
 #endif
 }
 
-MONO_DEV void sel_trace_begin(sel_smem& sm, u64* trace, bool traced) {
+template <class Smem>
+MONO_DEV void sel_trace_begin(Smem& sm, u64* trace, bool traced) {
 #if SEL_TRACE
   if (mono_thread() == 0) sm.trace = traced ? trace : nullptr, sm.marks = 0;
   sel_mark(sm, SEL_PH_START);

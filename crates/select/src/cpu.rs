@@ -216,13 +216,19 @@ impl Shared<'_> {
         )
     }
 
+    /// A row on one CTA: its length, its (position, key) pairs and its keys.
+    fn whole_row(&self, row: usize) -> (u32, Vec<(u32, u32)>, Vec<u32>) {
+        let len = self.rows.lens[row];
+        let pairs: Vec<(u32, u32)> = (0..len).map(|pos| (pos, self.key(row, pos))).collect();
+        let keys = pairs.iter().map(|kp| kp.1).collect();
+        (len, pairs, keys)
+    }
+
     /// The one CTA over a row kept in LDS: 8 bits over every key, then 12 and 12 over the keys
     /// sharing the prefix; P is T's 12-bit prefix when the keys sharing it fit the room, else its
     /// 24-bit prefix when those fit, else T; then one pass in position order places the list.
     fn one_cta_lds(&self, row: usize) -> Result<(), CpuError> {
-        let len = self.rows.lens[row];
-        let pairs: Vec<(u32, u32)> = (0..len).map(|pos| (pos, self.key(row, pos))).collect();
-        let keys: Vec<u32> = pairs.iter().map(|kp| kp.1).collect();
+        let (len, pairs, keys) = self.whole_row(row);
         let lost = |source| CpuError::Lost {
             row,
             slice: 0,
@@ -250,19 +256,16 @@ impl Shared<'_> {
     /// far; P is T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when
     /// those fit, else T; one pass in position order places the list.
     fn in_registers(&self, row: usize) -> Result<(), CpuError> {
-        let len = self.rows.lens[row];
-        let pairs: Vec<(u32, u32)> = (0..len).map(|pos| (pos, self.key(row, pos))).collect();
-        let keys: Vec<u32> = pairs.iter().map(|kp| kp.1).collect();
-        let lost = |source| CpuError::Lost {
-            row,
-            slice: 0,
-            source,
-        };
+        let (len, pairs, keys) = self.whole_row(row);
         let mut d = Descent::start(self.top.k(), len);
         let mut at = Vec::with_capacity(2);
         for width in [WIDE_BITS, WIDE_BITS, 8] {
             let hist = wide_histogram(keys.iter().copied(), d.prefix, width);
-            d.wide_step(&hist, width).map_err(lost)?;
+            d.wide_step(&hist, width).map_err(|source| CpuError::Lost {
+                row,
+                slice: 0,
+                source,
+            })?;
             at.push(d);
         }
         let room = self.top.room();

@@ -12,6 +12,9 @@ use select::layout::{
 };
 use select::reference::{Pages, Rows};
 
+/// A kernel's CPU form over whole rows.
+type Form = fn(&Rows, TopK, Option<&Pages>) -> Result<Vec<i32>, CpuError>;
+
 /// The largest slice count up to `want` that the row accepts.
 fn slicing(len: u32, want: u32) -> Slices {
     (1..=want.clamp(1, MAX_SLICES))
@@ -116,35 +119,41 @@ proptest! {
     }
 
     #[test]
-    fn one_cta_equals_the_reference(
+    fn one_cta_and_registers_equal_the_reference(
         pattern in pattern(),
         // Rows past ONE_CTA_ROOM stream (6-bit rounds and the wide tail); shorter ones stay in LDS.
+        // The registers form takes the same lengths cut to what it holds.
         lens in prop::collection::vec(0..40000u32, 1..4),
         k in 1..=300u32,
         pages in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let top = TopK::new(k).unwrap();
-        let case = Case::new(pattern, lens, seed);
-        let p = case.pages();
-        let got = select_one_cta(&case.rows(), top, pages.then_some(&p)).unwrap();
-        check_output(&case.rows(), top, pages.then_some(&p), &got).unwrap();
+        let held: Vec<u32> = lens.iter().map(|&l| l % (REG_MAX_ROW + 1)).collect();
+        for (form, lens) in [(select_one_cta as Form, lens), (select_in_registers as Form, held)] {
+            let case = Case::new(pattern, lens, seed);
+            let p = case.pages();
+            let got = form(&case.rows(), top, pages.then_some(&p)).unwrap();
+            check_output(&case.rows(), top, pages.then_some(&p), &got).unwrap();
+        }
     }
+}
 
-    #[test]
-    fn registers_equals_the_reference(
-        pattern in pattern(),
-        lens in prop::collection::vec(0..=REG_MAX_ROW, 1..4),
-        k in 1..=300u32,
-        pages in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        let top = TopK::new(k).unwrap();
-        let case = Case::new(pattern, lens, seed);
-        let p = case.pages();
-        let got = select_in_registers(&case.rows(), top, pages.then_some(&p)).unwrap();
-        check_output(&case.rows(), top, pages.then_some(&p), &got).unwrap();
+/// Every pattern over rows of `lens` at production k through `run`, checked against the
+/// reference; the stops the rows took.
+fn stops_checked(lens: &[u32], seed: u64, run: impl Fn(&Case) -> Vec<i32>) -> Vec<Option<u32>> {
+    let top = TopK::GLM5;
+    let mut stops = std::collections::BTreeSet::new();
+    for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
+        let case = Case::new(pattern, lens.to_vec(), seed + i as u64);
+        for row in 0..lens.len() {
+            let sel = select::select_row(case.rows().row(row), top).unwrap();
+            stops.insert(sel.threshold.map(|t| t.prefix_bits));
+        }
+        check_output(&case.rows(), top, None, &run(&case))
+            .unwrap_or_else(|e| panic!("{}: {e}", pattern.name()));
     }
+    stops.into_iter().collect()
 }
 
 /// The registers kernel's steps at production k: every stop, rows of k + 1 and of the most it
@@ -152,22 +161,10 @@ proptest! {
 #[test]
 fn registers_stop_at_12_24_and_32_bits_and_refuse_longer_rows() {
     let top = TopK::GLM5;
-    let lens = vec![8192, 2049, REG_MAX_ROW, 4097];
-    let mut stops = std::collections::BTreeSet::new();
-    for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
-        let case = Case::new(pattern, lens.clone(), 70 + i as u64);
-        for row in 0..lens.len() {
-            let sel = select::select_row(case.rows().row(row), top).unwrap();
-            stops.insert(sel.threshold.map(|t| t.prefix_bits));
-        }
-        let got = select_in_registers(&case.rows(), top, None).unwrap();
-        check_output(&case.rows(), top, None, &got)
-            .unwrap_or_else(|e| panic!("{}: {e}", pattern.name()));
-    }
-    assert_eq!(
-        stops.into_iter().collect::<Vec<_>>(),
-        [Some(12), Some(24), Some(32)]
-    );
+    let stops = stops_checked(&[8192, 2049, REG_MAX_ROW, 4097], 70, |case| {
+        select_in_registers(&case.rows(), top, None).unwrap()
+    });
+    assert_eq!(stops, [Some(12), Some(24), Some(32)]);
     let long = Case::new(Pattern::Random, vec![100, REG_MAX_ROW + 1], 1);
     assert!(matches!(
         select_in_registers(&long.rows(), top, None),
@@ -210,23 +207,10 @@ fn production_shapes_on_64_slices() {
 /// and rows of k + 1 and exactly the room.
 #[test]
 fn one_cta_in_lds_stops_at_12_24_and_32_bits() {
-    let top = TopK::GLM5;
-    let lens = vec![8192, 2049, ONE_CTA_ROOM, 4097];
-    let mut stops = std::collections::BTreeSet::new();
-    for (i, pattern) in Pattern::ALL.into_iter().enumerate() {
-        let case = Case::new(pattern, lens.clone(), 40 + i as u64);
-        for row in 0..lens.len() {
-            let sel = select::select_row(case.rows().row(row), top).unwrap();
-            stops.insert(sel.threshold.map(|t| t.prefix_bits));
-        }
-        let got = select_one_cta(&case.rows(), top, None).unwrap();
-        check_output(&case.rows(), top, None, &got)
-            .unwrap_or_else(|e| panic!("{}: {e}", pattern.name()));
-    }
-    assert_eq!(
-        stops.into_iter().collect::<Vec<_>>(),
-        [Some(12), Some(24), Some(32)]
-    );
+    let stops = stops_checked(&[8192, 2049, ONE_CTA_ROOM, 4097], 40, |case| {
+        select_one_cta(&case.rows(), TopK::GLM5, None).unwrap()
+    });
+    assert_eq!(stops, [Some(12), Some(24), Some(32)]);
 }
 
 #[test]
