@@ -5,10 +5,12 @@
 // sharing T's 12- and 24-bit prefixes that decide P; one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
-// phases (PERF.md run 9), not on its keys. Here a digit costs two barriers, one after the counts
-// and one after the wave sums, and no thread waits for another to decide: every thread finds the
-// digit itself (the wave holding the rank, then the thread, then the bin) from the wave sums and
-// the bins, which stay in place until the next digit's counts are done. Part of select.h.
+// phases (PERF.md run 9), not on its keys. Here a digit costs three block barriers: after the
+// counts, after every wave has left the sum of its bins, and after the one thread whose bins hold
+// the rank has written the digit. Each thread keeps its own bins in registers and learns the keys
+// above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
+// another's bins. At 1024 threads the CTA is bound by instruction issue (PERF.md run 12), which
+// is why waves with empty bins skip their scans. Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
