@@ -1,5 +1,6 @@
 //! Properties of the layout math: slices tile each row once within their limits, the placement
-//! gives every slice its own task, and histogram and candidate boxes never collide.
+//! gives every slice its own task, histogram and candidate boxes never collide, and the registers
+//! kernel holds the rows it is built for.
 
 use mailbox::layout::ScratchLayout;
 use proptest::prelude::*;
@@ -49,6 +50,27 @@ proptest! {
         // And it is no longer than needed: some row up to max_len has a slice that long.
         let witness = [max_len, max_len.min(SLICE_TARGET)];
         prop_assert!(witness.iter().any(|&l| select_slices(l).unwrap().chunk() == longest));
+    }
+
+    #[test]
+    fn the_registers_kernel_holds_the_rows_it_is_built_for(max_len in 0..=REG_MAX_ROW, frac in 0.0..=1.0f64) {
+        for block in [64, 128, 256, 512, 1024] {
+            let Ok(per) = reg_keys_per_thread(max_len, block) else {
+                // Refused only when a thread would need more than it can hold.
+                prop_assert!(max_len.div_ceil(block) > REG_MAX_PER_THREAD);
+                continue;
+            };
+            prop_assert!(per % 4 == 0 && per <= REG_MAX_PER_THREAD);
+            prop_assert!(per * block >= max_len && per * block >= (max_len as f64 * frac) as u32);
+            // The fewest that hold it.
+            prop_assert!(per == 4 || (per - 4) * block < max_len);
+        }
+    }
+
+    #[test]
+    fn the_fastest_method_builds_for_every_row(len in 0..=MAX_ROW_KEYS) {
+        let method = select::gpu::Method::fastest_for(len);
+        prop_assert!(select::gpu::Shape::for_rows(method, TopK::GLM5, len).is_ok());
     }
 
     #[test]
@@ -224,4 +246,16 @@ fn every_accepted_length_slices_within_the_room() {
     assert_eq!(shape(128 * 1024), (16, SLICE_TARGET));
     assert_eq!(shape(MAX_SLICES * SLICE_TARGET), (MAX_SLICES, SLICE_TARGET));
     assert_eq!(longest_slice(SLICE_TARGET + 1).unwrap(), SLICE_TARGET);
+}
+
+#[test]
+fn the_fastest_method_changes_where_the_registers_run_out() {
+    use select::gpu::Method;
+    assert_eq!(Method::fastest_for(REG_MAX_ROW), Method::Registers);
+    assert_eq!(Method::fastest_for(REG_MAX_ROW + 1), Method::MultiSlice);
+    assert!(reg_keys_per_thread(REG_MAX_ROW + 1, REG_BLOCK).is_err());
+    assert!(matches!(
+        reg_keys_per_thread(100, 96),
+        Err(LayoutError::BadRegBlock { block: 96 })
+    ));
 }
