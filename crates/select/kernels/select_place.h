@@ -256,9 +256,38 @@ MONO_DEV void sel_place(sel_smem& sm, const Src& src, const sel_cut& cut, const 
 }
 
 // ---- the first slice (or the streaming one CTA): the candidates ----------------------------------
+// At most a wave of candidates (the usual case at 24 bits: a handful of keys share T's 24-bit
+// prefix): one wave ranks them against each other with shuffles, finds T (the rank-th largest),
+// and places them with ballots, with no block barrier and no histogram. The same list as the
+// wide digits give. Lanes past n hold key 0, below every candidate.
+MONO_DEV bool sel_tail_wave(const sel_state& st, const sel_row& r, const u32* cand_pos, const u32* cand_key, u32 n) {
+  const u32 lane = mono_lane();
+  const bool in = lane < n;
+  const u32 key = in ? cand_key[lane] : 0u;
+  u32 greater = 0, equal = 0;
+  for (u32 j = 0; j < n; ++j) {
+    const u32 other = mono_shfl(key, j);
+    greater += other > key ? 1u : 0u;
+    equal += other == key ? 1u : 0u;
+  }
+  const u64 t_lanes = mono_ballot(in && greater < st.rank && st.rank <= greater + equal);
+  if (t_lanes == 0) return false;
+  const u32 t = mono_shfl(key, mono_popc64((t_lanes & (~t_lanes + 1)) - 1));
+  const u64 below = ((u64)1 << lane) - 1u;
+  const u64 above_t = mono_ballot(in && key > t), ties = mono_ballot(in && key == t);
+  if (in && key > t) sel_write(r, st.above + mono_popc64(above_t & below), cand_pos[lane]);
+  if (in && key == t) sel_write(r, st.above + mono_popc64(above_t) + mono_popc64(ties & below), cand_pos[lane]);
+  return true;
+}
+
 // Finds the rest of T among the n candidates (keys and positions, in position order, all sharing
 // the prefix P in sm.st) and places them after the row's keys above P. Block-wide.
 MONO_DEV bool sel_tail(sel_smem& sm, const sel_row& r, const u32* cand_pos, const u32* cand_key, u32 n) {
+  if (n <= MONO_WAVE) {
+    const bool ok = mono_wave() != 0 || sel_tail_wave(sm.st, r, cand_pos, cand_key, n);
+    sel_mark(sm, SEL_PH_PLACED);
+    return ok;
+  }
   for (u32 i = mono_thread(); i < SEL_TAIL_BINS; i += SEL_BLOCK) sm.tail_hist[i] = 0;
   mono_sync_block();
   const sel_cand_keys src{cand_key, cand_pos, n};
