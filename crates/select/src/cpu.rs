@@ -200,6 +200,8 @@ impl Shared<'_> {
     }
 
     /// The first slice: finds the rest of T with wide digits over the candidates and places them.
+    /// (With at most a wave of candidates the device ranks them directly, `sel_tail_wave`: the
+    /// same T and the same list.)
     fn resolve<X: Exchange>(&self, x: &X, row: usize, stop: Descent) -> Result<(), CpuError> {
         let cands = x.collect(stop.sharing)?;
         let keys: Vec<u32> = cands.iter().map(|c| c.0).collect();
