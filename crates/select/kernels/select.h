@@ -11,7 +11,8 @@
 // places its keys above the prefix (in position order, after those of the slices before it); at
 // 32 bits its ties take their places directly; otherwise it stages its keys sharing the prefix as
 // (key, position) pairs, and the row's first slice finds the rest of T with wide digits (two
-// 10-bit passes from 12 bits, one 8-bit pass from 24) and places them.
+// 10-bit passes from 12 bits, one 8-bit pass from 24) and places them; at most a wave of them,
+// one wave ranks against each other directly.
 //
 // One CTA over a row that fits in LDS: the keys are loaded once, and wide digits counted with
 // shared-memory atomics find T: 8 bits over every key (counted while loading, into 16 copies of
