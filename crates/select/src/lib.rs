@@ -1,6 +1,6 @@
 //! The exact top-k (k = 2048) of score rows by radix select (DESIGN.md, issue 4).
 //!
-//! - [`reference`]: the contract, written to be read, and the sort-based check.
+//! - [`reference`](mod@reference): the contract, written to be read, and the sort-based check.
 //! - [`check`]: entry-by-entry comparison, "missed", and the negative controls.
 //! - [`layout`]: k and the candidate room, digits, slicing, placement of slices, scratch regions.
 //! - [`descent`]: the steps of the digit descent as the kernels take them.
