@@ -1,7 +1,7 @@
 //! The DSA lightning indexer (spec §3): index query and key (rope, Hadamard, FP8), the paged FP8
 //! index-key cache, and scoring a request's rows together so each cached key is read once.
 //!
-//! - [`reference`]: the CPU oracle (f64 sums), with switches for the variants engines differ on.
+//! - [`reference`](mod@reference): the CPU oracle (f64 sums), with switches for the variants engines differ on.
 //! - [`layout`]: cache pages, row groups and runs of pages, used by kernels, reference and executor.
 //! - [`gpu`]: host side of the standalone kernels (`kernels/*.hip`).
 

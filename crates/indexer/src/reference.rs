@@ -5,7 +5,7 @@
 //! - key   k_r = format(H · rope(LayerNorm(W_k x̂_r)))            one per token, cached
 //! - query q_{r,h} = format(H · rope((W_qb c^Q_r)_h))             one per head
 //! - head weights w_{r,h} = g_{r,h} · (H_I · d_I)^-1/2 · s^q_{r,h}  with g = W_w x̂
-//! - score I[r,t] = Σ_h w_{r,h} · ReLU(q_{r,h} · k_t) · s^k_t for t ≤ p_r, −inf past it,
+//! - score I\[r,t\] = Σ_h w_{r,h} · ReLU(q_{r,h} · k_t) · s^k_t for t ≤ p_r, −inf past it,
 //!
 //! where H is the optional 1/sqrt(d_I) Hadamard rotation, rope turns dims 0..qk_rope_head_dim, and
 //! format rounds to bf16, to FP8 with a power-of-two scale (s), or keeps f32 (s = 1).
@@ -351,7 +351,7 @@ pub fn query(
     row_query(dims, &heads, &gates)
 }
 
-/// I[t] = Σ_h w_h · ReLU(q_h · k_t) · s_t for t ≤ `position`, −inf for the other keys. `keys[t]`
+/// I\[t\] = Σ_h w_h · ReLU(q_h · k_t) · s_t for t ≤ `position`, −inf for the other keys. `keys[t]`
 /// is the token at position t of the row's request; the result has one score per key.
 pub fn score_row(
     dims: &IndexerDims,

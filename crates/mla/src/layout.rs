@@ -121,13 +121,13 @@ impl HeadLayout {
         start..start + self.rope
     }
 
-    /// W_UK[head]: maps the latent to the head's nope key.
+    /// W_UK\[head\]: maps the latent to the head's nope key.
     pub fn uk_rows(&self, head: usize) -> Range<usize> {
         let start = head * (self.nope + self.v);
         start..start + self.nope
     }
 
-    /// W_UV[head]: maps the latent to the head's value.
+    /// W_UV\[head\]: maps the latent to the head's value.
     pub fn uv_rows(&self, head: usize) -> Range<usize> {
         let start = head * (self.nope + self.v) + self.nope;
         start..start + self.v

@@ -3,7 +3,7 @@
 //! tokens the indexer selected.
 //!
 //! - [`layout`]: where each head's rows sit in the weights, and each part of a cached token.
-//! - [`reference`]: the CPU reference, the oracle for the kernels to come.
+//! - [`reference`](mod@reference): the CPU reference, the oracle for the kernels to come.
 
 mod error;
 pub mod layout;

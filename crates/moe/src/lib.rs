@@ -3,7 +3,7 @@
 //! of the first layers.
 //!
 //! - [`layout`]: which rows each expert serves (the dispatch every implementation shares).
-//! - [`reference`]: the CPU reference, the oracle for the kernels to come.
+//! - [`reference`](mod@reference): the CPU reference, the oracle for the kernels to come.
 
 mod error;
 pub mod layout;

@@ -6,9 +6,9 @@
 //! Per row at position p, from the normed hidden state x̂:
 //! - c^Q = RMSNorm_qa(W_qa x̂); q = W_qb c^Q, per head nope ‖ rope(pe)
 //! - u = W_kva x̂; latent c = RMSNorm_kv(u[..d_c]); k_pe = rope(u[d_c..])  → the cache
-//! - absorbed attention over the selected tokens t: q_abs = W_UK[h]ᵀ q_nope,
+//! - absorbed attention over the selected tokens t: q_abs = W_UK\[h\]ᵀ q_nope,
 //!   s_t = (q_abs · ĉ_t + q_pe · k_pe_t) / sqrt(qk_head_dim), P = softmax(s),
-//!   o_h = W_UV[h] Σ_t P_t ĉ_t, out = W_o concat_h(o_h)
+//!   o_h = W_UV\[h\] Σ_t P_t ĉ_t, out = W_o concat_h(o_h)
 //!
 //! Both ropes use the config's style (GLM-5: interleaved). The latent norms' eps is a parameter:
 //! transformers builds q_a_layernorm and kv_a_layernorm with 1e-6, SGLang and vLLM with

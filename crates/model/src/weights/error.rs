@@ -34,7 +34,7 @@ pub enum WeightError {
         name: String,
         expected: Vec<usize>,
         found: Vec<usize>,
-        /// " in <file>" where the tensor came from a file, else empty.
+        /// " in `<file>`" where the tensor came from a file, else empty.
         location: String,
     },
 

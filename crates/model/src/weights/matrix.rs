@@ -43,13 +43,13 @@ impl Matrix {
         self.matvec_rows(0..self.rows, x)
     }
 
-    /// y = W[rows] x for a contiguous range of output rows (one head's slice, ...).
+    /// y = W\[rows\] x for a contiguous range of output rows (one head's slice, ...).
     pub fn matvec_rows(&self, rows: Range<usize>, x: &[f32]) -> Result<Vec<f32>, WeightError> {
         self.check(&rows, x.len(), self.cols)?;
         Ok(rows.map(|r| dot(self.row(r), x)).collect())
     }
 
-    /// y = W[rows]ᵀ x: `x` has one element per row in `rows`, the result `cols`. For weights that
+    /// y = W\[rows\]ᵀ x: `x` has one element per row in `rows`, the result `cols`. For weights that
     /// act from the other side (MLA's absorbed W_UK).
     pub fn transposed_matvec_rows(
         &self,
