@@ -14,7 +14,7 @@ use device::{Device, Stream};
 use mailbox::gpu::Variant;
 use select::cases::{self, Pattern};
 use select::gpu::{Batch, Method, Selector, Shape};
-use select::layout::{reg_keys_per_thread, TopK};
+use select::layout::TopK;
 use select::reference::{select_rows, Rows};
 
 const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
@@ -171,11 +171,7 @@ fn main() {
         let built: Vec<Option<Selector>> = REG_BLOCKS
             .iter()
             .map(|&block| {
-                let shape = Shape {
-                    reg_block: block,
-                    reg_keys: reg_keys_per_thread(len, block).ok()?,
-                    ..Shape::for_rows(Method::Registers, TopK::GLM5, len).ok()?
-                };
+                let shape = Shape::registers(TopK::GLM5, len, block).ok()?;
                 Selector::build(&dev, Method::Registers, shape, Variant::default())
                     .map_err(|e| println!("registers {len} x {block}: build failed: {e}"))
                     .ok()
@@ -215,13 +211,6 @@ fn main() {
         }
     }
     let shared = dev.info().max_shared_per_block;
-    let registers = |block: u32| -> Option<Shape> {
-        Some(Shape {
-            reg_block: block,
-            reg_keys: reg_keys_per_thread(8192, block).ok()?,
-            ..Shape::for_rows(Method::Registers, TopK::GLM5, 8192).ok()?
-        })
-    };
     let traces: Vec<String> = [
         (Method::OneCta, 8192),
         (Method::MultiSlice, 8192),
@@ -236,7 +225,13 @@ fn main() {
             Shape::for_rows_within(m, TopK::GLM5, len, shared).ok(),
         )
     })
-    .chain(REG_BLOCKS.map(|b| (Method::Registers, 8192, registers(b))))
+    .chain(REG_BLOCKS.map(|b| {
+        (
+            Method::Registers,
+            8192,
+            Shape::registers(TopK::GLM5, 8192, b).ok(),
+        )
+    }))
     .map(|(method, len, shape)| match shape {
         Some(shape) => trace(&dev, &stream, method, shape, len),
         None => format!("{} {len}: no shape", method.name()),

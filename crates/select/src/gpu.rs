@@ -107,9 +107,9 @@ pub enum Method {
 
 impl Method {
     /// The fastest kernel measured on the H200 for rows of at most `max_len` keys
-    /// (BENCHMARKS.md, commit `9443c40`): the registers kernel while it holds the rows (7.3 us at
+    /// (BENCHMARKS.md, commit `96fa320`): the registers kernel while it holds the rows (7.3 us at
     /// 8K x 4, where the others take 9.9 and 13.7), the multi-slice kernel past that (13.9 us at
-    /// 32K x 4, where the one CTA takes 20.6).
+    /// 32K x 4, where the one CTA takes 20.5).
     pub fn fastest_for(max_len: u32) -> Method {
         if max_len <= crate::layout::REG_MAX_ROW {
             Method::Registers
@@ -184,6 +184,16 @@ impl Shape {
             reg_keys,
             fast_rounds: true,
             trace: false,
+        })
+    }
+
+    /// The registers kernel with CTAs of `block` threads for rows of at most `max_len` keys
+    /// (as [`Shape::for_rows`] with [`REG_BLOCK`] threads; the bench also times smaller CTAs).
+    pub fn registers(top: TopK, max_len: u32, block: u32) -> Result<Shape> {
+        Ok(Shape {
+            reg_block: block,
+            reg_keys: reg_keys_per_thread(max_len, block)?,
+            ..Self::for_rows(Method::Registers, top, max_len)?
         })
     }
 

@@ -6,7 +6,7 @@
 use device::{Clang, Compiler, Nvrtc};
 use mailbox::gpu::{DebugBound, Variant};
 use select::gpu::{source, sources, Method, Shape, SELECT_HEADERS};
-use select::layout::{reg_keys_per_thread, TopK, MAX_ROW_KEYS, REG_MAX_ROW};
+use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
 
 fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
     match make() {
@@ -57,11 +57,7 @@ fn builds(compiler: &dyn Compiler) {
     all.push(source(traced, Variant::default()));
     // The registers kernel's smaller CTAs of the bench, with the most keys a thread.
     for block in [512, 256] {
-        let shape = Shape {
-            reg_block: block,
-            reg_keys: reg_keys_per_thread(8192, block).unwrap(),
-            ..Shape::for_rows(Method::Registers, TopK::GLM5, 8192).unwrap()
-        };
+        let shape = Shape::registers(TopK::GLM5, 8192, block).unwrap();
         all.push(source(shape, Variant::default()));
     }
     for src in all {
