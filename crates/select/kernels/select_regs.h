@@ -114,20 +114,10 @@ MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
   for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
 }
 
-// A row of at most k keys: entry i is position i, then -1.
-MONO_DEV void sel_reg_short_row(const sel_row& r) {
-  bool nan = false;
-  for (u32 i = mono_thread(); i < SEL_K; i += SEL_REG_BLOCK) {
-    if (i < r.len) nan |= sel_is_nan(mono_f32_bits(r.scores[i]));
-    r.out[i] = i < r.len ? sel_entry(r, i) : -1;
-  }
-  if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
-}
-
 // The row on this CTA, its keys in registers. Block-wide.
 MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   if (r.len <= SEL_K) {
-    sel_reg_short_row(r);
+    sel_short_row(r, 0, r.len, 0, SEL_REG_BLOCK);
     return true;
   }
   if (r.len > SEL_REG_KEYS * SEL_REG_BLOCK) {

@@ -218,16 +218,17 @@ MONO_DEV bool sel_one_cta_lds(sel_smem& sm, u32* keys, u32* hist, const sel_row&
   return true;
 }
 
-// A row of at most k keys: entry i is position i, then -1 (the padding by the first slice).
-MONO_DEV void sel_short_row(const sel_row& r, u32 first, u32 n, u32 me) {
+// A row of at most k keys: entry i is position i, then -1 (the padding by the first slice), by
+// `block` threads (the registers kernel's CTAs are larger).
+MONO_DEV void sel_short_row(const sel_row& r, u32 first, u32 n, u32 me, u32 block = SEL_BLOCK) {
   bool nan = false;
-  for (u32 i = mono_thread(); i < n; i += SEL_BLOCK) {
+  for (u32 i = mono_thread(); i < n; i += block) {
     nan |= sel_is_nan(mono_f32_bits(r.scores[first + i]));
     r.out[first + i] = sel_entry(r, first + i);
   }
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
   if (me == 0)
-    for (u32 i = r.len + mono_thread(); i < SEL_K; i += SEL_BLOCK) r.out[i] = -1;
+    for (u32 i = r.len + mono_thread(); i < SEL_K; i += block) r.out[i] = -1;
 }
 
 // ---- task functions ------------------------------------------------------------------------------
