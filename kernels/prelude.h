@@ -239,9 +239,12 @@ MONO_DEV void mono_lds_barrier_expect(u64* bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mono_lds_address(bar)), "r"(bytes)
                : "memory");
 }
+// The copy engine writes through the async proxy, so plain stores to the destination must be
+// ordered before it by the threads that made them (`fence.proxy.async.shared::cta`, then a barrier
+// with the issuing thread); reads of it are ordered by the barrier alone. No fence here: on sm_90
+// it compiles to MEMBAR.ALL.CTA, a wait for every memory access the issuing thread still has in
+// flight (its global stores included), and most copies need none.
 MONO_DEV void mono_copy_bulk(void* lds, const void* global, u32 bytes, u64* bar) {
-  // The copy engine writes through the async proxy: order this thread's earlier accesses first.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    mono_lds_address(lds)),
                "l"(global), "r"(bytes), "r"(mono_lds_address(bar))

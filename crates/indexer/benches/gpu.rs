@@ -11,7 +11,10 @@
 //! bytes), the L2 flushed before the graph, the time divided by COPIES: what a launch costs when
 //! it follows another, as a stage does inside a captured step.
 //!
-//! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one.
+//! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one. To time
+//! fewer cases (e.g. under a profiler), set comma lists: `INDEXER_BENCH_METHODS=wgmma`,
+//! `INDEXER_BENCH_KEYS=131072`, `INDEXER_BENCH_ROWS=1,4`; an unset variable takes every case.
+//! `INDEXER_BENCH_RING=3` sizes the wgmma scorer's LDS ring (default `indexer::gpu::RING`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -31,6 +34,11 @@ const COPIES: usize = 6;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// Whether `value` is in the comma list of environment variable `name` (every value when unset).
+fn chosen(name: &str, value: &str) -> bool {
+    std::env::var(name).map_or(true, |list| list.split(',').any(|v| v.trim() == value))
 }
 
 fn main() -> Result<(), Error> {
@@ -59,7 +67,17 @@ fn main() -> Result<(), Error> {
         query: VectorFormat::Fp8,
         ..config
     };
-    let wgmma = KernelConfig { wgmma: true, ..fp8 };
+    let ring = match std::env::var("INDEXER_BENCH_RING") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("INDEXER_BENCH_RING={v}: not a number"))?,
+        Err(_) => indexer::gpu::RING,
+    };
+    let wgmma = KernelConfig {
+        wgmma: true,
+        ring,
+        ..fp8
+    };
     let stages = [
         ("f16", Stage::new(dev, config)?),
         ("fp8", Stage::new(Device::open(0)?, fp8)?),
@@ -126,7 +144,10 @@ fn main() -> Result<(), Error> {
         Ok((median(times), graph))
     };
     let mut lines = Vec::new();
-    for &keys in &KEYS {
+    for keys in KEYS
+        .into_iter()
+        .filter(|k| chosen("INDEXER_BENCH_KEYS", &k.to_string()))
+    {
         // Requests 0..4: chains of 1, 2, 4, 8 rows; 4..12: single rows. All end at key `keys`.
         let mut requests: Vec<Request> = ROWS
             .iter()
@@ -147,15 +168,18 @@ fn main() -> Result<(), Error> {
         let page_bytes = scene.cache.page_bytes() as f64;
         for (ri, &rows) in ROWS.iter().enumerate() {
             for chain in [true, false] {
-                if rows == 1 && !chain {
-                    continue; // one row is one request either way
+                if (rows == 1 && !chain) || !chosen("INDEXER_BENCH_ROWS", &rows.to_string()) {
+                    continue; // one row is one request either way; or a row count not chosen
                 }
                 let set: Vec<usize> = if chain {
                     vec![ri]
                 } else {
                     (4..4 + rows as usize).collect()
                 };
-                for (method, stage) in &stages {
+                for (method, stage) in stages
+                    .iter()
+                    .filter(|(m, _)| chosen("INDEXER_BENCH_METHODS", m))
+                {
                     let plan = stage.plan(&scene, &set)?;
                     let inputs = Inputs::random(&dims, plan.rows.len(), 1);
                     let buffers = LaunchBuffers::new(stage, &scene, &plan, &inputs)?;

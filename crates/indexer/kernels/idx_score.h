@@ -93,12 +93,14 @@ MONO_DEV void idx_store_batch(idx_score_smem& sm, const idx_prefetch& f, u32 pag
   if (thread < IDX_BATCH_TOKENS && thread / IDX_PAGE_TOKENS < pages) idx_scales(sm)[thread] = f.scale;
 }
 
-// Overwrites the batch's copies of keys this launch writes with their published pairs: the keys
-// of the request's rows (of the group's own rows only, under PATCH_GROUP_ONLY) that lie in the
-// batch [t0, t0 + tokens) and at or before the group's last position. Block-wide; returns false
-// only when a debug wait gave up.
-MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
-                              u32 t0, u32 tokens, u8* keys, float* scales) {
+// Overwrites the copies of keys this launch writes with their published pairs: the keys of the
+// request's rows (of the group's own rows only, under PATCH_GROUP_ONLY) that lie in [t0, t0 +
+// tokens) and at or before the group's last position. Thread `thread` of a team of `threads`
+// (the block, or a warpgroup) takes every threads-th word; agree(ok) ends it with the team past a
+// barrier and returns whether every thread's waits succeeded (false only when a debug wait gave up).
+template <class Agree>
+MONO_DEV bool idx_patch_tokens(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
+                               u32 t0, u32 tokens, u8* keys, float* scales, u32 thread, u32 threads, Agree agree) {
 #if IDX_PATCH_GROUP_ONLY
   const u32 lowest = q.first_position + (grp.first_row - q.first_row);
 #else
@@ -109,7 +111,7 @@ MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_req
   if (first > last) return true;
   const u32 row0 = q.first_row + (first - q.first_position);
   bool ok = true;
-  for (u32 i = mono_thread(); i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += IDX_BLOCK) {
+  for (u32 i = thread; i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += threads) {
     const u32 key = i / IDX_KEY_WORDS, word = i % IDX_KEY_WORDS;
     u32 value;
     ok = mbx_poll(c, idx_key_box(a, row0 + key, word), &value);
@@ -122,7 +124,14 @@ MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_req
     }
   }
   idx_lds_written();
-  return mbx_block_agree(c, ok);
+  return agree(ok);
+}
+
+// The same for a batch, block-wide.
+MONO_DEV bool idx_patch_batch(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
+                              u32 t0, u32 tokens, u8* keys, float* scales) {
+  return idx_patch_tokens(a, c, q, grp, t0, tokens, keys, scales, mono_thread(), IDX_BLOCK,
+                          [&c](bool ok) { return mbx_block_agree(c, ok); });
 }
 
 // A compute wave's tiles of the batch (tiles part, part + waves_per_unit, ...) for its row and head

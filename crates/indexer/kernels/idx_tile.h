@@ -472,8 +472,10 @@ MONO_DEV void idx_lds_written() { asm volatile("fence.proxy.async.shared::cta;" 
 // The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
 // lane l) returns s[r][0] for token 16v + l / 4 and s[r][1] for token 16v + l / 4 + 8, in every lane
 // of the quad. keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
-template <u32 R>
-MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[R][2]) {
+// meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
+template <u32 R, class Meanwhile>
+MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[R][2],
+                          Meanwhile meanwhile) {
   const u32 g = mono_lane() / 4u, quad = mono_lane() % 4u;
   const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + g;
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
@@ -501,6 +503,7 @@ MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights,
 #pragma unroll
   for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_mma<R>(d, a[j], idx_wg_desc(query + idx_wg_offset(0, 16u * j)), j > 0);
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  meanwhile();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
   for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);

@@ -31,9 +31,11 @@ pub const HEADERS: [(&str, &str); 6] = [
 pub const BLOCK: u32 = 256;
 /// Pages a scoring CTA takes at once, one a warpgroup under wgmma (`IDX_BATCH_PAGES`).
 const BATCH_PAGES: u32 = 2;
-/// Batches of pages in the wgmma scorer's LDS ring by default: one scored, three in flight, in
-/// 100 KiB of LDS, so that two CTAs fit a SM.
-pub const RING: u32 = 4;
+/// Pages of each warpgroup in the wgmma scorer's LDS ring by default: one scored, two in flight
+/// (83.5 KiB of LDS a CTA). Measured on the H200 against 2 and 4 (crates/indexer/PERF.md): 3 was
+/// as fast as the best of them or within 0.5 us in every case but the chains of 4 and 8 rows,
+/// where 2 wins by 1-2 us and loses 3-30 us on single rows and separate requests.
+pub const RING: u32 = 3;
 
 /// Build-time choices of the kernels: the shape and the variant switches.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,8 +50,8 @@ pub struct KernelConfig {
     /// Score on wgmma (`IDX_WGMMA`, kernels/idx_score_ring.h): NVIDIA sm_90a, FP8 queries, 32
     /// heads of 128 (GLM-5's indexer). Otherwise mma.sync (NVIDIA) or MFMA (AMD).
     pub wgmma: bool,
-    /// Batches of pages in the wgmma scorer's LDS ring (`IDX_RING`, at least 2): the one being
-    /// scored and those in flight. Up to 4 leave room for two CTAs a SM.
+    /// Pages of each warpgroup in the wgmma scorer's LDS ring (`IDX_RING`, at least 2): the one
+    /// being scored and those in flight. Up to 4 leave room for two CTAs a SM.
     pub ring: u32,
     /// Test only: scorers patch only their own group's new keys (the poison check's negative control).
     pub patch_group_only: bool,
@@ -100,8 +102,8 @@ impl KernelConfig {
             return Err(shape(
                 "wgmma scoring",
                 format!(
-                    "its LDS ring holds 2 to {most} batches (the first fill's page ids come with \
-                     the task); asked for {}",
+                    "its LDS ring holds 2 to {most} pages a warpgroup (the first fill's page ids \
+                     come with the task); asked for {}",
                     self.ring
                 ),
             ));
