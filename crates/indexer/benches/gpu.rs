@@ -36,12 +36,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+const METHODS: [&str; 3] = ["f16", "fp8", "wgmma"];
+
 /// Whether `value` is in the comma list of environment variable `name` (every value when unset).
 fn chosen(name: &str, value: &str) -> bool {
     std::env::var(name).map_or(true, |list| list.split(',').any(|v| v.trim() == value))
 }
 
+/// An error for a value of a filter variable that names no case, so that a typo cannot leave the
+/// bench timing nothing.
+fn check_filter(name: &str, known: &[String]) -> Result<(), Error> {
+    let Ok(list) = std::env::var(name) else {
+        return Ok(());
+    };
+    match list
+        .split(',')
+        .map(str::trim)
+        .find(|v| !known.iter().any(|k| k == v))
+    {
+        Some(bad) => {
+            Err(format!("{name}={list}: {bad:?} is not one of {}", known.join(", ")).into())
+        }
+        None => Ok(()),
+    }
+}
+
 fn main() -> Result<(), Error> {
+    let names = |values: &[u32]| values.iter().map(u32::to_string).collect::<Vec<_>>();
+    check_filter("INDEXER_BENCH_KEYS", &names(&KEYS))?;
+    check_filter("INDEXER_BENCH_ROWS", &names(&ROWS))?;
+    check_filter("INDEXER_BENCH_METHODS", &METHODS.map(String::from))?;
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e) => {
@@ -79,9 +103,9 @@ fn main() -> Result<(), Error> {
         ..fp8
     };
     let stages = [
-        ("f16", Stage::new(dev, config)?),
-        ("fp8", Stage::new(Device::open(0)?, fp8)?),
-        ("wgmma", Stage::new(Device::open(0)?, wgmma)?),
+        (METHODS[0], Stage::new(dev, config)?),
+        (METHODS[1], Stage::new(Device::open(0)?, fp8)?),
+        (METHODS[2], Stage::new(Device::open(0)?, wgmma)?),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
