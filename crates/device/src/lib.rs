@@ -2,6 +2,7 @@
 //! time, so one binary starts on any machine and says clearly when there is no GPU.
 
 mod backend;
+mod bench_filter;
 mod cache;
 mod compile;
 mod cuda;
@@ -14,6 +15,7 @@ mod resources;
 mod source;
 
 pub use backend::{DeviceInfo, Launch};
+pub use bench_filter::BenchFilter;
 pub use cache::{BuildReport, ModuleCache};
 pub use compile::{
     compiler_for, compilers_required, optional_compiler, Clang, Compiled, Compiler, Nvrtc,

@@ -19,7 +19,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use device::{Args, Device, Launch};
+use device::{Args, BenchFilter, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::layout::pages_through;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
@@ -38,34 +38,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 const METHODS: [&str; 3] = ["f16", "fp8", "wgmma"];
 
-/// Whether `value` is in the comma list of environment variable `name` (every value when unset).
-fn chosen(name: &str, value: &str) -> bool {
-    std::env::var(name).map_or(true, |list| list.split(',').any(|v| v.trim() == value))
-}
-
-/// An error for a value of a filter variable that names no case, so that a typo cannot leave the
-/// bench timing nothing.
-fn check_filter(name: &str, known: &[String]) -> Result<(), Error> {
-    let Ok(list) = std::env::var(name) else {
-        return Ok(());
-    };
-    match list
-        .split(',')
-        .map(str::trim)
-        .find(|v| !known.iter().any(|k| k == v))
-    {
-        Some(bad) => {
-            Err(format!("{name}={list}: {bad:?} is not one of {}", known.join(", ")).into())
-        }
-        None => Ok(()),
-    }
-}
-
 fn main() -> Result<(), Error> {
     let names = |values: &[u32]| values.iter().map(u32::to_string).collect::<Vec<_>>();
-    check_filter("INDEXER_BENCH_KEYS", &names(&KEYS))?;
-    check_filter("INDEXER_BENCH_ROWS", &names(&ROWS))?;
-    check_filter("INDEXER_BENCH_METHODS", &METHODS.map(String::from))?;
+    let keys_picked = BenchFilter::from_env("INDEXER_BENCH_KEYS", &names(&KEYS))?;
+    let rows_picked = BenchFilter::from_env("INDEXER_BENCH_ROWS", &names(&ROWS))?;
+    let methods_picked =
+        BenchFilter::from_env("INDEXER_BENCH_METHODS", &METHODS.map(String::from))?;
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e) => {
@@ -170,7 +148,7 @@ fn main() -> Result<(), Error> {
     let mut lines = Vec::new();
     for keys in KEYS
         .into_iter()
-        .filter(|k| chosen("INDEXER_BENCH_KEYS", &k.to_string()))
+        .filter(|k| keys_picked.allows(&k.to_string()))
     {
         // Requests 0..4: chains of 1, 2, 4, 8 rows; 4..12: single rows. All end at key `keys`.
         let mut requests: Vec<Request> = ROWS
@@ -192,7 +170,7 @@ fn main() -> Result<(), Error> {
         let page_bytes = scene.cache.page_bytes() as f64;
         for (ri, &rows) in ROWS.iter().enumerate() {
             for chain in [true, false] {
-                if (rows == 1 && !chain) || !chosen("INDEXER_BENCH_ROWS", &rows.to_string()) {
+                if (rows == 1 && !chain) || !rows_picked.allows(&rows.to_string()) {
                     continue; // one row is one request either way; or a row count not chosen
                 }
                 let set: Vec<usize> = if chain {
@@ -200,10 +178,7 @@ fn main() -> Result<(), Error> {
                 } else {
                     (4..4 + rows as usize).collect()
                 };
-                for (method, stage) in stages
-                    .iter()
-                    .filter(|(m, _)| chosen("INDEXER_BENCH_METHODS", m))
-                {
+                for (method, stage) in stages.iter().filter(|(m, _)| methods_picked.allows(m)) {
                     let plan = stage.plan(&scene, &set)?;
                     let inputs = Inputs::random(&dims, plan.rows.len(), 1);
                     let buffers = LaunchBuffers::new(stage, &scene, &plan, &inputs)?;

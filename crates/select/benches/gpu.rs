@@ -8,9 +8,12 @@
 //! Prints "skipped" without a GPU. torch.topk on the same shapes:
 //! `python3 tools/bench/select_torch.py`.
 //!
-//! `cargo bench -p select --bench gpu`
+//! `cargo bench -p select --bench gpu`. To time fewer cases, set comma lists:
+//! `SELECT_BENCH_PARTS` (multi-slice, one-cta, registers, short-rows, trace),
+//! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8),
+//! `SELECT_BENCH_ROUNDS` (first, fast); an unset variable takes every case.
 
-use device::{Device, Stream};
+use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
 use select::cases::{self, Pattern};
 use select::gpu::{Batch, Method, Selector, Shape};
@@ -26,6 +29,41 @@ const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
 /// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
 const H200_SM_MHZ: f64 = 1980.0;
+
+const PARTS: [&str; 5] = ["multi-slice", "one-cta", "registers", "short-rows", "trace"];
+
+/// The cases the `SELECT_BENCH_*` variables pick.
+struct Picked {
+    parts: BenchFilter,
+    keys: BenchFilter,
+    rows: BenchFilter,
+    rounds: BenchFilter,
+}
+
+impl Picked {
+    fn from_env() -> Result<Self, String> {
+        let names = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>();
+        let mut keys: Vec<u32> = LENS.iter().chain(&REG_LENS).copied().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let rows: Vec<u32> = ROWS.iter().map(|&r| r as u32).collect();
+        Ok(Self {
+            parts: BenchFilter::from_env("SELECT_BENCH_PARTS", &PARTS.map(String::from))?,
+            keys: BenchFilter::from_env("SELECT_BENCH_KEYS", &names(&keys))?,
+            rows: BenchFilter::from_env("SELECT_BENCH_ROWS", &names(&rows))?,
+            rounds: BenchFilter::from_env(
+                "SELECT_BENCH_ROUNDS",
+                &["first", "fast"].map(String::from),
+            )?,
+        })
+    }
+
+    fn case(&self, part: &str, len: u32, rows: usize) -> bool {
+        self.parts.allows(part)
+            && self.keys.allows(&len.to_string())
+            && self.rows.allows(&rows.to_string())
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -105,12 +143,13 @@ fn case(dev: &Device, stream: &Stream, sel: &Selector, rows: usize, len: u32) ->
     }
 }
 
-fn main() {
+fn main() -> Result<(), String> {
+    let picked = Picked::from_env()?;
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e) => {
             println!("skipped: {e}");
-            return;
+            return Ok(());
         }
     };
     let stream = dev.new_stream().expect("stream");
@@ -125,11 +164,18 @@ fn main() {
     let mut table = Vec::new();
     let plan = [Method::MultiSlice, Method::OneCta]
         .into_iter()
-        .flat_map(|m| LENS.iter().map(move |&len| (m, len)));
+        .flat_map(|m| LENS.iter().map(move |&len| (m, len)))
+        .filter(|&(m, len)| ROWS.iter().any(|&rows| picked.case(m.name(), len, rows)));
     for (method, len) in plan {
         // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
         let mut built = Vec::new();
         for fast_rounds in [false, true] {
+            if !picked
+                .rounds
+                .allows(if fast_rounds { "fast" } else { "first" })
+            {
+                continue;
+            }
             let shared = dev.info().max_shared_per_block;
             let shape = Shape {
                 fast_rounds,
@@ -143,7 +189,10 @@ fn main() {
                 ),
             }
         }
-        for rows in ROWS {
+        for rows in ROWS
+            .into_iter()
+            .filter(|&r| picked.case(method.name(), len, r))
+        {
             let cells: Vec<String> = built
                 .iter()
                 .map(|sel| case(&dev, &stream, sel, rows, len))
@@ -167,7 +216,10 @@ fn main() {
             .map(|b| format!("{:>10} {:<8}", format!("{b} thr us"), "check"))
             .join(" ")
     ));
-    for len in REG_LENS {
+    for len in REG_LENS
+        .into_iter()
+        .filter(|&len| ROWS.iter().any(|&rows| picked.case("registers", len, rows)))
+    {
         let built: Vec<Option<Selector>> = REG_BLOCKS
             .iter()
             .map(|&block| {
@@ -177,7 +229,10 @@ fn main() {
                     .ok()
             })
             .collect();
-        for rows in ROWS {
+        for rows in ROWS
+            .into_iter()
+            .filter(|&r| picked.case("registers", len, r))
+        {
             let cells: Vec<String> = built
                 .iter()
                 .map(|sel| match sel {
@@ -193,11 +248,18 @@ fn main() {
     // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
     // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
     // 1024 threads in a plain launch), so a launch with almost no work in it.
-    for method in [Method::MultiSlice, Method::Registers] {
+    let short_rows = picked.parts.allows("short-rows");
+    for method in [Method::MultiSlice, Method::Registers]
+        .into_iter()
+        .filter(|_| short_rows)
+    {
         let shape = Shape::for_rows(method, TopK::GLM5, 8192).expect("shape");
         match Selector::build(&dev, method, shape, Variant::default()) {
             Ok(sel) => {
-                for rows in ROWS {
+                for rows in ROWS
+                    .into_iter()
+                    .filter(|r| picked.rows.allows(&r.to_string()))
+                {
                     let k = TopK::GLM5.k();
                     let cell = case(&dev, &stream, &sel, rows, k);
                     table.push(format!(
@@ -218,6 +280,7 @@ fn main() {
         (Method::MultiSlice, 131072),
     ]
     .into_iter()
+    .filter(|&(_, len)| picked.parts.allows("trace") && picked.keys.allows(&len.to_string()))
     .map(|(m, len)| {
         (
             m,
@@ -225,21 +288,35 @@ fn main() {
             Shape::for_rows_within(m, TopK::GLM5, len, shared).ok(),
         )
     })
-    .chain(REG_BLOCKS.map(|b| {
-        (
-            Method::Registers,
-            8192,
-            Shape::registers(TopK::GLM5, 8192, b).ok(),
-        )
-    }))
+    .chain(
+        REG_BLOCKS
+            .into_iter()
+            .filter(|_| picked.parts.allows("trace") && picked.keys.allows("8192"))
+            .map(|b| {
+                (
+                    Method::Registers,
+                    8192,
+                    Shape::registers(TopK::GLM5, 8192, b).ok(),
+                )
+            }),
+    )
     .map(|(method, len, shape)| match shape {
         Some(shape) => trace(&dev, &stream, method, shape, len),
         None => format!("{} {len}: no shape", method.name()),
     })
     .collect();
+    let rounds: Vec<String> = ["first", "fast"]
+        .into_iter()
+        .filter(|r| picked.rounds.allows(r))
+        .map(|r| format!("{:>10} {:<8}", format!("{r} us"), "check"))
+        .collect();
     println!(
-        "\n{:<12} {:>4} {:>8} {:>10} {:<8} {:>10} {:<8} {:>9}",
-        "kernel", "rows", "keys", "first us", "check", "fast us", "check", "floor us"
+        "\n{:<12} {:>4} {:>8} {} {:>9}",
+        "kernel",
+        "rows",
+        "keys",
+        rounds.join(" "),
+        "floor us"
     );
     for l in table {
         println!("{l}");
@@ -251,6 +328,7 @@ fn main() {
     for t in traces {
         println!("{t}");
     }
+    Ok(())
 }
 
 /// One select of 4 random rows by a `SEL_TRACE` build of `shape`, warm (a select before it): its

@@ -162,17 +162,18 @@ MONO_DEV bool sel_round_first(sel_smem& sm, const Src& src, const sel_x& x, bool
 }
 
 // ---- fast rounds (PERF.md) -----------------------------------------------------------------------
-// Fast rounds count on shared-memory atomics: lane l of every wave adds to its own copy of each
-// bin (bin b copy l at b * MONO_WAVE + l), so no two lanes of one access meet on a word, and
-// every lane's copies sit in its own bank. SEL_BINS * MONO_WAVE words of the candidates' room,
-// which the rounds do not use yet.
-#define SEL_COPY_WORDS (SEL_BINS * MONO_WAVE)
-static_assert(SEL_COPY_WORDS <= SEL_CAND_WORDS, "the round's copies fit the candidates' room");
+// Rounds go in pairs (0-1, 2-3, 4-5: the stops at 12 and 24 bits end a pair). The even round
+// counts the keys under the prefix by both digits at once, hist[hi * stride + lo] with hi its own
+// digit, lo the next round's and stride = 1 << sel_width(round + 1), on shared-memory atomics
+// (SEL_WIDE_BINS words of the candidates' room, which the rounds do not use yet). Its own counts
+// are the sums of the rows; the odd round's are the row of the digit the even round chose, so the
+// odd round reads no key. The counts published are the same as one 6-bit count a round.
+static_assert(SEL_WIDE_BINS >= SEL_BINS * SEL_BINS && SEL_WIDE_BINS <= SEL_CAND_WORDS, "a pair's counts fit");
 
 template <class Src>
-MONO_DEV void sel_count_copies(u32* cnt, const Src& src, u32 bits, u32 len, u32 round) {
-  const u32 mask = sel_mask(len), shift = sel_shift(round), dmask = (1u << sel_width(round)) - 1u;
-  u32* mine = cnt + mono_lane();
+MONO_DEV void sel_count_pairs(u32* hist, const Src& src, u32 bits, u32 len, u32 round) {
+  const u32 mask = sel_mask(len), shift = sel_shift(round + 1);
+  const u32 pair_mask = (1u << (sel_width(round) + sel_width(round + 1))) - 1u;
   for (u32 base = 4 * mono_thread(); base < src.n; base += SEL_LOAD_BATCH * SEL_GROUP) {
     u32 k[SEL_LOAD_BATCH][4];
 #pragma unroll
@@ -182,21 +183,18 @@ MONO_DEV void sel_count_copies(u32* cnt, const Src& src, u32 bits, u32 len, u32 
       const u32 i = base + b * SEL_GROUP;
 #pragma unroll
       for (u32 j = 0; j < 4; ++j)
-        if (i + j < src.n && (k[b][j] & mask) == bits)
-          mono_count_lds_u32(mine + ((k[b][j] >> shift) & dmask) * MONO_WAVE);
+        if (i + j < src.n && (k[b][j] & mask) == bits) mono_count_lds_u32(hist + ((k[b][j] >> shift) & pair_mask));
     }
   }
 }
 
-// The count of bin b over its MONO_WAVE copies, which it zeroes (its reader alone reads them).
-// 16-byte reads rotated by the lane, so the lanes of wave 0 that read bins 2l spread over banks.
-MONO_DEV u32 sel_take_bin(u32* cnt, u32 b) {
+// The even round's count of bin b: the sum of its row of `stride` words (16 or 1 reads of 16
+// bytes, rotated by the lane so that the lanes of a quarter-wave read different banks).
+MONO_DEV u32 sel_row_sum(const u32* hist, u32 b, u32 stride) {
+  const u32 quads = stride / 4;
   u32 s = 0;
-#pragma unroll
-  for (u32 q = 0; q < MONO_WAVE / 4; ++q) {
-    mono_u32x4* v = (mono_u32x4*)(cnt + b * MONO_WAVE + 4 * ((q + mono_lane()) % (MONO_WAVE / 4)));
-    const mono_u32x4 x = *v;
-    *v = mono_u32x4{0, 0, 0, 0};
+  for (u32 q = 0; q < quads; ++q) {
+    const mono_u32x4 x = *(const mono_u32x4*)(hist + b * stride + 4 * ((q + mono_lane()) & (quads - 1u)));
     s += x.x + x.y + x.z + x.w;
   }
   return s;
@@ -254,17 +252,28 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 }
 
 // One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w).
-// Barriers: after the counts, after the gather (gathered only), after the decision.
+// Barriers: after the counts (even rounds), after the gather (gathered rounds), after the
+// decision; an odd round alone takes one more before it clears the pair's counts.
+// counted: this (even) round's pairs are in hist already.
 template <class Src>
-MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* cnt, bool* stalled) {
+MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
   const u32 t = mono_thread(), l = mono_lane();
-  const u32 round = st.round, rank = st.rank;
-  sel_count_copies(cnt, src, st.bits, st.len, round);
-  mono_sync_block();
+  const u32 round = st.round, rank = st.rank, odd = round & 1u;
+  const u32 stride = 1u << sel_width(odd ? round : round + 1);
+  if (!odd && !counted) {
+    sel_count_pairs(hist, src, st.bits, st.len, round);
+    mono_sync_block();
+    sel_mark(sm, SEL_PH_COUNTED);
+  }
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
-  if (owner) tlo = sel_take_bin(cnt, 2 * l), thi = sel_take_bin(cnt, 2 * l + 1);
+  if (owner && !odd) tlo = sel_row_sum(hist, 2 * l, stride), thi = sel_row_sum(hist, 2 * l + 1, stride);
+  if (owner && odd) {
+    const u32* row = hist + ((st.bits >> sel_shift(round - 1)) & (SEL_BINS - 1u)) * stride;
+    tlo = 2 * l < stride ? row[2 * l] : 0u;
+    thi = 2 * l + 1 < stride ? row[2 * l + 1] : 0u;
+  }
   if (x.c) {
     if (owner) sel_put_relaxed(*x.c, x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES + l, tlo | (thi << 16));
     // Thread t polls word t % SEL_HIST_BOXES of some slices and sums what it sees.
@@ -278,9 +287,18 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
       *stalled = true;
       return false;
     }
+    sel_mark(sm, SEL_PH_GATHERED);
     const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
     sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
     sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
+  } else if (odd) {
+    mono_sync_block();  // wave 0 has read the row before the pair's counts are cleared
+  }
+  // The odd round is the pair's last reader: clear the counts for the next pair (the poll ended
+  // on a barrier after wave 0 read its row; the barrier below comes before the next count).
+  if (odd)
+    for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
+  if (x.c) {
     mono_sync_block();
     tlo = thi = 0;
     if (owner) {
@@ -292,9 +310,11 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     }
   }
   if (mono_wave() == 0) {
-    // Keys above a lane's bins: the sum over the lanes after it (src/descent.rs choose_digit).
-    const u32 incl = sel_wave_scan(tlo + thi);
+    // Keys above a lane's bins, of the row and of the slices before this one: the sums over the
+    // lanes after it (src/descent.rs choose_digit), both scans side by side.
+    const u32 incl = sel_wave_scan(tlo + thi), before_incl = sel_wave_scan(blo + bhi);
     const u32 above_hi = mono_shfl(incl, MONO_WAVE - 1) - incl, above_lo = above_hi + thi;
+    const u32 before_hi = mono_shfl(before_incl, MONO_WAVE - 1) - before_incl, before_lo = before_hi + bhi;
     const bool in_hi = above_hi < rank && rank <= above_hi + thi;
     const bool in_lo = !in_hi && above_lo < rank && rank <= above_lo + tlo;
     const u64 found = mono_ballot(in_hi || in_lo);  // one lane at most: the bins tile the counts
@@ -302,8 +322,8 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     const u32 d = mono_shfl(in_hi ? 2 * l + 1 : 2 * l, at);
     const u32 d_above = mono_shfl(in_hi ? above_hi : above_lo, at);
     const u32 sharing = mono_shfl(in_hi ? thi : tlo, at);
-    const u32 above_before = sel_wave_sum((2 * l > d ? blo : 0u) + (2 * l + 1 > d ? bhi : 0u));
-    const u32 sharing_before = sel_wave_sum((2 * l == d ? blo : 0u) + (2 * l + 1 == d ? bhi : 0u));
+    const u32 above_before = mono_shfl(in_hi ? before_hi : before_lo, at);
+    const u32 sharing_before = mono_shfl(in_hi ? bhi : blo, at);
     if (l == 0) {
       st.digit = found ? d : SEL_NONE;
       if (found) {
@@ -323,11 +343,11 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
 }
 
 template <class Src>
-MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, u32* cnt, bool* stalled) {
+MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
 #if SEL_FAST_ROUNDS
-  const bool ok = sel_round_fast(sm, src, x, cnt, stalled);
+  const bool ok = sel_round_fast(sm, src, x, hist, counted, stalled);
 #else
-  (void)cnt;
+  (void)hist, (void)counted;
   const bool ok = sel_round_first(sm, src, x, stalled);
 #endif
   sel_mark(sm, SEL_PH_ROUND);

@@ -102,6 +102,8 @@
 #define SEL_PH_WIDE 5     // a wide digit chosen
 #define SEL_PH_PLACED 6   // the list written (this thread's part)
 #define SEL_PH_SCANNED 7  // the list's entries counted and scanned (registers kernel)
+#define SEL_PH_COUNTED 8  // a fast round's keys counted (before its exchange)
+#define SEL_PH_GATHERED 9 // a fast round's boxes from every slice of the row received
 
 // Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
 #define SEL_FLAGS 4

@@ -6,16 +6,17 @@
 // ---- a slice, or the streaming one CTA -----------------------------------------------------------
 // After the keys are in src and the row has more than k: the descent, then the placement. x.c set:
 // slice x.me of x.count, candidates staged to boxes cand_box.. as (key, position) pairs; alone:
-// candidates to cand_pos / cand_key.
+// candidates to cand_pos / cand_key. The fast rounds' pair counts live where the candidates go
+// after the rounds; first_counted: the load counted the first pair there (sel_load).
 template <class Src>
 MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const sel_x& x, u32 cand_box, u32* cand_pos,
-                          u32* cand_key) {
-  // The fast rounds' per-lane copies live where the candidates go after the rounds.
-  for (u32 i = 4 * mono_thread(); i < SEL_COPY_WORDS; i += SEL_GROUP) *(mono_u32x4*)(cand_pos + i) = mono_u32x4{0, 0, 0, 0};
+                          u32* cand_key, bool first_counted) {
+  if (!first_counted)
+    for (u32 i = 4 * mono_thread(); i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(cand_pos + i) = mono_u32x4{0, 0, 0, 0};
   sel_start(sm, r.len);
   bool stalled = false;
   while (!sel_stopped(sm.st)) {
-    if (!sel_round(sm, src, x, cand_pos, &stalled)) {
+    if (!sel_round(sm, src, x, cand_pos, first_counted && sm.st.round == 0, &stalled)) {
       sel_flag(r, stalled ? SEL_FLAG_STALLED : SEL_FLAG_LOST);
       return false;
     }
@@ -64,9 +65,14 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
 }
 
 // Loads positions first..first + n of the row into LDS as radix keys, flagging NaN (a NaN's key
-// lies outside [key(-inf), key(+inf)]). Each thread issues SEL_LOAD_BATCH 16-byte loads before
-// it uses the first. Block-wide.
-MONO_DEV void sel_load(const sel_row& r, u32 first, u32 n, u32* keys) {
+// lies outside [key(-inf), key(+inf)]), and counts the descent's first pair of digits of every
+// key (the prefix is empty) into pairs, zeroed here: the first round then reads no key
+// (sel_count_pairs). Each thread issues SEL_LOAD_BATCH 16-byte loads before it uses the first.
+// Block-wide.
+MONO_DEV void sel_load(const sel_row& r, u32 first, u32 n, u32* keys, u32* pairs) {
+  for (u32 i = 4 * mono_thread(); i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(pairs + i) = mono_u32x4{0, 0, 0, 0};
+  mono_sync_block();
+  const u32 shift = sel_shift(1);
   u32 lo = 0xffffffffu, hi = 0;
   for (u32 base = 4 * mono_thread(); base < n; base += SEL_LOAD_BATCH * SEL_GROUP) {
     mono_u32x4 v[SEL_LOAD_BATCH];
@@ -86,6 +92,7 @@ MONO_DEV void sel_load(const sel_row& r, u32 first, u32 n, u32* keys) {
         if (i + j >= n) continue;
         lo = lo < k[j] ? lo : k[j];
         hi = hi > k[j] ? hi : k[j];
+        mono_count_lds_u32(pairs + (k[j] >> shift));
       }
     }
   }
@@ -255,11 +262,12 @@ MONO_DEV bool sel_slice_task(sel_smem& sm, u32* lds, const mbx_ctx& c, const sel
     sel_flag(r, SEL_FLAG_SHAPE);
     return false;
   }
-  sel_load(r, first, n, lds);
+  u32* cand_pos = lds + SEL_SLICE_KEYS;
+  sel_load(r, first, n, lds, cand_pos);
   sel_mark(sm, SEL_PH_LOADED);
   const sel_lds_keys src{lds, n, first};
   const sel_x x{&c, hist_box, me, count};
-  return sel_descend(sm, src, r, x, cand_box, lds + SEL_SLICE_KEYS, lds + SEL_SLICE_KEYS + SEL_ROOM4);
+  return sel_descend(sm, src, r, x, cand_box, cand_pos, cand_pos + SEL_ROOM4, true);
 }
 
 // The whole row on this CTA: keys in LDS with wide digits when they fit, else by rounds read from
@@ -277,5 +285,5 @@ MONO_DEV bool sel_one_cta_task(sel_smem& sm, u32* lds, const sel_row& r) {
   bool nan = false;
   for (u32 i = mono_thread(); i < r.len; i += SEL_BLOCK) nan |= sel_is_nan(mono_f32_bits(r.scores[i]));
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
-  return sel_descend(sm, sel_row_keys{r.scores, r.len}, r, alone, 0, cand_pos, cand_key);
+  return sel_descend(sm, sel_row_keys{r.scores, r.len}, r, alone, 0, cand_pos, cand_key, false);
 }

@@ -2,7 +2,8 @@
 //!
 //! Multi-slice: one thread per slice of every row, all at once (as the CTAs of a launch). Per
 //! round, each slice publishes the 64-bin digit histogram of its keys under the prefix found so far
-//! (32 tagged pairs of 16-bit counts) and waits for every other slice's, through the mailbox
+//! (32 tagged pairs of 16-bit counts; rounds go in pairs, counted together in the first of the
+//! two, `descent::pair_histogram`) and waits for every other slice's, through the mailbox
 //! crate's CPU protocol on a shared scratch. From the sum each finds the digit holding the k-th
 //! key, how many keys above it lie in the slices before its own, and whether the descent stops.
 //! Then each places its keys above the prefix P; at 32 bits the ties take their places directly,
@@ -19,7 +20,8 @@
 //! whole row, then one placement pass in position order.
 
 use crate::descent::{
-    histogram, pack_hist, unpack_hist, wide_histogram, Cut, Descent, Kind, LostKeys,
+    digit, pack_hist, pair_histogram, row_sums, unpack_hist, wide_histogram, Cut, Descent, Kind,
+    LostKeys,
 };
 use crate::layout::{
     LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, REG_MAX_ROW,
@@ -172,14 +174,19 @@ impl Shared<'_> {
             return Ok(());
         }
         let mut d = Descent::start(k, len);
+        let lost = |source| CpuError::Lost {
+            row,
+            slice: me,
+            source,
+        };
+        // Two rounds an iteration: the stops end a pair (descent::pair_histogram).
         while !d.stopped(self.top.room()) {
-            let hist = histogram(keys.iter().map(|kp| kp.1), d.prefix, d.round);
-            let all = x.all_gather(d.round, &hist)?;
-            d.step(&all, me as usize).map_err(|source| CpuError::Lost {
-                row,
-                slice: me,
-                source,
-            })?;
+            let pairs = pair_histogram(keys.iter().map(|kp| kp.1), d.prefix, d.round);
+            let all = x.all_gather(d.round, &row_sums(&pairs))?;
+            d.step(&all, me as usize).map_err(lost)?;
+            let chosen = digit(d.prefix.bits, d.round - 1) as usize;
+            let all = x.all_gather(d.round, &pairs[chosen])?;
+            d.step(&all, me as usize).map_err(lost)?;
         }
         let above = keys.iter().filter(|kp| d.prefix.key_above(kp.1));
         self.place(row, d.above_before, above.map(|kp| kp.0), false)?;

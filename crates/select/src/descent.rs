@@ -48,13 +48,26 @@ pub fn digit(key: u32, round: usize) -> u32 {
     (key >> shift) & ((1 << width) - 1)
 }
 
-/// Histogram of the digits of `round` over the keys that match `prefix`.
-pub fn histogram(keys: impl Iterator<Item = u32>, prefix: Prefix, round: usize) -> [u32; 64] {
-    let mut hist = [0u32; BINS as usize];
+/// The counts of an even `round` and the next one by both digits, over the keys that match
+/// `prefix`: `[hi][lo]`, hi the digit of `round`, lo that of `round + 1`. The even round's
+/// histogram is the sums of the rows ([`row_sums`]); the next round's is the row of the digit
+/// the even round chose, so it reads no key. The stops (12 and 24 bits, and 32) end a pair, so
+/// rounds always come two by two. (device `sel_count_pairs`)
+pub fn pair_histogram(
+    keys: impl Iterator<Item = u32>,
+    prefix: Prefix,
+    round: usize,
+) -> Vec<[u32; 64]> {
+    let mut rows = vec![[0u32; BINS as usize]; BINS as usize];
     for key in keys.filter(|&k| prefix.matches(k)) {
-        hist[digit(key, round) as usize] += 1;
+        rows[digit(key, round) as usize][digit(key, round + 1) as usize] += 1;
     }
-    hist
+    rows
+}
+
+/// The even round's histogram from its pair counts. (device `sel_row_sum`)
+pub fn row_sums(rows: &[[u32; 64]]) -> [u32; 64] {
+    std::array::from_fn(|hi| rows[hi].iter().sum())
 }
 
 /// Two 16-bit counts per box value: bin 2j in the low half, 2j + 1 in the high half. A slice
@@ -303,6 +316,39 @@ impl Cut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The digit histogram of `round` over the keys that match `prefix`, counted directly.
+    fn histogram(keys: &[u32], prefix: Prefix, round: usize) -> [u32; 64] {
+        let mut hist = [0u32; BINS as usize];
+        for &key in keys.iter().filter(|&&k| prefix.matches(k)) {
+            hist[digit(key, round) as usize] += 1;
+        }
+        hist
+    }
+
+    #[test]
+    fn a_pair_count_gives_both_rounds_histograms() {
+        // Keys that share digits at every round, so that rows and prefixes are not trivial.
+        let keys: Vec<u32> = (0..5000u32)
+            .map(|i| i.wrapping_mul(0x9e37_79b9) & 0xc3f0_f0ff | 0x0100_0000)
+            .collect();
+        for round in [0, 2, 4] {
+            let mut prefix = Prefix::default();
+            for r in 0..round {
+                prefix = prefix.extend(r, digit(keys[7], r));
+            }
+            let rows = pair_histogram(keys.iter().copied(), prefix, round);
+            assert_eq!(row_sums(&rows), histogram(&keys, prefix, round));
+            for d in 0..BINS {
+                let next = prefix.extend(round, d);
+                assert_eq!(
+                    rows[d as usize],
+                    histogram(&keys, next, round + 1),
+                    "round {round} digit {d}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn prefixes_cover_all_32_bits() {
