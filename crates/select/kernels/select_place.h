@@ -38,6 +38,8 @@ MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first
     const u32 run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4, quads = run / 4;
     const u32 start = c0 + mono_thread() * run, end = start + run < c0 + n ? start + run : c0 + n;
     const u32 rot = quads ? mono_thread() % quads : 0u;
+    // Only a thread whose run passes the end tests the bound of each key.
+    const bool whole = start + run <= end;
     u64 ma = 0, mb = 0;
     for (u32 q = 0; q < quads; ++q) {
       const u32 at = q + rot < quads ? q + rot : q + rot - quads, i = start + 4 * at;
@@ -47,14 +49,15 @@ MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first
       u32 a = 0, b = 0;
 #pragma unroll
       for (u32 j = 0; j < 4; ++j) {
-        const bool in = i + j < end;
-        a |= (u32)(in && keep_a(k[j])) << j;
-        b |= (u32)(in && keep_b(k[j])) << j;
+        const bool in = whole || i + j < end;
+        a |= in && keep_a(k[j]) ? 1u << j : 0u;
+        b |= in && keep_b(k[j]) ? 1u << j : 0u;
       }
       ma |= (u64)a << (4 * at), mb |= (u64)b << (4 * at);
     }
     u32 total;
     const u32 before = sel_scan1(sm, 0, mono_popc64(ma) | mono_popc64(mb) << 16, &total);
+    sel_mark(sm, SEL_PH_SCANNED);
     u32 ia = first_a + (before & 0xffffu), ib = first_b + (before >> 16);
     for (u64 m = ma; m; m &= m - 1) {
       const u32 i = start + mono_popc64((m & (~m + 1)) - 1);

@@ -172,18 +172,27 @@ static_assert(SEL_WIDE_BINS >= SEL_BINS * SEL_BINS && SEL_WIDE_BINS <= SEL_CAND_
 
 template <class Src>
 MONO_DEV void sel_count_pairs(u32* hist, const Src& src, u32 bits, u32 len, u32 round) {
-  const u32 mask = sel_mask(len), shift = sel_shift(round + 1);
+  const u32 low = ~sel_mask(len), shift = sel_shift(round + 1);
   const u32 pair_mask = (1u << (sel_width(round) + sel_width(round + 1))) - 1u;
+  auto count = [&](u32 key) {
+    if (sel_shares(key, bits, low)) mono_count_lds_u32(hist + ((key >> shift) & pair_mask));
+  };
   for (u32 base = 4 * mono_thread(); base < src.n; base += SEL_LOAD_BATCH * SEL_GROUP) {
     u32 k[SEL_LOAD_BATCH][4];
 #pragma unroll
     for (u32 b = 0; b < SEL_LOAD_BATCH; ++b) src.load4(base + b * SEL_GROUP, k[b]);
+    // Only a slice's last pass can run past its end: the other passes test no bound.
+    if (base + (SEL_LOAD_BATCH - 1) * SEL_GROUP + 4 <= src.n) {
 #pragma unroll
-    for (u32 b = 0; b < SEL_LOAD_BATCH; ++b) {
-      const u32 i = base + b * SEL_GROUP;
+      for (u32 b = 0; b < SEL_LOAD_BATCH; ++b)
 #pragma unroll
-      for (u32 j = 0; j < 4; ++j)
-        if (i + j < src.n && (k[b][j] & mask) == bits) mono_count_lds_u32(hist + ((k[b][j] >> shift) & pair_mask));
+        for (u32 j = 0; j < 4; ++j) count(k[b][j]);
+    } else {
+#pragma unroll
+      for (u32 b = 0; b < SEL_LOAD_BATCH; ++b)
+#pragma unroll
+        for (u32 j = 0; j < 4; ++j)
+          if (base + b * SEL_GROUP + j < src.n) count(k[b][j]);
     }
   }
 }
@@ -251,10 +260,11 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
   return mbx_block_agree(c, ok);
 }
 
-// One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w).
-// Barriers: after the counts (even rounds), after the gather (gathered rounds), after the
-// decision; an odd round alone takes one more before it clears the pair's counts.
-// counted: this (even) round's pairs are in hist already.
+// One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w). The
+// even round counts the pair of digits (unless counted: the load did), and once it has chosen its
+// digit, wave 0 keeps that digit's row (the odd round's counts) in sm.pair_row; the odd round
+// clears the counts for the next pair, which no one reads before its last barrier. Barriers:
+// after the counts (even rounds), after the gather (gathered rounds), after the decision.
 template <class Src>
 MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
@@ -268,12 +278,10 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
   }
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
+  if (owner && odd) tlo = sm.pair_row[2 * l], thi = sm.pair_row[2 * l + 1];
   if (owner && !odd) tlo = sel_row_sum(hist, 2 * l, stride), thi = sel_row_sum(hist, 2 * l + 1, stride);
-  if (owner && odd) {
-    const u32* row = hist + ((st.bits >> sel_shift(round - 1)) & (SEL_BINS - 1u)) * stride;
-    tlo = 2 * l < stride ? row[2 * l] : 0u;
-    thi = 2 * l + 1 < stride ? row[2 * l + 1] : 0u;
-  }
+  if (odd)
+    for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
   if (x.c) {
     if (owner) sel_put_relaxed(*x.c, x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES + l, tlo | (thi << 16));
     // Thread t polls word t % SEL_HIST_BOXES of some slices and sums what it sees.
@@ -291,14 +299,6 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
     sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
     sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
-  } else if (odd) {
-    mono_sync_block();  // wave 0 has read the row before the pair's counts are cleared
-  }
-  // The odd round is the pair's last reader: clear the counts for the next pair (the poll ended
-  // on a barrier after wave 0 read its row; the barrier below comes before the next count).
-  if (odd)
-    for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
-  if (x.c) {
     mono_sync_block();
     tlo = thi = 0;
     if (owner) {
@@ -324,6 +324,11 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     const u32 sharing = mono_shfl(in_hi ? thi : tlo, at);
     const u32 above_before = mono_shfl(in_hi ? before_hi : before_lo, at);
     const u32 sharing_before = mono_shfl(in_hi ? bhi : blo, at);
+    if (!odd && owner) {
+      const u32* row = hist + (found ? d : 0u) * stride;
+      sm.pair_row[2 * l] = 2 * l < stride ? row[2 * l] : 0u;
+      sm.pair_row[2 * l + 1] = 2 * l + 1 < stride ? row[2 * l + 1] : 0u;
+    }
     if (l == 0) {
       st.digit = found ? d : SEL_NONE;
       if (found) {

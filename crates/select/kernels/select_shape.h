@@ -135,6 +135,9 @@ static_assert(SEL_FIRST_BITS + SEL_GROUP_BITS == 12 && SEL_FIRST_BITS + SEL_WIDE
 MONO_DEV u32 sel_radix_key(u32 bits) { return bits ^ ((u32)((i32)bits >> 31) | 0x80000000u); }
 MONO_DEV bool sel_is_nan(u32 bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
 MONO_DEV u32 sel_mask(u32 len) { return len == 0 ? 0u : 0xffffffffu << (32u - len); }
+// The key has the prefix bits whose unknown bits are low (~sel_mask(len)): a subtract and one
+// unsigned compare, where (key & mask) == bits takes a mask, a compare and a select in the loops.
+MONO_DEV bool sel_shares(u32 key, u32 bits, u32 low) { return key - bits <= low; }
 // Digits of the rounds, from the top: 6, 6, 6, 6, 6, 2 bits.
 MONO_DEV u32 sel_shift(u32 round) { return round < 5 ? 26u - 6u * round : 0u; }
 MONO_DEV u32 sel_width(u32 round) { return round < 5 ? 6u : 2u; }
@@ -186,6 +189,7 @@ struct sel_smem {
   u32 slice_above[SEL_MAX_SLICES];
   u32 slice_at[SEL_MAX_SLICES];
   u32 wtot[2][MONO_WAVE];  // the wave totals of sel_scan1 and sel_scan1x2
+  u32 pair_row[SEL_BINS];  // the fast rounds: the odd round's counts, kept by the even round
   sel_state st;
 #if SEL_TRACE
   u64* trace;  // thread 0 only; nullptr when this CTA is not traced

@@ -22,11 +22,12 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
     }
   }
   const sel_state st = sm.st;  // a copy: the tail's passes change sm.st
-  const u32 mask = sel_mask(st.len);
   // One pass places the keys above P and, at 32 bits, the ties; else stages the keys sharing P.
+  // P's keys are bits .. bits + low: one compare a key for each test (sel_shares).
+  const u32 low = ~sel_mask(st.len), top = st.bits | low;
   auto write = [&](u32 i, u32 pos, u32) { sel_write(r, i, pos); };
-  auto above = [&](u32 key) { return (key & mask) > st.bits; };
-  auto sharing = [&](u32 key) { return (key & mask) == st.bits; };
+  auto above = [&](u32 key) { return key > top; };
+  auto sharing = [&](u32 key) { return sel_shares(key, st.bits, low); };
   if (st.len == 32) {
     sel_compact2(sm, src, above, st.above_before, write, sharing, st.above + st.sharing_before, write);
     sel_mark(sm, SEL_PH_PLACED);
