@@ -197,16 +197,25 @@ MONO_DEV void sel_count_pairs(u32* hist, const Src& src, u32 bits, u32 len, u32 
   }
 }
 
-// The even round's count of bin b: the sum of its row of `stride` words (16 or 1 reads of 16
-// bytes, rotated by the lane so that the lanes of a quarter-wave read different banks).
-MONO_DEV u32 sel_row_sum(const u32* hist, u32 b, u32 stride) {
-  const u32 quads = stride / 4;
+// The even round's counts: sm.total[b] = the sum of row b of the pair counts (`stride` words),
+// by every thread: SEL_BLOCK / SEL_BINS consecutive threads a row (8 at 512), 16-byte reads of
+// consecutive words, then xor shuffles within the group. Block-wide; the caller synchronises
+// before reading sm.total.
+MONO_DEV void sel_row_sums(sel_smem& sm, const u32* hist, u32 stride) {
+  constexpr u32 parts = SEL_BLOCK / SEL_BINS;
+  static_assert(parts >= 1 && parts <= MONO_WAVE && (parts & (parts - 1)) == 0, "a row's threads are lanes of one wave");
+  const u32 t = mono_thread(), row = t / parts, part = t % parts;
+  // A row shorter than its threads (stride 4, the last pair) is summed by its first thread.
+  const u32 span = stride >= 4 * parts ? stride / parts : (part == 0 ? stride : 0u);
+  const u32* words = hist + row * stride + part * span;
   u32 s = 0;
-  for (u32 q = 0; q < quads; ++q) {
-    const mono_u32x4 x = *(const mono_u32x4*)(hist + b * stride + 4 * ((q + mono_lane()) & (quads - 1u)));
+  for (u32 i = 0; i < span; i += 4) {
+    const mono_u32x4 x = *(const mono_u32x4*)(words + i);
     s += x.x + x.y + x.z + x.w;
   }
-  return s;
+#pragma unroll
+  for (u32 m = 1; m < parts; m <<= 1) s += mono_shfl_xor(s, m);
+  if (part == 0) sm.total[row] = s;
 }
 
 MONO_DEV u32 sel_wave_sum(u32 v) {
@@ -215,10 +224,11 @@ MONO_DEV u32 sel_wave_sum(u32 v) {
   return v;
 }
 
-// Block-wide, like mbx_wait_all (box i by thread i % SEL_BLOCK, then the block agrees), but a
-// thread issues up to SEL_POLL_BATCH loads before it looks at the first, and polls again all the
-// boxes of its batch not yet ready together: one L2 round trip per sweep, not one per box
-// (bounded in debug builds, as mbx_poll). Each ready value goes to take(i, value).
+// Like mbx_wait_all (box i by thread i % SEL_BLOCK), but a thread issues up to SEL_POLL_BATCH
+// loads before it looks at the first, and polls again all the boxes of its batch not yet ready
+// together: one L2 round trip per sweep, not one per box (bounded in debug builds, as mbx_poll).
+// Each ready value goes to take(i, value). This thread's answer: the caller agrees with the block
+// (mbx_block_agree), after it has stored what it took, so that one barrier serves both.
 template <class Take>
 MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
   static_assert(SEL_POLL_BATCH <= 32, "a thread's pending boxes are bits of a u32");
@@ -257,29 +267,34 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 #endif
     }
   }
-  return mbx_block_agree(c, ok);
+  return ok;
 }
 
 // One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w). The
-// even round counts the pair of digits (unless counted: the load did), and once it has chosen its
-// digit, wave 0 keeps that digit's row (the odd round's counts) in sm.pair_row; the odd round
-// clears the counts for the next pair, which no one reads before its last barrier. Barriers:
-// after the counts (even rounds), after the gather (gathered rounds), after the decision.
+// even round counts the pair of digits (unless counted: the load did) and sums the rows into its
+// own counts; once it has chosen its digit, wave 0 keeps that digit's row (the odd round's
+// counts) in sm.pair_row. The odd round clears the pair counts for the next pair, which no one
+// reads before its last barrier. Barriers: after the counts and after the row sums (even rounds),
+// after the gather (gathered rounds), after the decision.
 template <class Src>
 MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
   const u32 t = mono_thread(), l = mono_lane();
   const u32 round = st.round, rank = st.rank, odd = round & 1u;
   const u32 stride = 1u << sel_width(odd ? round : round + 1);
-  if (!odd && !counted) {
-    sel_count_pairs(hist, src, st.bits, st.len, round);
+  if (!odd) {
+    if (!counted) {
+      sel_count_pairs(hist, src, st.bits, st.len, round);
+      mono_sync_block();
+      sel_mark(sm, SEL_PH_COUNTED);
+    }
+    sel_row_sums(sm, hist, stride);
     mono_sync_block();
-    sel_mark(sm, SEL_PH_COUNTED);
   }
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
+  const u32* counts = odd ? sm.pair_row : sm.total;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
-  if (owner && odd) tlo = sm.pair_row[2 * l], thi = sm.pair_row[2 * l + 1];
-  if (owner && !odd) tlo = sel_row_sum(hist, 2 * l, stride), thi = sel_row_sum(hist, 2 * l + 1, stride);
+  if (owner) tlo = counts[2 * l], thi = counts[2 * l + 1];
   if (odd)
     for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
   if (x.c) {
@@ -291,15 +306,14 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
       const u32 lo = v & 0xffffu, hi = v >> 16, before = i / SEL_HIST_BOXES < x.me;
       s[0] += lo, s[1] += hi, s[2] += before ? lo : 0u, s[3] += before ? hi : 0u;
     });
-    if (!ok) {
+    const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
+    sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
+    sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
+    if (!mbx_block_agree(*x.c, ok)) {
       *stalled = true;
       return false;
     }
     sel_mark(sm, SEL_PH_GATHERED);
-    const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
-    sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
-    sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
-    mono_sync_block();
     tlo = thi = 0;
     if (owner) {
 #pragma unroll
@@ -308,6 +322,7 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
         blo += sm.sums.before[0][q][l], bhi += sm.sums.before[1][q][l];
       }
     }
+    sel_mark(sm, SEL_PH_SUMMED);
   }
   if (mono_wave() == 0) {
     // Keys above a lane's bins, of the row and of the slices before this one: the sums over the
@@ -324,6 +339,7 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     const u32 sharing = mono_shfl(in_hi ? thi : tlo, at);
     const u32 above_before = mono_shfl(in_hi ? before_hi : before_lo, at);
     const u32 sharing_before = mono_shfl(in_hi ? bhi : blo, at);
+    sel_mark(sm, SEL_PH_DECIDED);
     if (!odd && owner) {
       const u32* row = hist + (found ? d : 0u) * stride;
       sm.pair_row[2 * l] = 2 * l < stride ? row[2 * l] : 0u;

@@ -104,6 +104,8 @@
 #define SEL_PH_SCANNED 7  // the list's entries counted and scanned (registers kernel)
 #define SEL_PH_COUNTED 8  // a fast round's keys counted (before its exchange)
 #define SEL_PH_GATHERED 9 // a fast round's boxes from every slice of the row received
+#define SEL_PH_SUMMED 10  // a fast round's counts summed over the slices (wave 0)
+#define SEL_PH_DECIDED 11 // a fast round's digit chosen (wave 0, before the block hears of it)
 
 // Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
 #define SEL_FLAGS 4
@@ -171,7 +173,7 @@ struct sel_state {
 struct sel_smem {
   u32 whist[SEL_WAVES][SEL_BINS];
   u32 part[SEL_BLOCK / SEL_BINS][SEL_BINS];
-  u32 total[SEL_BINS];
+  u32 total[SEL_BINS];  // this round's counts (the fast rounds: the even round's row sums)
   u32 packed[SEL_HIST_BOXES];
   union {
     // First rounds: every slice's words of the round.

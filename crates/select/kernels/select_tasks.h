@@ -47,7 +47,7 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
       else
         cand_key[i / 2] = v;
     });
-    if (!ok) {
+    if (!mbx_block_agree(*x.c, ok)) {
       sel_flag(r, SEL_FLAG_STALLED);
       return false;
     }

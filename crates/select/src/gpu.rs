@@ -82,7 +82,7 @@ pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 /// (`mono_clock_cycles`).
 pub const TRACE_MARKS: usize = 32;
 /// The phases of a trace (`SEL_PH_*`), by number: each mark is stamped when the phase ends.
-pub const PHASES: [&str; 10] = [
+pub const PHASES: [&str; 12] = [
     "start",
     "keys loaded",
     "6-bit round",
@@ -93,6 +93,8 @@ pub const PHASES: [&str; 10] = [
     "list scanned",
     "counted",
     "gathered",
+    "summed",
+    "decided",
 ];
 
 /// Which kernel.
