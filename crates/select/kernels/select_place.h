@@ -24,32 +24,28 @@ MONO_DEV void sel_flag(const sel_row& r, u32 which) {
 // Emits, in position order, the keys of src that keep_a() accepts as indices first_a, first_a + 1,
 // ... through emit_a(index, pos, key), and those keep_b() accepts (none of the same keys) from
 // first_b through emit_b: both kinds in one pass over the keys. Per chunk of SEL_PLACE_RUN *
-// SEL_BLOCK keys (one for a slice or the candidates), thread t takes a run of consecutive keys (as
-// sel_place) and marks those of each kind; one block scan of both counts (16 bits each: a chunk
-// holds at most 32768 keys) gives its first indices. Block-wide, one barrier a chunk; uses
-// sm.wtot[0], so a barrier must come before its next user.
+// SEL_BLOCK keys (one for a slice or the candidates), thread t takes its run (sel_run) and marks
+// those of each kind; one block scan of both counts (16 bits each: a chunk holds at most 32768
+// keys) gives its first indices. Block-wide, one barrier a chunk; uses sm.wtot[0], so a barrier
+// must come before its next user.
 template <class Src, class KeepA, class EmitA, class KeepB, class EmitB>
 MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first_a, EmitA emit_a, KeepB keep_b,
                            u32 first_b, EmitB emit_b) {
   static_assert(SEL_PLACE_RUN * SEL_BLOCK <= 0xffffu + 1u, "a chunk's counts fit 16 bits");
   for (u32 c0 = 0; c0 < src.n; c0 += SEL_PLACE_RUN * SEL_BLOCK) {
     if (c0 > 0) mono_sync_block();  // every thread has read the last chunk's scan words
-    const u32 n = src.n - c0 < SEL_PLACE_RUN * SEL_BLOCK ? src.n - c0 : SEL_PLACE_RUN * SEL_BLOCK;
-    const u32 run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4, quads = run / 4;
-    const u32 start = c0 + mono_thread() * run, end = start + run < c0 + n ? start + run : c0 + n;
-    const u32 rot = quads ? mono_thread() % quads : 0u;
-    // Only a thread whose run passes the end tests the bound of each key.
-    const bool whole = start + run <= end;
+    const sel_run run(c0, src.n - c0 < SEL_PLACE_RUN * SEL_BLOCK ? src.n - c0 : SEL_PLACE_RUN * SEL_BLOCK);
+    const bool whole = run.whole();
     u64 ma = 0, mb = 0;
-    for (u32 q = 0; q < quads; ++q) {
-      const u32 at = q + rot < quads ? q + rot : q + rot - quads, i = start + 4 * at;
-      if (i >= end) continue;
+    for (u32 q = 0; q < run.quads; ++q) {
+      const u32 at = run.at(q), i = run.start + 4 * at;
+      if (i >= run.end) continue;
       u32 k[4];
       src.load4(i, k);
       u32 a = 0, b = 0;
 #pragma unroll
       for (u32 j = 0; j < 4; ++j) {
-        const bool in = whole || i + j < end;
+        const bool in = whole || i + j < run.end;
         a |= in && keep_a(k[j]) ? 1u << j : 0u;
         b |= in && keep_b(k[j]) ? 1u << j : 0u;
       }
@@ -60,15 +56,25 @@ MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first
     sel_mark(sm, SEL_PH_SCANNED);
     u32 ia = first_a + (before & 0xffffu), ib = first_b + (before >> 16);
     for (u64 m = ma; m; m &= m - 1) {
-      const u32 i = start + mono_popc64((m & (~m + 1)) - 1);
+      const u32 i = run.start + mono_popc64((m & (~m + 1)) - 1);
       emit_a(ia++, src.pos(i), src.key(i));
     }
     for (u64 m = mb; m; m &= m - 1) {
-      const u32 i = start + mono_popc64((m & (~m + 1)) - 1);
+      const u32 i = run.start + mono_popc64((m & (~m + 1)) - 1);
       emit_b(ib++, src.pos(i), src.key(i));
     }
     first_a += total & 0xffffu, first_b += total >> 16;
   }
+}
+
+// sel_compact2 of the keys above st's prefix P (as emit_a) and those sharing it (as emit_b); P's
+// keys are bits .. bits + low, so each test is one compare (sel_shares).
+template <class Src, class EmitA, class EmitB>
+MONO_DEV void sel_compact_prefix(sel_smem& sm, const Src& src, const sel_state& st, u32 first_a, EmitA emit_a,
+                                 u32 first_b, EmitB emit_b) {
+  const u32 low = ~sel_mask(st.len), top = st.bits | low;
+  sel_compact2(sm, src, [&](u32 key) { return key > top; }, first_a, emit_a,
+               [&](u32 key) { return sel_shares(key, st.bits, low); }, first_b, emit_b);
 }
 
 // The row's entries from index first: every index is below SEL_K by construction for keys above
@@ -231,12 +237,11 @@ MONO_DEV void sel_write_marked(const Src& src, const sel_row& r, u32 first, u64 
 // first index of each kind; then it writes its marked keys in order. Block-wide, one barrier.
 template <class Src>
 MONO_DEV void sel_place(sel_smem& sm, const Src& src, const sel_cut& cut, const sel_row& r) {
-  const u32 n = src.n, run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4, quads = run / 4;
-  const u32 first = mono_thread() * run, end = first + run < n ? first + run : n;
-  const u32 rot = quads ? mono_thread() % quads : 0u;
+  const sel_run run(0, src.n);
+  const u32 first = run.start, end = run.end;
   u64 m1 = 0, m2 = 0, m3 = 0;  // above P; sharing P above T; equal to T
-  for (u32 q = 0; q < quads; ++q) {
-    const u32 at = q + rot < quads ? q + rot : q + rot - quads, i = first + 4 * at;
+  for (u32 q = 0; q < run.quads; ++q) {
+    const u32 at = run.at(q), i = first + 4 * at;
     if (i >= end) continue;
     u32 k[4];
     src.load4(i, k);

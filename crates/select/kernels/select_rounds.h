@@ -307,8 +307,7 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
       s[0] += lo, s[1] += hi, s[2] += before ? lo : 0u, s[3] += before ? hi : 0u;
     });
     const u32 g = t / SEL_HIST_BOXES, w = t % SEL_HIST_BOXES;
-    sm.sums.total[0][g][w] = s[0], sm.sums.total[1][g][w] = s[1];
-    sm.sums.before[0][g][w] = s[2], sm.sums.before[1][g][w] = s[3];
+    sm.sums[g][w] = mono_u32x4{s[0], s[1], s[2], s[3]};
     if (!mbx_block_agree(*x.c, ok)) {
       *stalled = true;
       return false;
@@ -318,8 +317,8 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     if (owner) {
 #pragma unroll
       for (u32 q = 0; q < SEL_BLOCK / SEL_HIST_BOXES; ++q) {
-        tlo += sm.sums.total[0][q][l], thi += sm.sums.total[1][q][l];
-        blo += sm.sums.before[0][q][l], bhi += sm.sums.before[1][q][l];
+        const mono_u32x4 v = sm.sums[q][l];
+        tlo += v.x, thi += v.y, blo += v.z, bhi += v.w;
       }
     }
     sel_mark(sm, SEL_PH_SUMMED);

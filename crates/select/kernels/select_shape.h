@@ -178,13 +178,11 @@ struct sel_smem {
   union {
     // First rounds: every slice's words of the round.
     u32 gather[SEL_MAX_SLICES * SEL_HIST_BOXES];
-    // Fast rounds: per group of SEL_HIST_BOXES threads, its sums of the words it polled ([0]: the
-    // low bin of word w, [1]: the high), over all slices and over the slices before this one. It
-    // shares the room of `gather` so that two CTAs of the longest slices still fit an SM.
-    struct {
-      u32 total[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
-      u32 before[2][SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
-    } sums;
+    // Fast rounds: per group of SEL_HIST_BOXES threads, its sums of the words it polled: of word
+    // w, the low bin and the high bin over all slices, then over the slices before this one (16
+    // bytes, so that wave 0 reads a group's in one load). It shares the room of `gather` so that
+    // two CTAs of the longest slices still fit an SM.
+    mono_u32x4 sums[SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
     // After the rounds (or without them): the candidates' wide digits.
     alignas(16) u32 tail_hist[SEL_TAIL_BINS];
   };
@@ -266,6 +264,24 @@ MONO_DEV void sel_scan1x2(sel_smem& sm, u32 a, u32 b, u32* before_a, u32* before
   *before_a = xa + ia - a;
   *before_b = xb + ib - b;
 }
+
+// Thread t's run of consecutive keys among the n from `first` (the placement's walk: its marks
+// are in position order): keys [start, end), read as quads from a quad that depends on the
+// thread, so that the 16-byte reads of neighbouring threads fall in different banks.
+struct sel_run {
+  u32 start, end, quads, rot;
+  MONO_DEV sel_run(u32 first, u32 n) {
+    const u32 run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4;
+    start = first + mono_thread() * run;
+    end = start + run < first + n ? start + run : first + n;
+    quads = run / 4;
+    rot = quads ? mono_thread() % quads : 0u;
+  }
+  // The q-th quad this thread reads, as its offset in quads from start.
+  MONO_DEV u32 at(u32 q) const { return q + rot < quads ? q + rot : q + rot - quads; }
+  // No key of the run lies past the end: the keys need no bound test.
+  MONO_DEV bool whole() const { return start + 4 * quads <= end; }
+};
 
 // ---- key sources: 4 consecutive keys per thread and pass -----------------------------------------
 // A slice's keys in LDS; positions first + i.

@@ -23,24 +23,20 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
   }
   const sel_state st = sm.st;  // a copy: the tail's passes change sm.st
   // One pass places the keys above P and, at 32 bits, the ties; else stages the keys sharing P.
-  // P's keys are bits .. bits + low: one compare a key for each test (sel_shares).
-  const u32 low = ~sel_mask(st.len), top = st.bits | low;
   auto write = [&](u32 i, u32 pos, u32) { sel_write(r, i, pos); };
-  auto above = [&](u32 key) { return key > top; };
-  auto sharing = [&](u32 key) { return sel_shares(key, st.bits, low); };
   if (st.len == 32) {
-    sel_compact2(sm, src, above, st.above_before, write, sharing, st.above + st.sharing_before, write);
+    sel_compact_prefix(sm, src, st, st.above_before, write, st.above + st.sharing_before, write);
     sel_mark(sm, SEL_PH_PLACED);
     return true;
   }
   if (x.c) {
-    sel_compact2(sm, src, above, st.above_before, write, sharing, st.sharing_before, [&](u32 i, u32 pos, u32 key) {
+    sel_compact_prefix(sm, src, st, st.above_before, write, st.sharing_before, [&](u32 i, u32 pos, u32 key) {
       sel_put_relaxed(*x.c, cand_box + 2 * i, key);
       sel_put_relaxed(*x.c, cand_box + 2 * i + 1, pos);
     });
     sel_mark(sm, SEL_PH_ABOVE);
     if (x.me != 0) return true;
-    // Every slice's pairs in one batched poll; ends on a block barrier.
+    // Every slice's pairs in one batched poll, then the block agrees (a barrier).
     const bool ok = sel_poll_all(*x.c, cand_box, 2 * st.sharing, [&](u32 i, u32 v) {
       if (i & 1u)
         cand_pos[i / 2] = v;
@@ -53,8 +49,8 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
     }
     sel_mark(sm, SEL_PH_CANDS);
   } else {
-    sel_compact2(sm, src, above, st.above_before, write, sharing, 0,
-                 [&](u32 i, u32 pos, u32 key) { cand_pos[i] = pos, cand_key[i] = key; });
+    sel_compact_prefix(sm, src, st, st.above_before, write, 0,
+                       [&](u32 i, u32 pos, u32 key) { cand_pos[i] = pos, cand_key[i] = key; });
     mono_sync_block();
     sel_mark(sm, SEL_PH_ABOVE);
   }
@@ -148,12 +144,11 @@ MONO_DEV void sel_load_count(const sel_row& r, u32* keys, u32* hist) {
 MONO_DEV bool sel_last_pass_placed(sel_smem& sm, u32* hist, const sel_lds_keys& src, u32 p_mask, u32 p_bits,
                                    u32 above_p, const sel_row& r) {
   const u32 t20 = sm.st.bits, mask20 = sel_mask(sm.st.len), shift = 32u - sm.st.len - SEL_WIDE_BITS;
-  const u32 n = src.n, run = ((n + SEL_BLOCK - 1) / SEL_BLOCK + 3) / 4 * 4, quads = run / 4;
-  const u32 first = mono_thread() * run, end = first + run < n ? first + run : n;
-  const u32 rot = quads ? mono_thread() % quads : 0u;
+  const sel_run run(0, src.n);
+  const u32 first = run.start, end = run.end;
   u64 m1 = 0, m2 = 0, mc = 0;  // above P; sharing P above T's 20 bits; sharing T's 20 bits
-  for (u32 q = 0; q < quads; ++q) {
-    const u32 at = q + rot < quads ? q + rot : q + rot - quads, i = first + 4 * at;
+  for (u32 q = 0; q < run.quads; ++q) {
+    const u32 at = run.at(q), i = first + 4 * at;
     if (i >= end) continue;
     u32 k[4];
     src.load4(i, k);
