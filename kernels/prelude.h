@@ -132,6 +132,15 @@ MONO_DEV u32 mono_popc64(u64 v) {
   return n;
 #endif
 }
+MONO_DEV u32 mono_popc32(u32 v) {
+#if MONO_AMD
+  return (u32)__builtin_popcount(v);
+#else
+  u32 n;
+  asm("popc.b32 %0, %1;" : "=r"(n) : "r"(v));
+  return n;
+#endif
+}
 
 // ---- device-scope memory ordering ------------------------------------------------------------------
 // Hand-offs between CTAs go through these: relaxed/acquire loads that bypass the non-coherent L1,

@@ -23,44 +23,47 @@ MONO_DEV void sel_flag(const sel_row& r, u32 which) {
 
 // Emits, in position order, the keys of src that keep_a() accepts as indices first_a, first_a + 1,
 // ... through emit_a(index, pos, key), and those keep_b() accepts (none of the same keys) from
-// first_b through emit_b: both kinds in one pass over the keys. Per chunk of SEL_PLACE_RUN *
-// SEL_BLOCK keys (one for a slice or the candidates), thread t takes its run (sel_run) and marks
-// those of each kind; one block scan of both counts (16 bits each: a chunk holds at most 32768
-// keys) gives its first indices. Block-wide, one barrier a chunk; uses sm.wtot[0], so a barrier
-// must come before its next user.
+// first_b through emit_b: both kinds in one pass over the keys. Per chunk of 32 * SEL_BLOCK keys
+// (one for a slice or the candidates), thread t takes its run (sel_run, at most 32 keys) and marks
+// those of each kind in a 32-bit mask; one block scan of both counts (16 bits each) gives its
+// first indices. Block-wide, one barrier a chunk; uses sm.wtot[0], so a barrier must come before
+// its next user.
 template <class Src, class KeepA, class EmitA, class KeepB, class EmitB>
 MONO_DEV void sel_compact2(sel_smem& sm, const Src& src, KeepA keep_a, u32 first_a, EmitA emit_a, KeepB keep_b,
                            u32 first_b, EmitB emit_b) {
-  static_assert(SEL_PLACE_RUN * SEL_BLOCK <= 0xffffu + 1u, "a chunk's counts fit 16 bits");
-  for (u32 c0 = 0; c0 < src.n; c0 += SEL_PLACE_RUN * SEL_BLOCK) {
+  constexpr u32 chunk = 32 * SEL_BLOCK;
+  static_assert(chunk <= 0xffffu + 1u, "a chunk's counts fit 16 bits");
+  for (u32 c0 = 0; c0 < src.n; c0 += chunk) {
     if (c0 > 0) mono_sync_block();  // every thread has read the last chunk's scan words
-    const sel_run run(c0, src.n - c0 < SEL_PLACE_RUN * SEL_BLOCK ? src.n - c0 : SEL_PLACE_RUN * SEL_BLOCK);
-    const bool whole = run.whole();
-    u64 ma = 0, mb = 0;
-    for (u32 q = 0; q < run.quads; ++q) {
+    const sel_run run(c0, src.n - c0 < chunk ? src.n - c0 : chunk);
+    u32 ma = 0, mb = 0;
+    // A run that ends before the chunk's end (all but one thread's) tests no key's bound.
+    auto mark = [&](u32 q, bool whole) {
       const u32 at = run.at(q), i = run.start + 4 * at;
-      if (i >= run.end) continue;
+      if (i >= run.end) return;
       u32 k[4];
       src.load4(i, k);
-      u32 a = 0, b = 0;
 #pragma unroll
       for (u32 j = 0; j < 4; ++j) {
         const bool in = whole || i + j < run.end;
-        a |= in && keep_a(k[j]) ? 1u << j : 0u;
-        b |= in && keep_b(k[j]) ? 1u << j : 0u;
+        ma |= in && keep_a(k[j]) ? 1u << (4 * at + j) : 0u;
+        mb |= in && keep_b(k[j]) ? 1u << (4 * at + j) : 0u;
       }
-      ma |= (u64)a << (4 * at), mb |= (u64)b << (4 * at);
-    }
+    };
+    if (run.whole())
+      for (u32 q = 0; q < run.quads; ++q) mark(q, true);
+    else
+      for (u32 q = 0; q < run.quads; ++q) mark(q, false);
     u32 total;
-    const u32 before = sel_scan1(sm, 0, mono_popc64(ma) | mono_popc64(mb) << 16, &total);
+    const u32 before = sel_scan1(sm, 0, mono_popc32(ma) | mono_popc32(mb) << 16, &total);
     sel_mark(sm, SEL_PH_SCANNED);
     u32 ia = first_a + (before & 0xffffu), ib = first_b + (before >> 16);
-    for (u64 m = ma; m; m &= m - 1) {
-      const u32 i = run.start + mono_popc64((m & (~m + 1)) - 1);
+    for (u32 m = ma; m; m &= m - 1) {
+      const u32 i = run.start + mono_popc32((m & (~m + 1)) - 1);
       emit_a(ia++, src.pos(i), src.key(i));
     }
-    for (u64 m = mb; m; m &= m - 1) {
-      const u32 i = run.start + mono_popc64((m & (~m + 1)) - 1);
+    for (u32 m = mb; m; m &= m - 1) {
+      const u32 i = run.start + mono_popc32((m & (~m + 1)) - 1);
       emit_b(ib++, src.pos(i), src.key(i));
     }
     first_a += total & 0xffffu, first_b += total >> 16;

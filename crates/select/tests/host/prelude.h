@@ -82,6 +82,7 @@ MONO_DEV u64 mono_ballot(bool pred) {
   return r;
 }
 MONO_DEV u32 mono_popc64(u64 v) { return (u32)__builtin_popcountll(v); }
+MONO_DEV u32 mono_popc32(u32 v) { return (u32)__builtin_popcount(v); }
 
 // Polls yield: the CTAs of a launch far outnumber the cores.
 MONO_DEV u64 mono_ld_relaxed_u64(const u64* p) {
