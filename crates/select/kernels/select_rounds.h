@@ -66,6 +66,11 @@ struct sel_x {
 
 MONO_DEV u32 sel_unpack(u32 word, u32 bin) { return (bin & 1u) ? word >> 16 : word & 0xffffu; }
 
+// This slice's box of word w of `round` (SelectBoxes::hist_box).
+MONO_DEV u32 sel_my_box(const sel_x& x, u32 round, u32 w) {
+  return x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES + w;
+}
+
 // A box that carries its own data: a relaxed store of (tag, value), no flag behind it.
 MONO_DEV void sel_put_relaxed(const mbx_ctx& c, u32 box, u32 value) {
   mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, value));
@@ -81,7 +86,7 @@ MONO_DEV bool sel_round_first(sel_smem& sm, const Src& src, const sel_x& x, bool
   sel_histogram(sm, src, st.bits, st.len, round);
   if (x.c) {
     // Publish 32 tagged pairs of 16-bit counts; thread i stores word i, which it packed itself.
-    const u32 mine = x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES;
+    const u32 mine = sel_my_box(x, round, 0);
     if (t < SEL_HIST_BOXES) sm.packed[t] = (sm.total[2 * t] & 0xffffu) | (sm.total[2 * t + 1] << 16);
     mbx_put_row(*x.c, mine, sm.packed, SEL_HIST_BOXES);
     // Every slice's row of this round, consecutive boxes (slot stride = SEL_HIST_BOXES).
@@ -273,7 +278,7 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 // One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w). The
 // even round counts the pair of digits (unless counted: the load did) and sums the rows into its
 // own counts; once it has chosen its digit, wave 0 keeps that digit's row (the odd round's
-// counts) in sm.pair_row. The odd round clears the pair counts for the next pair, which no one
+// counts) in sm.pair_row and publishes it as the odd round's words at once. The odd round clears the pair counts for the next pair, which no one
 // reads before its last barrier. Barriers: after the counts and after the row sums (even rounds),
 // after the gather (gathered rounds), after the decision.
 template <class Src>
@@ -298,7 +303,8 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
   if (odd)
     for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
   if (x.c) {
-    if (owner) sel_put_relaxed(*x.c, x.hist_box + (round * SEL_MAX_SLICES + x.me) * SEL_HIST_BOXES + l, tlo | (thi << 16));
+    // The odd round's words went out with the even round's decision.
+    if (owner && !odd) sel_put_relaxed(*x.c, sel_my_box(x, round, l), tlo | (thi << 16));
     // Thread t polls word t % SEL_HIST_BOXES of some slices and sums what it sees.
     u32 s[4] = {0, 0, 0, 0};
     const u32 first = x.hist_box + round * SEL_MAX_SLICES * SEL_HIST_BOXES;
@@ -340,9 +346,11 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     const u32 sharing_before = mono_shfl(in_hi ? bhi : blo, at);
     sel_mark(sm, SEL_PH_DECIDED);
     if (!odd && owner) {
+      // The next round's counts are known now: they go out before the block hears of this digit.
       const u32* row = hist + (found ? d : 0u) * stride;
-      sm.pair_row[2 * l] = 2 * l < stride ? row[2 * l] : 0u;
-      sm.pair_row[2 * l + 1] = 2 * l + 1 < stride ? row[2 * l + 1] : 0u;
+      const u32 lo = 2 * l < stride ? row[2 * l] : 0u, hi = 2 * l + 1 < stride ? row[2 * l + 1] : 0u;
+      sm.pair_row[2 * l] = lo, sm.pair_row[2 * l + 1] = hi;
+      if (x.c && found) sel_put_relaxed(*x.c, sel_my_box(x, round + 1, l), lo | (hi << 16));
     }
     if (l == 0) {
       st.digit = found ? d : SEL_NONE;
