@@ -204,11 +204,13 @@ MONO_DEV void sel_count_pairs(u32* hist, const Src& src, u32 bits, u32 len, u32 
 
 // The even round's counts: sm.total[b] = the sum of row b of the pair counts (`stride` words),
 // by every thread: SEL_BLOCK / SEL_BINS consecutive threads a row (8 at 512), 16-byte reads of
-// consecutive words, then xor shuffles within the group. Block-wide; the caller synchronises
-// before reading sm.total.
-MONO_DEV void sel_row_sums(sel_smem& sm, const u32* hist, u32 stride) {
+// consecutive words, then xor shuffles within the group. Gathered (x.c), the first thread of each
+// even row also publishes the round's word of its two rows at once. Block-wide; the caller
+// synchronises before reading sm.total.
+MONO_DEV void sel_row_sums(sel_smem& sm, const u32* hist, u32 stride, const sel_x& x, u32 round) {
   constexpr u32 parts = SEL_BLOCK / SEL_BINS;
-  static_assert(parts >= 1 && parts <= MONO_WAVE && (parts & (parts - 1)) == 0, "a row's threads are lanes of one wave");
+  static_assert(parts >= 1 && 2 * parts <= MONO_WAVE && (parts & (parts - 1)) == 0,
+                "a row pair's threads are lanes of one wave");
   const u32 t = mono_thread(), row = t / parts, part = t % parts;
   // A row shorter than its threads (stride 4, the last pair) is summed by its first thread.
   const u32 span = stride >= 4 * parts ? stride / parts : (part == 0 ? stride : 0u);
@@ -220,7 +222,9 @@ MONO_DEV void sel_row_sums(sel_smem& sm, const u32* hist, u32 stride) {
   }
 #pragma unroll
   for (u32 m = 1; m < parts; m <<= 1) s += mono_shfl_xor(s, m);
+  const u32 next_row = mono_shfl(s, mono_lane() + parts);  // the odd row's sum, for an even row's first thread
   if (part == 0) sm.total[row] = s;
+  if (x.c && part == 0 && row % 2 == 0) sel_put_relaxed(*x.c, sel_my_box(x, round, row / 2), s | (next_row << 16));
 }
 
 MONO_DEV u32 sel_wave_sum(u32 v) {
@@ -277,10 +281,11 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 
 // One round with one wave deciding. Lane w of wave 0 owns bins 2w and 2w + 1 (box word w). The
 // even round counts the pair of digits (unless counted: the load did) and sums the rows into its
-// own counts; once it has chosen its digit, wave 0 keeps that digit's row (the odd round's
-// counts) in sm.pair_row and publishes it as the odd round's words at once. The odd round clears the pair counts for the next pair, which no one
-// reads before its last barrier. Barriers: after the counts and after the row sums (even rounds),
-// after the gather (gathered rounds), after the decision.
+// own counts, publishing them as it goes; once it has chosen its digit, wave 0 keeps that digit's
+// row (the odd round's counts) in sm.pair_row and publishes it as the odd round's words at once.
+// The odd round clears the pair counts for the next pair, which no one reads before its last
+// barrier. Barriers: after the counts (even rounds), after the gather (gathered rounds; alone,
+// after the row sums), after the decision.
 template <class Src>
 MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
@@ -293,18 +298,20 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
       mono_sync_block();
       sel_mark(sm, SEL_PH_COUNTED);
     }
-    sel_row_sums(sm, hist, stride);
-    mono_sync_block();
+    sel_row_sums(sm, hist, stride, x, round);
+    if (!x.c) mono_sync_block();  // alone, wave 0 reads sm.total next; gathered, after the polls
   }
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
-  const u32* counts = odd ? sm.pair_row : sm.total;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
-  if (owner) tlo = counts[2 * l], thi = counts[2 * l + 1];
   if (odd)
     for (u32 i = 4 * t; i < SEL_WIDE_BINS; i += SEL_GROUP) *(mono_u32x4*)(hist + i) = mono_u32x4{0, 0, 0, 0};
+  if (!x.c && owner) {
+    const u32* counts = odd ? sm.pair_row : sm.total;
+    tlo = counts[2 * l], thi = counts[2 * l + 1];
+  }
   if (x.c) {
-    // The odd round's words went out with the even round's decision.
-    if (owner && !odd) sel_put_relaxed(*x.c, sel_my_box(x, round, l), tlo | (thi << 16));
+    // This round's words are out already: the even round's went with its row sums, the odd
+    // round's with the even round's decision.
     // Thread t polls word t % SEL_HIST_BOXES of some slices and sums what it sees.
     u32 s[4] = {0, 0, 0, 0};
     const u32 first = x.hist_box + round * SEL_MAX_SLICES * SEL_HIST_BOXES;
@@ -319,7 +326,6 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
       return false;
     }
     sel_mark(sm, SEL_PH_GATHERED);
-    tlo = thi = 0;
     if (owner) {
 #pragma unroll
       for (u32 q = 0; q < SEL_BLOCK / SEL_HIST_BOXES; ++q) {
