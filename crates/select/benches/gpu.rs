@@ -63,6 +63,11 @@ impl Picked {
             && self.keys.allows(&len.to_string())
             && self.rows.allows(&rows.to_string())
     }
+
+    /// Some row count of `part` at `len` keys is picked: the kernel is worth building.
+    fn any_rows(&self, part: &str, len: u32) -> bool {
+        ROWS.iter().any(|&rows| self.case(part, len, rows))
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -165,7 +170,7 @@ fn main() -> Result<(), String> {
     let plan = [Method::MultiSlice, Method::OneCta]
         .into_iter()
         .flat_map(|m| LENS.iter().map(move |&len| (m, len)))
-        .filter(|&(m, len)| ROWS.iter().any(|&rows| picked.case(m.name(), len, rows)));
+        .filter(|&(m, len)| picked.any_rows(m.name(), len));
     for (method, len) in plan {
         // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
         let mut built = Vec::new();
@@ -218,7 +223,7 @@ fn main() -> Result<(), String> {
     ));
     for len in REG_LENS
         .into_iter()
-        .filter(|&len| ROWS.iter().any(|&rows| picked.case("registers", len, rows)))
+        .filter(|&len| picked.any_rows("registers", len))
     {
         let built: Vec<Option<Selector>> = REG_BLOCKS
             .iter()
