@@ -35,11 +35,14 @@
 #define SEL_REG_WIDE_BINS 4096u
 #define SEL_REG_LAST_BINS 256u
 #define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_REG_BLOCK)
-// Wave 0's digits below the 12-bit prefix: two of 10 bits, each in bins of its own (a lane owns
-// SEL_REG_WAVE_PER of 1024). The staged keys and positions, then those bins, take the second
-// digit's histogram, which this way does not use.
+// Wave 0's digits below the 12-bit prefix: two of 10 bits, each in bins of its own. A lane owns
+// SEL_REG_WAVE_PER consecutive bins, kept in a row of SEL_REG_WAVE_ROW words: the 4 words past its
+// bins put the lanes' quads in different banks (rows of 32 words made every quad load a 32-way bank
+// conflict). The staged keys and positions take the first digit's histogram, read by then; the
+// bins take the second's, which this way does not use.
 #define SEL_REG_WAVE_BINS 1024u
 #define SEL_REG_WAVE_PER (SEL_REG_WAVE_BINS / MONO_WAVE)
+#define SEL_REG_WAVE_ROW (SEL_REG_WAVE_PER + 4)
 #define SEL_REG_STAGED (SEL_REG_WAVE_ROOM < SEL_ROOM ? SEL_REG_WAVE_ROOM : SEL_ROOM)
 
 static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at a time, marked in a u32");
@@ -47,7 +50,8 @@ static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one
 static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
 static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
-static_assert(2 * SEL_REG_STAGED + 2 * SEL_REG_WAVE_BINS <= SEL_REG_WIDE_BINS, "wave 0's room is a histogram's");
+static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
+static_assert(2 * MONO_WAVE * SEL_REG_WAVE_ROW <= SEL_REG_WIDE_BINS, "wave 0's bins fit a histogram");
 static_assert(SEL_REG_STAGED < 1u << 11, "wave 0 packs a digit's counts in 11 bits each");
 static_assert(SEL_REG_WAVE_PER % 4 == 0, "a lane reads its bins as quads");
 
@@ -134,14 +138,16 @@ MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
 }
 
 // Wave 0 alone: the bin holding the rank-th key from the top among the n staged keys that match
-// (mask, bits), by their 10-bit digit at shift; hist holds SEL_REG_WAVE_BINS zeros. Every lane
-// gets it; bin is SEL_NONE when the counts lost the rank.
+// (mask, bits), by their 10-bit digit at shift; hist holds MONO_WAVE * SEL_REG_WAVE_ROW zeros.
+// Every lane gets it; bin is SEL_NONE when the counts lost the rank.
 MONO_DEV sel_reg_digit sel_reg_wave_choose(const u32* staged, u32 n, u32* hist, u32 mask, u32 bits, u32 shift,
                                            u32 rank) {
   const u32 lane = mono_lane();
 #pragma unroll 4
-  for (u32 i = lane; i < n; i += MONO_WAVE)
-    if ((staged[i] & mask) == bits) mono_count_lds_u32(hist + ((staged[i] >> shift) & (SEL_REG_WAVE_BINS - 1u)));
+  for (u32 i = lane; i < n; i += MONO_WAVE) {
+    const u32 bin = (staged[i] >> shift) & (SEL_REG_WAVE_BINS - 1u);
+    if ((staged[i] & mask) == bits) mono_count_lds_u32(hist + bin / SEL_REG_WAVE_PER * SEL_REG_WAVE_ROW + bin % SEL_REG_WAVE_PER);
+  }
   mono_sync_wave();
   // A lane's bins as quads, and their sums.
   constexpr u32 quads = SEL_REG_WAVE_PER / 4;
@@ -149,7 +155,7 @@ MONO_DEV sel_reg_digit sel_reg_wave_choose(const u32* staged, u32 n, u32* hist, 
   u32 sum[quads], mine = 0;
 #pragma unroll
   for (u32 q = 0; q < quads; ++q) {
-    h[q] = *(const mono_u32x4*)(hist + lane * SEL_REG_WAVE_PER + 4 * q);
+    h[q] = *(const mono_u32x4*)(hist + lane * SEL_REG_WAVE_ROW + 4 * q);
     sum[q] = h[q].x + h[q].y + h[q].z + h[q].w;
     mine += sum[q];
   }
@@ -201,7 +207,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   mono_sync_block();
   const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
   sel_mark(sm, SEL_PH_SCANNED);
-  u32* staged = sm.hist + SEL_REG_WIDE_BINS;
+  u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
   if (ms) {
     u32 i = before >> 16;
@@ -214,13 +220,13 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   sel_reg_write(r, first, ma, before & 0xffffu);
   if (wave != 0) return true;
   // T below its 12-bit prefix, from the staged keys.
-  u32* bins = sm.hist + 2 * SEL_REG_WIDE_BINS - 2 * SEL_REG_WAVE_BINS;
+  u32* bins = sm.hist + SEL_REG_WIDE_BINS;
   u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
 #pragma unroll 1
   for (u32 i = 0; i < 2; ++i) {
     const u32 shift = 32u - len - 10u;
     const sel_reg_digit w =
-        sel_reg_wave_choose(staged, d.count, bins + i * SEL_REG_WAVE_BINS, sel_mask(len), bits, shift, rank);
+        sel_reg_wave_choose(staged, d.count, bins + i * MONO_WAVE * SEL_REG_WAVE_ROW, sel_mask(len), bits, shift, rank);
     if (w.bin == SEL_NONE) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
