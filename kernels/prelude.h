@@ -72,17 +72,6 @@ MONO_DEV void mono_sync_block() {
 #endif
 }
 
-// Orders a wave's shared-memory accesses: what a lane wrote before it, the others read after it.
-MONO_DEV void mono_sync_wave() {
-#if MONO_AMD
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  __builtin_amdgcn_wave_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-#else
-  asm volatile("bar.warp.sync -1;" ::: "memory");
-#endif
-}
-
 // ---- bit casts -------------------------------------------------------------------------------------
 MONO_DEV u32 mono_f32_bits(float f) {
 #if MONO_AMD

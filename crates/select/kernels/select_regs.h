@@ -1,22 +1,16 @@
 // The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_REG_BLOCK keys,
 // src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
 // SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
-// A 12-bit digit over every key, counted with shared-memory atomics, gives T's 12-bit prefix and
-// the keys sharing it. Then one of two ways:
-// - Few share it (at most the wave room, SEL_REG_WAVE_ROOM): P is that prefix. One block scan
-//   stages the keys sharing P in LDS, in position order; wave 0 alone finds the rest of T from
-//   them (two 10-bit digits) and places them, while the other waves store the keys above P.
-// - Otherwise two more digits over every key (12 and 8 bits) give T, and the keys sharing T's 12-
-//   and 24-bit prefixes that decide P; one block scan then places the list.
+// Three wide digits (12, 12 and 8 bits) counted with shared-memory atomics give T, and the keys
+// sharing T's 12- and 24-bit prefixes that decide P; one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
-// phases (PERF.md run 9), not on its keys. Here a wide digit costs three block barriers: after
-// the counts, after every wave has left the sum of its bins, and after the one thread whose bins
-// hold the rank has written the digit. Each thread keeps its own bins in registers and learns the
-// keys above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
+// phases (PERF.md run 9), not on its keys. Here a digit costs three block barriers: after the
+// counts, after every wave has left the sum of its bins, and after the one thread whose bins hold
+// the rank has written the digit. Each thread keeps its own bins in registers and learns the keys
+// above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
 // another's bins. At 1024 threads the CTA is bound by instruction issue (PERF.md run 12), which
-// is why waves with empty bins skip their scans, and why the few keys sharing a random row's 12-bit
-// prefix are left to one wave that needs no block barrier (PERF.md run 15). Part of select.h.
+// is why waves with empty bins skip their scans. Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -26,34 +20,17 @@
 #ifndef SEL_REG_KEYS
 #define SEL_REG_KEYS 8
 #endif
-#ifndef SEL_REG_WAVE_ROOM
-#define SEL_REG_WAVE_ROOM 1024
-#endif
 #define SEL_REG_WAVES (SEL_REG_BLOCK / MONO_WAVE)
 // The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
 // of a 12-bit digit (the 8-bit one: the threads whose bins are below 256).
 #define SEL_REG_WIDE_BINS 4096u
 #define SEL_REG_LAST_BINS 256u
 #define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_REG_BLOCK)
-// Wave 0's digits below the 12-bit prefix: two of 10 bits, each in bins of its own. A lane owns
-// SEL_REG_WAVE_PER consecutive bins, kept in a row of SEL_REG_WAVE_ROW words: the 4 words past its
-// bins put the lanes' quads in different banks (rows of 32 words made every quad load a 32-way bank
-// conflict). The staged keys and positions take the first digit's histogram, read by then; the
-// bins take the second's, which this way does not use.
-#define SEL_REG_WAVE_BINS 1024u
-#define SEL_REG_WAVE_PER (SEL_REG_WAVE_BINS / MONO_WAVE)
-#define SEL_REG_WAVE_ROW (SEL_REG_WAVE_PER + 4)
-#define SEL_REG_STAGED (SEL_REG_WAVE_ROOM < SEL_ROOM ? SEL_REG_WAVE_ROOM : SEL_ROOM)
 
 static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at a time, marked in a u32");
 static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one wave looks at every wave's sum");
 static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
-static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
-static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
-static_assert(2 * MONO_WAVE * SEL_REG_WAVE_ROW <= SEL_REG_WIDE_BINS, "wave 0's bins fit a histogram");
-static_assert(SEL_REG_STAGED < 1u << 11, "wave 0 packs a digit's counts in 11 bits each");
-static_assert(SEL_REG_WAVE_PER % 4 == 0, "a lane reads its bins as quads");
 
 // A digit's bin and its counts: keys in the bins above it, keys in it.
 struct sel_reg_digit {
@@ -137,121 +114,6 @@ MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
   for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
 }
 
-// Wave 0 alone: the bin holding the rank-th key from the top among the n staged keys that match
-// (mask, bits), by their 10-bit digit at shift; hist holds MONO_WAVE * SEL_REG_WAVE_ROW zeros.
-// Every lane gets it; bin is SEL_NONE when the counts lost the rank.
-MONO_DEV sel_reg_digit sel_reg_wave_choose(const u32* staged, u32 n, u32* hist, u32 mask, u32 bits, u32 shift,
-                                           u32 rank) {
-  const u32 lane = mono_lane();
-#pragma unroll 4
-  for (u32 i = lane; i < n; i += MONO_WAVE) {
-    const u32 bin = (staged[i] >> shift) & (SEL_REG_WAVE_BINS - 1u);
-    if ((staged[i] & mask) == bits) mono_count_lds_u32(hist + bin / SEL_REG_WAVE_PER * SEL_REG_WAVE_ROW + bin % SEL_REG_WAVE_PER);
-  }
-  mono_sync_wave();
-  // A lane's bins as quads, and their sums.
-  constexpr u32 quads = SEL_REG_WAVE_PER / 4;
-  mono_u32x4 h[quads];
-  u32 sum[quads], mine = 0;
-#pragma unroll
-  for (u32 q = 0; q < quads; ++q) {
-    h[q] = *(const mono_u32x4*)(hist + lane * SEL_REG_WAVE_ROW + 4 * q);
-    sum[q] = h[q].x + h[q].y + h[q].z + h[q].w;
-    mine += sum[q];
-  }
-  const u32 suffix = sel_wave_suffix(mine);
-  const bool holds = suffix - mine < rank && rank <= suffix;
-  u32 packed = 0;
-  if (holds) {
-    // The quad holding the rank, from the top; then its bin.
-    u32 above = suffix - mine, at = 0;
-    mono_u32x4 x{0, 0, 0, 0};
-    bool found = false;
-#pragma unroll
-    for (u32 q = quads; q-- > 0;) {
-      if (!found && rank <= above + sum[q]) found = true, at = q, x = h[q];
-      if (!found) above += sum[q];
-    }
-    const u32 v[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (u32 j = 4; j-- > 0;) {
-      if (rank <= above + v[j]) {
-        packed = (lane * SEL_REG_WAVE_PER + 4 * at + j) | above << 10 | v[j] << 21;
-        break;
-      }
-      above += v[j];
-    }
-  }
-  const u64 who = mono_ballot(holds);
-  if (!who) return sel_reg_digit{SEL_NONE, 0, 0};
-  packed = mono_shfl(packed, mono_popc64((who & (~who + 1u)) - 1u));
-  return sel_reg_digit{packed & 0x3ffu, (packed >> 10) & 0x7ffu, packed >> 21};
-}
-
-// The rest of the row when P is T's 12-bit prefix d (d.count keys share it, at most the staged
-// room): above12 keys lie above it. Block-wide until the staging; then wave 0 alone.
-MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&keys)[SEL_REG_KEYS], u32 first,
-                              u32 valid, sel_reg_digit d, u32 above12) {
-  const u32 p12 = d.bin << 20, p_top = p12 | ~sel_mask(12);
-  u32 ma = 0, ms = 0;  // above P; sharing it
-#pragma unroll
-  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
-    ma |= (u32)(keys[j] > p_top) << j;
-    ms |= (u32)(keys[j] >= p12 && keys[j] <= p_top) << j;
-  }
-  // Past the row's end a key is 0, which a prefix of NaN keys can match: exactly d.count are staged.
-  if (valid < SEL_REG_KEYS) ms &= (1u << valid) - 1u;
-  const u32 lane = mono_lane(), wave = mono_wave();
-  const u32 as = mono_popc32(ma) | mono_popc32(ms) << 16, incl = sel_wave_scan(as);
-  if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
-  mono_sync_block();
-  const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
-  sel_mark(sm, SEL_PH_SCANNED);
-  u32* staged = sm.hist;
-  u32* staged_pos = staged + SEL_REG_STAGED;
-  if (ms) {
-    u32 i = before >> 16;
-#pragma unroll
-    for (u32 j = 0; j < SEL_REG_KEYS; ++j)
-      if (ms >> j & 1u) staged[i] = keys[j], staged_pos[i] = first + j, ++i;
-  }
-  mono_sync_block();
-  // The keys above P: stored while wave 0 works on the staged ones.
-  sel_reg_write(r, first, ma, before & 0xffffu);
-  if (wave != 0) return true;
-  // T below its 12-bit prefix, from the staged keys.
-  u32* bins = sm.hist + SEL_REG_WIDE_BINS;
-  u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
-#pragma unroll 1
-  for (u32 i = 0; i < 2; ++i) {
-    const u32 shift = 32u - len - 10u;
-    const sel_reg_digit w =
-        sel_reg_wave_choose(staged, d.count, bins + i * MONO_WAVE * SEL_REG_WAVE_ROW, sel_mask(len), bits, shift, rank);
-    if (w.bin == SEL_NONE) {
-      sel_flag(r, SEL_FLAG_LOST);
-      return false;
-    }
-    bits |= w.bin << shift, len += 10, rank -= w.above, above_t += w.above;
-    sel_mark(sm, SEL_PH_WIDE);
-  }
-  // The staged keys above T from above12, then the ties from above_t until k: in position order.
-  const u32 t = bits;
-  const u64 lanes_below = (1ull << lane) - 1u;
-  u32 next_above = above12, next_tie = above_t;
-#pragma unroll 4
-  for (u32 c = 0; c < d.count; c += MONO_WAVE) {
-    const u32 i = c + lane, key = i < d.count ? staged[i] : 0u;
-    const bool is_above = i < d.count && key > t, is_tie = i < d.count && key == t;
-    const u64 a = mono_ballot(is_above), e = mono_ballot(is_tie);
-    if (is_above) r.out[next_above + mono_popc64(a & lanes_below)] = sel_entry(r, staged_pos[i]);
-    const u32 tie = next_tie + mono_popc64(e & lanes_below);
-    if (is_tie && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
-    next_above += mono_popc64(a), next_tie += mono_popc64(e);
-  }
-  sel_mark(sm, SEL_PH_PLACED);
-  return true;
-}
-
 // The row on this CTA, its keys in registers. Block-wide.
 MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   if (r.len <= SEL_K) {
@@ -315,7 +177,6 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
       return false;
     }
     bits |= d.bin << shift, len += width, rank -= d.above, above += d.above;
-    if (i == 0 && d.count <= SEL_REG_STAGED) return sel_regs_staged(sm, r, keys, first, valid, d, above);
     if (i == 0) sharing12 = d.count, above12 = above;
     if (i == 1) sharing24 = d.count, above24 = above;
     if (i == 2) ties = d.count;

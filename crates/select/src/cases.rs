@@ -1,9 +1,7 @@
 //! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
-use crate::layout::REG_WAVE_ROOM;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 /// Keys at the end of a row that [`Pattern::Recent`] scales up.
@@ -30,19 +28,10 @@ pub enum Pattern {
     /// In [1.0, 1.125), spread over the low 20 bits: every key shares its top 12 bits and about
     /// len / 4096 share each 24-bit prefix, so rows longer than the room stop at 24 bits.
     Dense,
-    /// [`CROWD_HIGH`] keys at 3.0, then [`REG_WAVE_ROOM`] keys in [1.0, 1.125) (one 12-bit prefix),
-    /// the rest -1.0, shuffled: at k = 2048, T is the lowest of the crowd, and exactly as many
-    /// keys share its 12-bit prefix as the registers kernel leaves to one wave.
-    Crowd,
-    /// As [`Pattern::Crowd`] with one key more in the crowd: the registers kernel's other way.
-    Overcrowd,
 }
 
-/// Keys at 3.0 in [`Pattern::Crowd`] rows.
-pub const CROWD_HIGH: usize = 1024;
-
 impl Pattern {
-    pub const ALL: [Pattern; 11] = [
+    pub const ALL: [Pattern; 9] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -52,8 +41,6 @@ impl Pattern {
         Pattern::NegInfPadding,
         Pattern::Narrow,
         Pattern::Dense,
-        Pattern::Crowd,
-        Pattern::Overcrowd,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -67,8 +54,6 @@ impl Pattern {
             Pattern::NegInfPadding => "-inf padding",
             Pattern::Narrow => "narrow",
             Pattern::Dense => "dense",
-            Pattern::Crowd => "crowd",
-            Pattern::Overcrowd => "crowd + 1",
         }
     }
 
@@ -122,20 +107,6 @@ impl Pattern {
             Pattern::Dense => (0..len)
                 .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20)))
                 .collect(),
-            Pattern::Crowd | Pattern::Overcrowd => {
-                let crowd = REG_WAVE_ROOM as usize + usize::from(*self == Pattern::Overcrowd);
-                let mut row: Vec<f32> = (0..len)
-                    .map(|i| match i {
-                        _ if i < CROWD_HIGH => 3.0,
-                        _ if i < CROWD_HIGH + crowd => {
-                            f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
-                        }
-                        _ => -1.0,
-                    })
-                    .collect();
-                row.shuffle(&mut rng);
-                row
-            }
         }
     }
 }

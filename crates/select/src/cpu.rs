@@ -16,17 +16,16 @@
 //! order. A longer row:
 //! the multi-slice steps with a single slice and nothing exchanged.
 //!
-//! Registers, a row of at most [`REG_MAX_ROW`] keys: a 12-bit digit over the whole row; then
-//! either two 10-bit digits over the few keys sharing T's 12-bit prefix, or digits of 12
-//! and 8 bits over the whole row; then one placement pass in position order.
+//! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits over the
+//! whole row, then one placement pass in position order.
 
 use crate::descent::{
     digit, pack_hist, pair_histogram, row_sums, unpack_hist, wide_histogram, Cut, Descent, Kind,
     LostKeys,
 };
 use crate::layout::{
-    reg_staged_room, LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM,
-    REG_MAX_ROW, WIDE_BITS,
+    LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, REG_MAX_ROW,
+    WIDE_BITS,
 };
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
@@ -261,41 +260,21 @@ impl Shared<'_> {
         self.place_cut(row, &cut, pairs.into_iter())
     }
 
-    /// The registers kernel over a row of more than k keys (`sel_regs_task`): a 12-bit digit over
-    /// every key of the row. When at most [`reg_staged_room`] keys share T's 12-bit prefix, that
-    /// is P: those keys are staged in position order and two 10-bit digits over them give
-    /// T (`sel_regs_staged`, wave 0 alone). Otherwise digits of 12 and 8 bits over every key give T,
-    /// and P is T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when
-    /// those fit, else T. One pass in position order places the list.
+    /// The registers kernel over a row of more than k keys (`sel_regs_task`): digits of 12, 12 and
+    /// 8 bits over every key of the row, each from a histogram of the keys sharing the prefix so
+    /// far; P is T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when
+    /// those fit, else T; one pass in position order places the list.
     fn in_registers(&self, row: usize) -> Result<(), CpuError> {
         let (len, pairs, keys) = self.whole_row(row);
-        let lost = |source| CpuError::Lost {
-            row,
-            slice: 0,
-            source,
-        };
         let mut d = Descent::start(self.top.k(), len);
-        d.wide_step(
-            &wide_histogram(keys.iter().copied(), d.prefix, WIDE_BITS),
-            WIDE_BITS,
-        )
-        .map_err(lost)?;
-        let p12 = d;
-        if p12.sharing <= reg_staged_room(self.top) {
-            let staged: Vec<u32> = keys
-                .into_iter()
-                .filter(|&k| p12.prefix.matches(k))
-                .collect();
-            for width in [10, 10] {
-                let hist = wide_histogram(staged.iter().copied(), d.prefix, width);
-                d.wide_step(&hist, width).map_err(lost)?;
-            }
-            return self.place_cut(row, &Cut::new(&p12, &d), pairs.into_iter());
-        }
-        let mut at = vec![p12];
-        for width in [WIDE_BITS, 8] {
+        let mut at = Vec::with_capacity(2);
+        for width in [WIDE_BITS, WIDE_BITS, 8] {
             let hist = wide_histogram(keys.iter().copied(), d.prefix, width);
-            d.wide_step(&hist, width).map_err(lost)?;
+            d.wide_step(&hist, width).map_err(|source| CpuError::Lost {
+                row,
+                slice: 0,
+                source,
+            })?;
             at.push(d);
         }
         let room = self.top.room();

@@ -82,18 +82,6 @@ pub const REG_BLOCK: u32 = 1024;
 /// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
 /// registers each (a key takes one).
 pub const REG_MAX_ROW: u32 = 16384;
-/// The registers kernel leaves the rest of T to one wave when at most this many keys share T's
-/// 12-bit prefix (and they fit the candidate room: [`reg_staged_room`]). (device
-/// `SEL_REG_WAVE_ROOM`)
-pub const REG_WAVE_ROOM: u32 = 1024;
-
-/// Keys sharing T's 12-bit prefix that the registers kernel stages for one wave at most: the
-/// wave room, or the candidate room when that is smaller (P is then that prefix). (device
-/// `SEL_REG_STAGED`)
-pub fn reg_staged_room(top: TopK) -> u32 {
-    REG_WAVE_ROOM.min(top.room())
-}
-
 /// Keys a thread of the registers kernel holds at most (`SEL_REG_KEYS`: marked in a u32).
 pub const REG_MAX_PER_THREAD: u32 = 32;
 

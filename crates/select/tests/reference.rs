@@ -2,7 +2,7 @@
 //! order (keys above P by position, then keys with prefix P above T by position, then ties).
 
 use proptest::prelude::*;
-use select::cases::{Pattern, CROWD_HIGH};
+use select::cases::Pattern;
 use select::check::missed;
 use select::layout::TopK;
 use select::reference::{radix_key, select_row, sorted_top_k};
@@ -42,35 +42,5 @@ proptest! {
             prop_assert!(a < b || (a == b && w[0] < w[1]), "{:?} then {:?}", w[0], w[1]);
         }
         prop_assert_eq!(selected.iter().filter(|&&p| class(p) == 0).count() as u32, th.above);
-    }
-}
-
-/// The crowd patterns put T in a crowd sharing T's 12-bit prefix: exactly the registers kernel's
-/// wave room of keys, and one more.
-#[test]
-fn crowds_fill_the_wave_room_and_pass_it_by_one() {
-    use select::layout::REG_WAVE_ROOM;
-    for (pattern, crowd) in [
-        (Pattern::Crowd, REG_WAVE_ROOM),
-        (Pattern::Overcrowd, REG_WAVE_ROOM + 1),
-    ] {
-        let scores = pattern.row(8192, 3);
-        let th = select_row(&scores, TopK::GLM5).unwrap().threshold.unwrap();
-        assert_eq!(
-            (th.prefix_bits, th.sharing),
-            (12, crowd),
-            "{}",
-            pattern.name()
-        );
-        // T is the crowd's k - CROWD_HIGH-th largest.
-        let mut crowd_keys: Vec<u32> = scores
-            .iter()
-            .filter(|&&s| (1.0..1.125).contains(&s))
-            .map(|&s| radix_key(s))
-            .collect();
-        crowd_keys.sort_unstable_by(|a, b| b.cmp(a));
-        let t_rank = TopK::GLM5.k() as usize - CROWD_HIGH;
-        assert_eq!(crowd_keys.len(), crowd as usize);
-        assert_eq!(crowd_keys[t_rank - 1], th.key, "{}", pattern.name());
     }
 }

@@ -50,7 +50,6 @@ MONO_DEV u32 mono_lane() { return mono_thread() & (MONO_WAVE - 1); }
 MONO_DEV u32 mono_wave() { return mono_thread() / MONO_WAVE; }
 MONO_DEV u32 mono_waves_per_block() { return mono_block_dim() / MONO_WAVE; }
 MONO_DEV void mono_sync_block() { emu_sync_block(); }
-MONO_DEV void mono_sync_wave() { emu_sync_wave(mono_wave()); }
 
 MONO_DEV u32 mono_f32_bits(float f) {
   u32 u;
