@@ -1,7 +1,9 @@
 //! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
+use crate::layout::TopK;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 /// Keys at the end of a row that [`Pattern::Recent`] scales up.
@@ -28,10 +30,19 @@ pub enum Pattern {
     /// In [1.0, 1.125), spread over the low 20 bits: every key shares its top 12 bits and about
     /// len / 4096 share each 24-bit prefix, so rows longer than the room stop at 24 bits.
     Dense,
+    /// [`CROWD_HIGH`] keys at 3.0, then a crowd of exactly the candidate room of k = 2048 (4096
+    /// keys) in [1.0, 1.125), which shares one 12-bit prefix, the rest -1.0, shuffled. At k = 2048
+    /// T is in the crowd, and P stops at 12 bits with the room full to the last key.
+    RoomFull,
+    /// As [`Pattern::RoomFull`] with one key more in the crowd: P runs on to 24 bits.
+    RoomPlusOne,
 }
 
+/// Keys at 3.0 in [`Pattern::RoomFull`] rows: k - CROWD_HIGH keys of the crowd are selected.
+pub const CROWD_HIGH: usize = 1024;
+
 impl Pattern {
-    pub const ALL: [Pattern; 9] = [
+    pub const ALL: [Pattern; 11] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -41,6 +52,8 @@ impl Pattern {
         Pattern::NegInfPadding,
         Pattern::Narrow,
         Pattern::Dense,
+        Pattern::RoomFull,
+        Pattern::RoomPlusOne,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -54,6 +67,8 @@ impl Pattern {
             Pattern::NegInfPadding => "-inf padding",
             Pattern::Narrow => "narrow",
             Pattern::Dense => "dense",
+            Pattern::RoomFull => "room full",
+            Pattern::RoomPlusOne => "room + 1",
         }
     }
 
@@ -107,6 +122,20 @@ impl Pattern {
             Pattern::Dense => (0..len)
                 .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20)))
                 .collect(),
+            Pattern::RoomFull | Pattern::RoomPlusOne => {
+                let crowd = TopK::GLM5.room() as usize + usize::from(*self == Pattern::RoomPlusOne);
+                let mut row: Vec<f32> = (0..len)
+                    .map(|i| match i {
+                        _ if i < CROWD_HIGH => 3.0,
+                        _ if i < CROWD_HIGH + crowd => {
+                            f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
+                        }
+                        _ => -1.0,
+                    })
+                    .collect();
+                row.shuffle(&mut rng);
+                row
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! order (keys above P by position, then keys with prefix P above T by position, then ties).
 
 use proptest::prelude::*;
-use select::cases::Pattern;
+use select::cases::{Pattern, CROWD_HIGH};
 use select::check::missed;
 use select::layout::TopK;
 use select::reference::{radix_key, select_row, sorted_top_k};
@@ -42,5 +42,33 @@ proptest! {
             prop_assert!(a < b || (a == b && w[0] < w[1]), "{:?} then {:?}", w[0], w[1]);
         }
         prop_assert_eq!(selected.iter().filter(|&&p| class(p) == 0).count() as u32, th.above);
+    }
+}
+
+/// The room patterns sit on the contract's 12-bit stop: a crowd of exactly the candidate room
+/// sharing T's 12-bit prefix stops P there, one key more sends it on to 24 bits.
+#[test]
+fn room_patterns_fill_the_candidate_room_and_pass_it_by_one() {
+    let top = TopK::GLM5;
+    for (pattern, sharing, stop) in [
+        (Pattern::RoomFull, top.room(), 12),
+        (Pattern::RoomPlusOne, top.room() + 1, 24),
+    ] {
+        let scores = pattern.row(8192, 3);
+        let th = select_row(&scores, top).unwrap().threshold.unwrap();
+        let mut crowd: Vec<u32> = scores
+            .iter()
+            .filter(|&&s| (1.0..1.125).contains(&s))
+            .map(|&s| radix_key(s))
+            .collect();
+        assert_eq!(crowd.len() as u32, sharing, "{}", pattern.name());
+        assert_eq!(th.prefix_bits, stop, "{}", pattern.name());
+        if stop == 12 {
+            assert_eq!(th.sharing, sharing, "{}", pattern.name());
+        }
+        // T is the crowd's (k - CROWD_HIGH)-th largest.
+        crowd.sort_unstable_by(|a, b| b.cmp(a));
+        let t_rank = top.k() as usize - CROWD_HIGH;
+        assert_eq!(crowd[t_rank - 1], th.key, "{}", pattern.name());
     }
 }
