@@ -2,7 +2,12 @@
 // src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
 // SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
 // Three wide digits (12, 12 and 8 bits) counted with shared-memory atomics give T, and the keys
-// sharing T's 12- and 24-bit prefixes that decide P; one block scan then places the list.
+// sharing T's 12- and 24-bit prefixes that decide P. The first digit counts every key. Then:
+// - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
+//   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
+//   LDS, in position order; the other two digits count the staged keys, one a thread, and a block
+//   scan over the staged keys places them.
+// - Otherwise the other two digits count every key, and one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
 // phases (PERF.md run 9), not on its keys. Here a digit costs three block barriers: after the
@@ -10,7 +15,8 @@
 // the rank has written the digit. Each thread keeps its own bins in registers and learns the keys
 // above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
 // another's bins. At 1024 threads the CTA is bound by instruction issue (PERF.md run 12), which
-// is why waves with empty bins skip their scans. Part of select.h.
+// is why waves with empty bins skip their scans, and why the last two digits count staged keys
+// rather than test all eight keys of every thread (PERF.md run 16). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -21,6 +27,13 @@
 #define SEL_REG_KEYS 8
 #endif
 #define SEL_REG_WAVES (SEL_REG_BLOCK / MONO_WAVE)
+// Keys sharing T's 12-bit prefix that the CTA stages (src/layout.rs REG_STAGE_ROOM), at most the
+// candidate room so that P is that prefix; with their positions they take the first digit's
+// histogram, read by then.
+#ifndef SEL_REG_STAGE_ROOM
+#define SEL_REG_STAGE_ROOM 2048
+#endif
+#define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
 // The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
 // of a 12-bit digit (the 8-bit one: the threads whose bins are below 256).
 #define SEL_REG_WIDE_BINS 4096u
@@ -31,6 +44,8 @@ static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at
 static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one wave looks at every wave's sum");
 static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
+static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
+static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
 
 // A digit's bin and its counts: keys in the bins above it, keys in it.
 struct sel_reg_digit {
@@ -114,6 +129,75 @@ MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
   for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
 }
 
+// The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
+// keys lie above it): the keys above P placed, those sharing it staged, the last two digits from
+// the staged keys, then the staged keys placed. Block-wide.
+MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&keys)[SEL_REG_KEYS], u32 first,
+                              u32 valid, sel_reg_digit d, u32 above12) {
+  const u32 p12 = d.bin << 20, p_top = p12 | ~sel_mask(12);
+  u32 ma = 0, ms = 0;  // above P; sharing it
+#pragma unroll
+  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
+    ma |= (u32)(keys[j] > p_top) << j;
+    ms |= (u32)(keys[j] >= p12 && keys[j] <= p_top) << j;
+  }
+  // Past the row's end a key is 0, which a prefix of NaN keys can match: exactly d.count are staged.
+  if (valid < SEL_REG_KEYS) ms &= (1u << valid) - 1u;
+  const u32 lane = mono_lane(), wave = mono_wave(), t = mono_thread();
+  const u32 as = mono_popc32(ma) | mono_popc32(ms) << 16, incl = sel_wave_scan(as);
+  if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
+  mono_sync_block();
+  const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
+  sel_reg_write(r, first, ma, before & 0xffffu);
+  u32* staged = sm.hist;
+  u32* staged_pos = staged + SEL_REG_STAGED;
+  if (ms) {
+    u32 i = before >> 16;
+#pragma unroll
+    for (u32 j = 0; j < SEL_REG_KEYS; ++j)
+      if (ms >> j & 1u) staged[i] = keys[j], staged_pos[i] = first + j, ++i;
+  }
+  mono_sync_block();
+  sel_mark(sm, SEL_PH_ABOVE);
+  // The second and third digits (12 and 8 bits) over the staged keys.
+  const u32 n = d.count;
+  u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
+#pragma unroll 1
+  for (u32 i = 1; i < 3; ++i) {
+    const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
+    u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
+    for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+      if ((staged[s] & sel_mask(len)) == bits) mono_count_lds_u32(hist + ((staged[s] >> shift) & ((1u << width) - 1u)));
+    mono_sync_block();
+    sel_reg_digit w;
+    if (!sel_reg_choose(sm, hist, 1u << width, rank, &w)) {
+      sel_flag(r, SEL_FLAG_LOST);
+      return false;
+    }
+    bits |= w.bin << shift, len += width, rank -= w.above, above_t += w.above;
+    sel_mark(sm, SEL_PH_WIDE);
+  }
+  // The staged keys above T from above12, then the ties from above_t until k: a block scan of
+  // both kinds (packed) over the staged keys, SEL_REG_BLOCK at a time.
+  u32 next_above = above12, next_tie = above_t;
+  for (u32 c = 0; c < n; c += SEL_REG_BLOCK) {
+    if (c > 0) mono_sync_block();  // every thread has read the last round's totals
+    const u32 i = c + t, key = i < n ? staged[i] : 0u;
+    const u32 kind = i < n && key > bits ? 1u : (i < n && key == bits ? 1u << 16 : 0u);
+    const u32 k_incl = sel_wave_scan(kind);
+    if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = k_incl;
+    mono_sync_block();
+    const u32 k_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + k_incl - kind;
+    if (kind == 1u) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
+    const u32 tie = next_tie + (k_before >> 16);
+    if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
+    const u32 total = sel_wave_sum(lane < SEL_REG_WAVES ? sm.wave_total[0][lane] : 0u);
+    next_above += total & 0xffffu, next_tie += total >> 16;
+  }
+  sel_mark(sm, SEL_PH_PLACED);
+  return true;
+}
+
 // The row on this CTA, its keys in registers. Block-wide.
 MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   if (r.len <= SEL_K) {
@@ -177,6 +261,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
       return false;
     }
     bits |= d.bin << shift, len += width, rank -= d.above, above += d.above;
+    if (i == 0 && d.count <= SEL_REG_STAGED) return sel_regs_staged(sm, r, keys, first, valid, d, above);
     if (i == 0) sharing12 = d.count, above12 = above;
     if (i == 1) sharing24 = d.count, above24 = above;
     if (i == 2) ties = d.count;

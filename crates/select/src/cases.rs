@@ -1,7 +1,7 @@
 //! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
-use crate::layout::TopK;
+use crate::layout::{TopK, REG_STAGE_ROOM};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -36,13 +36,18 @@ pub enum Pattern {
     RoomFull,
     /// As [`Pattern::RoomFull`] with one key more in the crowd: P runs on to 24 bits.
     RoomPlusOne,
+    /// As [`Pattern::RoomFull`] with a crowd of the registers kernel's stage room (2048 keys):
+    /// the most it stages.
+    StageFull,
+    /// As [`Pattern::StageFull`] with one key more in the crowd: the registers kernel's other way.
+    StagePlusOne,
 }
 
 /// Keys at 3.0 in [`Pattern::RoomFull`] rows: k - CROWD_HIGH keys of the crowd are selected.
 pub const CROWD_HIGH: usize = 1024;
 
 impl Pattern {
-    pub const ALL: [Pattern; 11] = [
+    pub const ALL: [Pattern; 13] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -54,6 +59,8 @@ impl Pattern {
         Pattern::Dense,
         Pattern::RoomFull,
         Pattern::RoomPlusOne,
+        Pattern::StageFull,
+        Pattern::StagePlusOne,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -69,6 +76,8 @@ impl Pattern {
             Pattern::Dense => "dense",
             Pattern::RoomFull => "room full",
             Pattern::RoomPlusOne => "room + 1",
+            Pattern::StageFull => "stage full",
+            Pattern::StagePlusOne => "stage + 1",
         }
     }
 
@@ -122,22 +131,28 @@ impl Pattern {
             Pattern::Dense => (0..len)
                 .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20)))
                 .collect(),
-            Pattern::RoomFull | Pattern::RoomPlusOne => {
-                let crowd = TopK::GLM5.room() as usize + usize::from(*self == Pattern::RoomPlusOne);
-                let mut row: Vec<f32> = (0..len)
-                    .map(|i| match i {
-                        _ if i < CROWD_HIGH => 3.0,
-                        _ if i < CROWD_HIGH + crowd => {
-                            f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
-                        }
-                        _ => -1.0,
-                    })
-                    .collect();
-                row.shuffle(&mut rng);
-                row
-            }
+            Pattern::RoomFull => crowd_row(len, TopK::GLM5.room() as usize, &mut rng),
+            Pattern::RoomPlusOne => crowd_row(len, TopK::GLM5.room() as usize + 1, &mut rng),
+            Pattern::StageFull => crowd_row(len, REG_STAGE_ROOM as usize, &mut rng),
+            Pattern::StagePlusOne => crowd_row(len, REG_STAGE_ROOM as usize + 1, &mut rng),
         }
     }
+}
+
+/// [`CROWD_HIGH`] keys at 3.0, `crowd` keys in [1.0, 1.125) (one 12-bit prefix), the rest -1.0,
+/// shuffled (cut to `len`).
+fn crowd_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..len)
+        .map(|i| match i {
+            _ if i < CROWD_HIGH => 3.0,
+            _ if i < CROWD_HIGH + crowd => {
+                f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
+            }
+            _ => -1.0,
+        })
+        .collect();
+    row.shuffle(rng);
+    row
 }
 
 /// Rows `[lens.len(), stride]` with the given lengths; positions past a row's length hold NaN, so

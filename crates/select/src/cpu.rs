@@ -16,16 +16,18 @@
 //! order. A longer row:
 //! the multi-slice steps with a single slice and nothing exchanged.
 //!
-//! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits over the
-//! whole row, then one placement pass in position order.
+//! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits, the first
+//! over the whole row, the other two over the keys sharing T's 12-bit prefix when they fit the
+//! stage (staged in position order), else over the whole row; then one placement pass in position
+//! order.
 
 use crate::descent::{
     digit, pack_hist, pair_histogram, row_sums, unpack_hist, wide_histogram, Cut, Descent, Kind,
     LostKeys,
 };
 use crate::layout::{
-    LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM, REG_MAX_ROW,
-    WIDE_BITS,
+    reg_staged_room, LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM,
+    REG_MAX_ROW, WIDE_BITS,
 };
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
@@ -260,25 +262,46 @@ impl Shared<'_> {
         self.place_cut(row, &cut, pairs.into_iter())
     }
 
-    /// The registers kernel over a row of more than k keys (`sel_regs_task`): digits of 12, 12 and
-    /// 8 bits over every key of the row, each from a histogram of the keys sharing the prefix so
-    /// far; P is T's 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when
-    /// those fit, else T; one pass in position order places the list.
+    /// The registers kernel over a row of more than k keys (`sel_regs_task`): a 12-bit digit over
+    /// every key of the row. When at most [`reg_staged_room`] keys share T's 12-bit prefix, that
+    /// is P: those keys are staged in position order and digits of 12 and 8 bits over them give T
+    /// (`sel_regs_staged`). Otherwise digits of 12 and 8 bits over every key give T, and P is T's
+    /// 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those fit,
+    /// else T. One pass in position order places the list.
     fn in_registers(&self, row: usize) -> Result<(), CpuError> {
         let (len, pairs, keys) = self.whole_row(row);
+        let lost = |source| CpuError::Lost {
+            row,
+            slice: 0,
+            source,
+        };
         let mut d = Descent::start(self.top.k(), len);
-        let mut at = Vec::with_capacity(2);
-        for width in [WIDE_BITS, WIDE_BITS, 8] {
-            let hist = wide_histogram(keys.iter().copied(), d.prefix, width);
-            d.wide_step(&hist, width).map_err(|source| CpuError::Lost {
-                row,
-                slice: 0,
-                source,
-            })?;
+        d.wide_step(
+            &wide_histogram(keys.iter().copied(), d.prefix, WIDE_BITS),
+            WIDE_BITS,
+        )
+        .map_err(lost)?;
+        let p12 = d;
+        let staged = p12.sharing <= reg_staged_room(self.top);
+        let counted: Vec<u32> = if staged {
+            keys.into_iter()
+                .filter(|&k| p12.prefix.matches(k))
+                .collect()
+        } else {
+            keys
+        };
+        let mut at = vec![p12];
+        for width in [WIDE_BITS, 8] {
+            let hist = wide_histogram(counted.iter().copied(), d.prefix, width);
+            d.wide_step(&hist, width).map_err(lost)?;
             at.push(d);
         }
         let room = self.top.room();
         let p = at[..2].iter().find(|p| p.sharing <= room).unwrap_or(&d);
+        debug_assert!(
+            !staged || p.prefix.len == 12,
+            "a staged row stops at 12 bits"
+        );
         self.place_cut(row, &Cut::new(p, &d), pairs.into_iter())
     }
 

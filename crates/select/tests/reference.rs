@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use select::cases::{Pattern, CROWD_HIGH};
 use select::check::missed;
-use select::layout::TopK;
+use select::layout::{TopK, REG_STAGE_ROOM};
 use select::reference::{radix_key, select_row, sorted_top_k};
 
 proptest! {
@@ -45,14 +45,17 @@ proptest! {
     }
 }
 
-/// The room patterns sit on the contract's 12-bit stop: a crowd of exactly the candidate room
-/// sharing T's 12-bit prefix stops P there, one key more sends it on to 24 bits.
+/// The crowd patterns: a crowd of exactly the candidate room sharing T's 12-bit prefix stops P
+/// there, one key more sends it on to 24 bits (the contract's 12-bit stop); the registers kernel's
+/// stage room, and one more, both stop at 12.
 #[test]
-fn room_patterns_fill_the_candidate_room_and_pass_it_by_one() {
+fn crowd_patterns_fill_their_rooms_and_pass_them_by_one() {
     let top = TopK::GLM5;
     for (pattern, sharing, stop) in [
         (Pattern::RoomFull, top.room(), 12),
         (Pattern::RoomPlusOne, top.room() + 1, 24),
+        (Pattern::StageFull, REG_STAGE_ROOM, 12),
+        (Pattern::StagePlusOne, REG_STAGE_ROOM + 1, 12),
     ] {
         let scores = pattern.row(8192, 3);
         let th = select_row(&scores, top).unwrap().threshold.unwrap();
