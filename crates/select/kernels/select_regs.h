@@ -114,6 +114,43 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 ra
   return d->bin != SEL_NONE;
 }
 
+// The bin of the last digit's SEL_REG_LAST_BINS (counts done, a barrier since) holding the
+// rank-th key from the top, as sel_reg_choose, but chosen by wave 0 alone: its lanes hold every bin
+// (SEL_REG_LAST_PER each), so one suffix scan finds it and one block barrier tells the others.
+// Block-wide; false when the counts lost the rank.
+#define SEL_REG_LAST_PER (SEL_REG_LAST_BINS / MONO_WAVE)
+static_assert(SEL_REG_LAST_PER % 4 == 0, "a lane reads its last-digit bins as quads");
+MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, sel_reg_digit* d) {
+  if (mono_wave() == 0) {
+    const u32 lane = mono_lane();
+    u32 h[SEL_REG_LAST_PER], mine = 0;
+#pragma unroll
+    for (u32 q = 0; q < SEL_REG_LAST_PER / 4; ++q) {
+      const mono_u32x4 v = *(const mono_u32x4*)(hist + lane * SEL_REG_LAST_PER + 4 * q);
+      h[4 * q] = v.x, h[4 * q + 1] = v.y, h[4 * q + 2] = v.z, h[4 * q + 3] = v.w;
+      mine += v.x + v.y + v.z + v.w;
+    }
+    const u32 suffix = sel_wave_suffix(mine);
+    u32 above = suffix - mine;
+    const bool holds = above < rank && rank <= suffix;
+    if (holds) {
+#pragma unroll
+      for (u32 j = SEL_REG_LAST_PER; j-- > 0;) {
+        if (rank <= above + h[j]) {
+          sm.digit = sel_reg_digit{lane * SEL_REG_LAST_PER + j, above, h[j]};
+          break;
+        }
+        above += h[j];
+      }
+    }
+    const bool found = mono_ballot(holds) != 0;
+    if (lane == 0 && !found) sm.digit.bin = SEL_NONE;
+  }
+  mono_sync_block();
+  *d = sm.digit;
+  return d->bin != SEL_NONE;
+}
+
 // Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits).
 MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* hist, u32 mask, u32 bits, u32 shift,
                             u32 dmask) {
@@ -148,7 +185,6 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
   mono_sync_block();
   const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
-  sel_reg_write(r, first, ma, before & 0xffffu);
   u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
   if (ms) {
@@ -158,6 +194,8 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
       if (ms >> j & 1u) staged[i] = keys[j], staged_pos[i] = first + j, ++i;
   }
   mono_sync_block();
+  // The keys above P, stored while the few threads with staged keys count them.
+  sel_reg_write(r, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
   // The second and third digits (12 and 8 bits) over the staged keys.
   const u32 n = d.count;
@@ -170,7 +208,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
       if ((staged[s] & sel_mask(len)) == bits) mono_count_lds_u32(hist + ((staged[s] >> shift) & ((1u << width) - 1u)));
     mono_sync_block();
     sel_reg_digit w;
-    if (!sel_reg_choose(sm, hist, 1u << width, rank, &w)) {
+    if (!(i < 2 ? sel_reg_choose(sm, hist, 1u << width, rank, &w) : sel_reg_choose_last(sm, hist, rank, &w))) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
@@ -256,7 +294,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
     mono_sync_block();
     sel_reg_digit d;
-    if (!sel_reg_choose(sm, hist, 1u << width, rank, &d)) {
+    if (!(i < 2 ? sel_reg_choose(sm, hist, 1u << width, rank, &d) : sel_reg_choose_last(sm, hist, rank, &d))) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
