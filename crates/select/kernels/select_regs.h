@@ -58,6 +58,9 @@ struct sel_reg_smem {
   u32 wave_sum[SEL_REG_WAVES];
   sel_reg_digit digit;  // the digit being chosen
   u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
+  // The list as positions, placed here and copied out at the end in order: a key placed in LDS
+  // costs a few instructions, in global memory about sixteen (PERF.md run 16).
+  u32 list[SEL_K];
 #if SEL_TRACE
   u64* trace;  // thread 0 only; nullptr when this CTA is not traced
   u32 marks;
@@ -159,11 +162,17 @@ MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* his
     if (j < valid && (keys[j] & mask) == bits) mono_count_lds_u32(hist + ((keys[j] >> shift) & dmask));
 }
 
-// Writes the keys of this thread marked in m (bit j: position first + j), in order, from entry
-// `index` while below k (only ties can reach it).
-MONO_DEV void sel_reg_write(const sel_row& r, u32 first, u32 m, u32 index) {
+// Places the positions of this thread's keys marked in m (bit j: position first + j) in the list,
+// in order, from entry `index` while below k (only ties can reach it).
+MONO_DEV void sel_reg_place(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
 #pragma unroll 1
-  for (; m && index < SEL_K; m &= m - 1u) r.out[index++] = sel_entry(r, first + mono_popc64((m & (~m + 1u)) - 1u));
+  for (; m && index < SEL_K; m &= m - 1u) sm.list[index++] = first + mono_popc32((m & (~m + 1u)) - 1u);
+}
+
+// The list, every entry placed (a barrier since), written out in order: positions, or cache
+// slots through the page table. Block-wide.
+MONO_DEV void sel_reg_write_list(sel_reg_smem& sm, const sel_row& r) {
+  for (u32 e = mono_thread(); e < SEL_K; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
 }
 
 // The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
@@ -195,7 +204,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   }
   mono_sync_block();
   // The keys above P, stored while the few threads with staged keys count them.
-  sel_reg_write(r, first, ma, before & 0xffffu);
+  sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
   // The second and third digits (12 and 8 bits) over the staged keys.
   const u32 n = d.count;
@@ -226,12 +235,14 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = k_incl;
     mono_sync_block();
     const u32 k_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + k_incl - kind;
-    if (kind == 1u) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
+    if (kind == 1u) sm.list[next_above + (k_before & 0xffffu)] = staged_pos[i];
     const u32 tie = next_tie + (k_before >> 16);
-    if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
+    if (kind == 1u << 16 && tie < SEL_K) sm.list[tie] = staged_pos[i];
     const u32 total = sel_wave_sum(lane < SEL_REG_WAVES ? sm.wave_total[0][lane] : 0u);
     next_above += total & 0xffffu, next_tie += total >> 16;
   }
+  mono_sync_block();
+  sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);
   return true;
 }
@@ -329,9 +340,11 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   const u32 ab_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
   const u32 c_before = ties > 1 ? sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c : 0u;
   sel_mark(sm, SEL_PH_SCANNED);
-  sel_reg_write(r, first, ma, ab_before & 0xffffu);
-  sel_reg_write(r, first, mb, above_p + (ab_before >> 16));
-  sel_reg_write(r, first, mc, above_t + c_before);
+  sel_reg_place(sm, first, ma, ab_before & 0xffffu);
+  sel_reg_place(sm, first, mb, above_p + (ab_before >> 16));
+  sel_reg_place(sm, first, mc, above_t + c_before);
+  mono_sync_block();
+  sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);
   return true;
 }
