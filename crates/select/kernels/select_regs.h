@@ -34,14 +34,6 @@
 #define SEL_REG_STAGE_ROOM 2048
 #endif
 #define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
-// At most this many staged keys (src/layout.rs REG_RANK_ROOM, or the CTA's threads if fewer) find
-// T by their ranks, each counted by SEL_REG_RANK_PARTS threads side by side, instead of two more
-// digits: n^2 compares cost less than two digits' barriers while n is small (PERF.md run 16).
-#ifndef SEL_REG_RANK_ROOM
-#define SEL_REG_RANK_ROOM 256
-#endif
-#define SEL_REG_RANKED (SEL_REG_RANK_ROOM < SEL_REG_BLOCK ? SEL_REG_RANK_ROOM : SEL_REG_BLOCK)
-#define SEL_REG_RANK_PARTS (SEL_REG_BLOCK / SEL_REG_RANKED)
 // The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
 // of a 12-bit digit (the 8-bit one: the threads whose bins are below 256).
 #define SEL_REG_WIDE_BINS 4096u
@@ -54,9 +46,6 @@ static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
 static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
 static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
-static_assert(SEL_REG_BLOCK % SEL_REG_RANKED == 0 && (SEL_REG_RANK_PARTS & (SEL_REG_RANK_PARTS - 1)) == 0 &&
-                  SEL_REG_RANK_PARTS <= MONO_WAVE,
-              "a staged key's rank is summed over a power of two of neighbouring lanes");
 
 // A digit's bin and its counts: keys in the bins above it, keys in it.
 struct sel_reg_digit {
@@ -186,30 +175,6 @@ MONO_DEV void sel_reg_write_list(sel_reg_smem& sm, const sel_row& r) {
   for (u32 e = mono_thread(); e < SEL_K; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
 }
 
-// T among the n staged keys (n at most SEL_REG_RANKED, a barrier since they were staged) when
-// rank - 1 of them sort before it (larger, or equal at a lower position), and how many are larger.
-// Block-wide; false when no staged key has that rank.
-MONO_DEV bool sel_reg_rank_t(sel_reg_smem& sm, const u32* staged, u32 n, u32 rank, u32* t_key, u32* larger) {
-  const u32 t = mono_thread(), i = t / SEL_REG_RANK_PARTS, part = t % SEL_REG_RANK_PARTS;
-  const u32 key = i < n ? staged[i] : 0u;
-  u32 before = 0, above = 0;
-  if (i < n)
-    for (u32 j = part; j < n; j += SEL_REG_RANK_PARTS) {
-      const u32 other = staged[j];
-      above += (u32)(other > key);
-      before += (u32)(other > key || (other == key && j < i));
-    }
-#pragma unroll
-  for (u32 m = 1; m < SEL_REG_RANK_PARTS; m <<= 1) {
-    above += mono_shfl_xor(above, m);
-    before += mono_shfl_xor(before, m);
-  }
-  if (i < n && part == 0 && before == rank - 1) sm.digit = sel_reg_digit{key, above, 0};
-  mono_sync_block();
-  *t_key = sm.digit.bin, *larger = sm.digit.above;
-  return sm.digit.above != SEL_NONE;
-}
-
 // The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
 // keys lie above it): the keys above P placed, those sharing it staged, the last two digits from
 // the staged keys, then the staged keys placed. Block-wide.
@@ -229,7 +194,6 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
   mono_sync_block();
   const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
-  if (t == 0) sm.digit.above = SEL_NONE;  // sel_reg_rank_t's "not found"; every thread read the digit
   u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
   if (ms) {
@@ -242,20 +206,11 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   // The keys above P, stored while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
+  // The second and third digits (12 and 8 bits) over the staged keys.
   const u32 n = d.count;
   u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
-  if (n <= SEL_REG_RANKED) {
-    u32 larger;
-    if (!sel_reg_rank_t(sm, staged, n, rank, &bits, &larger)) {
-      sel_flag(r, SEL_FLAG_LOST);
-      return false;
-    }
-    above_t += larger;
-    sel_mark(sm, SEL_PH_WIDE);
-  }
-  // Else the second and third digits (12 and 8 bits) over the staged keys.
 #pragma unroll 1
-  for (u32 i = 1; i < 3 && n > SEL_REG_RANKED; ++i) {
+  for (u32 i = 1; i < 3; ++i) {
     const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
     u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)

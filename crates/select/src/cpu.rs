@@ -26,8 +26,8 @@ use crate::descent::{
     LostKeys,
 };
 use crate::layout::{
-    reg_ranked_room, reg_staged_room, LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS,
-    HIST_BOXES, ONE_CTA_ROOM, REG_BLOCK, REG_MAX_ROW, WIDE_BITS,
+    reg_staged_room, LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM,
+    REG_MAX_ROW, WIDE_BITS,
 };
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
@@ -264,11 +264,10 @@ impl Shared<'_> {
 
     /// The registers kernel over a row of more than k keys (`sel_regs_task`): a 12-bit digit over
     /// every key of the row. When at most [`reg_staged_room`] keys share T's 12-bit prefix, that
-    /// is P, and those keys are staged in position order (`sel_regs_staged`): T is the staged key
-    /// of T's rank among them when there are at most [`reg_ranked_room`] (`sel_reg_rank_t`), else
-    /// digits of 12 and 8 bits over them give it. Otherwise digits of 12 and 8 bits over every
-    /// key give T, and P is T's 12-bit prefix when the keys sharing it fit the room, else its
-    /// 24-bit one when those fit, else T. One pass in position order places the list.
+    /// is P: those keys are staged in position order and digits of 12 and 8 bits over them give T
+    /// (`sel_regs_staged`). Otherwise digits of 12 and 8 bits over every key give T, and P is T's
+    /// 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those fit,
+    /// else T. One pass in position order places the list.
     fn in_registers(&self, row: usize) -> Result<(), CpuError> {
         let (len, pairs, keys) = self.whole_row(row);
         let lost = |source| CpuError::Lost {
@@ -291,24 +290,6 @@ impl Shared<'_> {
         } else {
             keys
         };
-        if staged && counted.len() as u32 <= reg_ranked_room(REG_BLOCK) {
-            // Larger keys first, equal ones in position order: T is the rank-th.
-            let mut sorted = counted.clone();
-            sorted.sort_by(|a, b| b.cmp(a));
-            let lost_rank = LostKeys {
-                round: 1,
-                rank: p12.rank,
-            };
-            let t = *sorted.get(p12.rank as usize - 1).ok_or(lost(lost_rank))?;
-            let larger = counted.iter().filter(|&&k| k > t).count() as u32;
-            let cut = Cut {
-                p: p12.prefix,
-                t,
-                above_p: p12.above,
-                above_t: p12.above + larger,
-            };
-            return self.place_cut(row, &cut, pairs.into_iter());
-        }
         let mut at = vec![p12];
         for width in [WIDE_BITS, 8] {
             let hist = wide_histogram(counted.iter().copied(), d.prefix, width);
@@ -317,6 +298,10 @@ impl Shared<'_> {
         }
         let room = self.top.room();
         let p = at[..2].iter().find(|p| p.sharing <= room).unwrap_or(&d);
+        debug_assert!(
+            !staged || p.prefix.len == 12,
+            "a staged row stops at 12 bits"
+        );
         self.place_cut(row, &Cut::new(p, &d), pairs.into_iter())
     }
 
@@ -439,7 +424,7 @@ pub fn select_in_registers(
         if len > REG_MAX_ROW {
             return Err(LayoutError::TooLongForRegisters {
                 len,
-                block: REG_BLOCK,
+                block: crate::layout::REG_BLOCK,
             }
             .into());
         }

@@ -93,16 +93,6 @@ pub fn reg_staged_room(top: TopK) -> u32 {
     REG_STAGE_ROOM.min(top.room())
 }
 
-/// Staged keys (see [`REG_STAGE_ROOM`]) that the registers kernel ranks against each other to find
-/// T, instead of counting two more digits. (device `SEL_REG_RANK_ROOM`)
-pub const REG_RANK_ROOM: u32 = 256;
-
-/// The most staged keys that a registers kernel of `block` threads ranks: the rank room, or the
-/// block when that is smaller. (device `SEL_REG_RANKED`)
-pub fn reg_ranked_room(block: u32) -> u32 {
-    REG_RANK_ROOM.min(block)
-}
-
 /// Keys a thread of the registers kernel holds at most (`SEL_REG_KEYS`: marked in a u32).
 pub const REG_MAX_PER_THREAD: u32 = 32;
 
