@@ -238,8 +238,10 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     if (kind == 1u) sm.list[next_above + (k_before & 0xffffu)] = staged_pos[i];
     const u32 tie = next_tie + (k_before >> 16);
     if (kind == 1u << 16 && tie < SEL_K) sm.list[tie] = staged_pos[i];
-    const u32 total = sel_wave_sum(lane < SEL_REG_WAVES ? sm.wave_total[0][lane] : 0u);
-    next_above += total & 0xffffu, next_tie += total >> 16;
+    if (c + SEL_REG_BLOCK < n) {
+      const u32 total = sel_wave_sum(lane < SEL_REG_WAVES ? sm.wave_total[0][lane] : 0u);
+      next_above += total & 0xffffu, next_tie += total >> 16;
+    }
   }
   mono_sync_block();
   sel_reg_write_list(sm, r);
@@ -294,12 +296,32 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
   mono_sync_block();
   sel_mark(sm, SEL_PH_LOADED);
-  // The digits, one loop body for the three (so the second and third run from the instruction
-  // cache): T's bits so far, their length, the rank of T below them, the keys above them; and at
-  // 12 and 24 bits, the keys sharing and above the prefix (P's candidates).
-  u32 bits = 0, len = 0, rank = SEL_K, above = 0, sharing12 = 0, above12 = 0, sharing24 = 0, above24 = 0, ties = 0;
+  // The first digit (12 bits) over every key: no prefix to test, and a thread whose keys are all
+  // in the row tests no bound either (the common loop took about 90 instructions a warp here).
+  if (valid == SEL_REG_KEYS) {
+#pragma unroll
+    for (u32 j = 0; j < SEL_REG_KEYS; ++j) mono_count_lds_u32(sm.hist + (keys[j] >> 20));
+  } else {
+#pragma unroll
+    for (u32 j = 0; j < SEL_REG_KEYS; ++j)
+      if (j < valid) mono_count_lds_u32(sm.hist + (keys[j] >> 20));
+  }
+  mono_sync_block();
+  sel_reg_digit d12;
+  if (!sel_reg_choose(sm, sm.hist, SEL_REG_WIDE_BINS, SEL_K, &d12)) {
+    sel_flag(r, SEL_FLAG_LOST);
+    return false;
+  }
+  if (d12.count <= SEL_REG_STAGED) return sel_regs_staged(sm, r, keys, first, valid, d12, d12.above);
+  sel_mark(sm, SEL_PH_WIDE);
+  // The other two digits over every key, one loop body for both (the second runs from the
+  // instruction cache): T's bits so far, their length, the rank of T below them, the keys above
+  // them; and at 12 and 24 bits, the keys sharing and above the prefix (P's candidates).
+  u32 bits = d12.bin << 20, len = 12, rank = SEL_K - d12.above, above = d12.above;
+  const u32 sharing12 = d12.count, above12 = d12.above;
+  u32 sharing24 = 0, above24 = 0, ties = 0;
 #pragma unroll 1
-  for (u32 i = 0; i < 3; ++i) {
+  for (u32 i = 1; i < 3; ++i) {
     const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
     u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
     sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
@@ -310,8 +332,6 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
       return false;
     }
     bits |= d.bin << shift, len += width, rank -= d.above, above += d.above;
-    if (i == 0 && d.count <= SEL_REG_STAGED) return sel_regs_staged(sm, r, keys, first, valid, d, above);
-    if (i == 0) sharing12 = d.count, above12 = above;
     if (i == 1) sharing24 = d.count, above24 = above;
     if (i == 2) ties = d.count;
     sel_mark(sm, SEL_PH_WIDE);
