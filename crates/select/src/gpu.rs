@@ -3,10 +3,10 @@
 //! whose CTAs are all resident at once), and reading the lists back with the kernels' error flags.
 
 use crate::layout::{
-    lds_words, longest_slice, one_cta_room, place_slices, reg_keys_per_thread, select_slices,
-    LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES,
-    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_STAGE_ROOM, ROOM_PER_K, ROUNDS,
-    SLICE_ALIGN, SLICE_TARGET,
+    lds_words, longest_slice, one_cta_room, place_slices, reg_block_for, reg_keys_per_thread,
+    select_slices, LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES,
+    MAX_SLICES, ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_STAGE_ROOM, ROOM_PER_K,
+    ROUNDS, SLICE_ALIGN, SLICE_TARGET,
 };
 use crate::reference::{Pages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -105,8 +105,9 @@ pub enum Method {
     OneCta,
     /// Up to 64 slices per row, one CTA each (`select_multi_slice`).
     MultiSlice,
-    /// One CTA (of [`REG_BLOCK`] threads unless the shape says otherwise) per row of at most
-    /// [`crate::layout::REG_MAX_ROW`] keys, held in registers (`select_in_registers`).
+    /// One CTA (of [`crate::layout::reg_block_for`] threads unless the shape says otherwise) per
+    /// row of at most [`crate::layout::REG_MAX_ROW`] keys, held in registers
+    /// (`select_in_registers`).
     Registers,
 }
 
@@ -179,13 +180,17 @@ impl Shape {
             Method::Registers => 0,
         };
         let reg_keys = match method {
-            Method::Registers => reg_keys_per_thread(max_len, REG_BLOCK)?,
+            Method::Registers => reg_keys_per_thread(max_len, reg_block_for(max_len))?,
             Method::OneCta | Method::MultiSlice => reg_keys_per_thread(0, REG_BLOCK)?,
+        };
+        let reg_block = match method {
+            Method::Registers => reg_block_for(max_len),
+            Method::OneCta | Method::MultiSlice => REG_BLOCK,
         };
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
-            reg_block: REG_BLOCK,
+            reg_block,
             reg_keys,
             fast_rounds: true,
             trace: false,
@@ -193,7 +198,7 @@ impl Shape {
     }
 
     /// The registers kernel with CTAs of `block` threads for rows of at most `max_len` keys
-    /// (as [`Shape::for_rows`] with [`REG_BLOCK`] threads; the bench also times smaller CTAs).
+    /// (as [`Shape::for_rows`] with `block` threads: the bench times several).
     pub fn registers(top: TopK, max_len: u32, block: u32) -> Result<Shape> {
         Ok(Shape {
             reg_block: block,

@@ -79,6 +79,17 @@ pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
 /// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise.
 pub const REG_BLOCK: u32 = 1024;
+/// Threads of the registers kernel's CTA for rows of at most `max_len` keys: 512 (16 keys a
+/// thread) up to 8192 keys, [`REG_BLOCK`] above. At 8K keys 512 threads measured 2% faster on the
+/// H200, and at 16K 10% slower (BENCHMARKS.md, select, sixth session).
+pub fn reg_block_for(max_len: u32) -> u32 {
+    if max_len <= 8192 {
+        512
+    } else {
+        REG_BLOCK
+    }
+}
+
 /// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
 /// registers each (a key takes one).
 pub const REG_MAX_ROW: u32 = 16384;
