@@ -161,11 +161,16 @@ fn launch(
     std::fs::write(&input, bytes).unwrap();
     let run = Command::new(exe).arg(&input).arg(&output).output().unwrap();
     if !run.status.success() {
-        return Err(format!(
-            "status {:?}: {}",
-            run.status.code(),
-            String::from_utf8_lossy(&run.stderr)
-        ));
+        // driver.cpp: 3 is its watchdog, 1 a CTA that did not exit cleanly (a trap, a crash).
+        let what = match run.status.code() {
+            Some(3) => {
+                "some CTA had not finished after 60 s: a wait that never ends, or a machine \
+                        too loaded to run the emulated threads (rerun alone to tell)"
+                    .to_string()
+            }
+            code => format!("status {code:?}"),
+        };
+        return Err(format!("{what}: {}", String::from_utf8_lossy(&run.stderr)));
     }
     let words: Vec<u32> = std::fs::read(&output)
         .unwrap()
