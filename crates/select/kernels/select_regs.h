@@ -5,8 +5,8 @@
 // sharing T's 12- and 24-bit prefixes that decide P. The first digit counts every key. Then:
 // - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
 //   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
-//   LDS, in position order, counting them for the second digit as they go; the third digit counts
-//   the staged keys, one a thread, and a block scan over the staged keys places them.
+//   LDS, in position order; the other two digits count the staged keys, one a thread, and a block
+//   scan over the staged keys places them.
 // - Otherwise the other two digits count every key, and one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
@@ -196,47 +196,34 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
   u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
-  // Staged, each key is counted in the second digit's histogram at once: the barrier after the
-  // staging is also that digit's count barrier.
-  u32* hist24 = sm.hist + SEL_REG_WIDE_BINS;
   if (ms) {
     u32 i = before >> 16;
 #pragma unroll
     for (u32 j = 0; j < SEL_REG_KEYS; ++j)
-      if (ms >> j & 1u) {
-        staged[i] = keys[j], staged_pos[i] = first + j, ++i;
-        mono_count_lds_u32(hist24 + ((keys[j] >> 8) & (SEL_REG_WIDE_BINS - 1u)));
-      }
+      if (ms >> j & 1u) staged[i] = keys[j], staged_pos[i] = first + j, ++i;
   }
-  // The keys above P, placed in the list while the few threads with staged keys stage them.
+  mono_sync_block();
+  // The keys above P, stored while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
-  mono_sync_block();
   sel_mark(sm, SEL_PH_ABOVE);
-  // The second digit (12 bits) from those counts, then the third (8 bits) over the staged keys
-  // sharing T's 24-bit prefix.
+  // The second and third digits (12 and 8 bits) over the staged keys.
   const u32 n = d.count;
-  u32 rank = SEL_K - above12, above_t = above12;
-  sel_reg_digit w24, w32;
-  if (!sel_reg_choose(sm, hist24, SEL_REG_WIDE_BINS, rank, &w24)) {
-    sel_flag(r, SEL_FLAG_LOST);
-    return false;
+  u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
+#pragma unroll 1
+  for (u32 i = 1; i < 3; ++i) {
+    const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
+    u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
+    for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+      if ((staged[s] & sel_mask(len)) == bits) mono_count_lds_u32(hist + ((staged[s] >> shift) & ((1u << width) - 1u)));
+    mono_sync_block();
+    sel_reg_digit w;
+    if (!(i < 2 ? sel_reg_choose(sm, hist, 1u << width, rank, &w) : sel_reg_choose_last(sm, hist, rank, &w))) {
+      sel_flag(r, SEL_FLAG_LOST);
+      return false;
+    }
+    bits |= w.bin << shift, len += width, rank -= w.above, above_t += w.above;
+    sel_mark(sm, SEL_PH_WIDE);
   }
-  // The list's first above12 entries (the keys above P) are final: out while the digit is counted.
-  for (u32 e = t; e < above12; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
-  sel_mark(sm, SEL_PH_WIDE);
-  const u32 p24 = p12 | w24.bin << 8;
-  rank -= w24.above, above_t += w24.above;
-  u32* hist32 = sm.hist + 2 * SEL_REG_WIDE_BINS;
-  for (u32 i = t; i < n; i += SEL_REG_BLOCK)
-    if ((staged[i] & sel_mask(24)) == p24) mono_count_lds_u32(hist32 + (staged[i] & (SEL_REG_LAST_BINS - 1u)));
-  mono_sync_block();
-  if (!sel_reg_choose_last(sm, hist32, rank, &w32)) {
-    sel_flag(r, SEL_FLAG_LOST);
-    return false;
-  }
-  const u32 bits = p24 | w32.bin;
-  above_t += w32.above;
-  sel_mark(sm, SEL_PH_WIDE);
   // The staged keys above T from above12, then the ties from above_t until k: a block scan of
   // both kinds (packed) over the staged keys, SEL_REG_BLOCK at a time.
   u32 next_above = above12, next_tie = above_t;
@@ -257,7 +244,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     }
   }
   mono_sync_block();
-  for (u32 e = above12 + t; e < SEL_K; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
+  sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);
   return true;
 }
