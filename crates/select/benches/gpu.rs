@@ -252,7 +252,7 @@ fn main() -> Result<(), String> {
     }
     // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
     // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
-    // 1024 threads in a plain launch), so a launch with almost no work in it.
+    // 512 threads, its shape for 8K rows, in a plain launch), so a launch with almost no work in it.
     let short_rows = picked.parts.allows("short-rows");
     for method in [Method::MultiSlice, Method::Registers]
         .into_iter()
