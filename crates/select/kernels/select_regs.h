@@ -10,9 +10,9 @@
 // - Otherwise the other two digits count every key, and one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
-// phases (PERF.md run 9), not on its keys. Here a digit costs three block barriers: after the
-// counts, after every wave has left the sum of its bins, and after the one thread whose bins hold
-// the rank has written the digit. Each thread keeps its own bins in registers and learns the keys
+// phases (PERF.md run 9), not on its keys. Here a 12-bit digit costs three block barriers: after
+// the counts, after every wave has left the sum of its bins, and after the one thread whose bins
+// hold the rank has written the digit (the 8-bit one, chosen by wave 0 alone, costs two). Each thread keeps its own bins in registers and learns the keys
 // above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
 // another's bins. At 1024 threads the CTA is bound by instruction issue (PERF.md run 12), which
 // is why waves with empty bins skip their scans, and why the last two digits count staged keys
@@ -203,7 +203,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
       if (ms >> j & 1u) staged[i] = keys[j], staged_pos[i] = first + j, ++i;
   }
   mono_sync_block();
-  // The keys above P, stored while the few threads with staged keys count them.
+  // The keys above P, placed in the list while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
   // The second and third digits (12 and 8 bits) over the staged keys.
