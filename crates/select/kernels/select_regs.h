@@ -12,11 +12,12 @@
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
 // phases (PERF.md run 9), not on its keys. Here a 12-bit digit costs three block barriers: after
 // the counts, after every wave has left the sum of its bins, and after the one thread whose bins
-// hold the rank has written the digit (the 8-bit one, chosen by wave 0 alone, costs two). Each thread keeps its own bins in registers and learns the keys
-// above them from a suffix scan in its wave and the sums of the waves above, so no wave reads
-// another's bins. At 1024 threads the CTA is bound by instruction issue (PERF.md run 12), which
-// is why waves with empty bins skip their scans, and why the last two digits count staged keys
-// rather than test all eight keys of every thread (PERF.md run 16). Part of select.h.
+// hold the rank has written the digit (the 8-bit one, chosen by wave 0 alone, costs two). Each
+// thread keeps its own bins in registers and learns the keys above them from a suffix scan in its
+// wave and the sums of the waves above, so no wave reads another's bins. At 1024 threads the CTA
+// is bound by instruction issue (PERF.md run 12), which is why waves with empty bins skip their
+// scans, and why the last two digits count staged keys rather than test all eight keys of every
+// thread (PERF.md run 16). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -35,14 +36,13 @@
 #endif
 #define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
 // The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
-// of a 12-bit digit (the 8-bit one: the threads whose bins are below 256).
+// of a 12-bit digit (the 8-bit one is wave 0's: sel_reg_choose_last).
 #define SEL_REG_WIDE_BINS 4096u
 #define SEL_REG_LAST_BINS 256u
 #define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_REG_BLOCK)
 
 static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at a time, marked in a u32");
 static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one wave looks at every wave's sum");
-static_assert(SEL_REG_PER % 4 == 0, "a thread reads its bins as quads");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
 static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
 static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
@@ -78,21 +78,41 @@ MONO_DEV u32 sel_wave_suffix(u32 v) {
   return v;
 }
 
-// The bin of hist (counts done, a barrier since) holding the rank-th key from the top. Each
-// thread keeps its bins in registers and learns the keys above them: in its wave (a suffix scan),
-// then in the waves above (their sums, after a barrier). The one thread whose bins hold the rank
-// walks them and leaves the digit in sm.digit for all after a second barrier. Block-wide; false
-// when the counts lost the rank.
-MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 rank, sel_reg_digit* d) {
-  const u32 t = mono_thread(), lane = mono_lane(), wave = mono_wave();
-  u32 h[SEL_REG_PER], mine = 0;
+// N bins from `at` into h, as quads; their sum.
+template <u32 N>
+MONO_DEV u32 sel_reg_bins(const u32* at, u32 (&h)[N]) {
+  static_assert(N % 4 == 0, "bins are read as quads");
+  u32 sum = 0;
 #pragma unroll
-  for (u32 q = 0; q < SEL_REG_PER / 4; ++q) {
-    const mono_u32x4 v =
-        t * SEL_REG_PER < bins ? *(const mono_u32x4*)(hist + t * SEL_REG_PER + 4 * q) : mono_u32x4{0, 0, 0, 0};
+  for (u32 q = 0; q < N / 4; ++q) {
+    const mono_u32x4 v = *(const mono_u32x4*)(at + 4 * q);
     h[4 * q] = v.x, h[4 * q + 1] = v.y, h[4 * q + 2] = v.z, h[4 * q + 3] = v.w;
-    mine += v.x + v.y + v.z + v.w;
+    sum += v.x + v.y + v.z + v.w;
   }
+  return sum;
+}
+
+// The bin among h (bins first .. first + N, `above` keys in the bins above them) that holds the
+// rank-th key from the top, walking down from the last; the caller knows one of them does.
+template <u32 N>
+MONO_DEV sel_reg_digit sel_reg_walk(const u32 (&h)[N], u32 first, u32 above, u32 rank) {
+#pragma unroll
+  for (u32 j = N; j-- > 0;) {
+    if (rank <= above + h[j]) return sel_reg_digit{first + j, above, h[j]};
+    above += h[j];
+  }
+  return sel_reg_digit{SEL_NONE, above, 0};
+}
+
+// The bin of a 12-bit digit's hist (counts done, a barrier since) holding the rank-th key from the
+// top. Each thread keeps its bins in registers and learns the keys above them: in its wave (a
+// suffix scan), then in the waves above (their sums, after a barrier). The one thread whose bins
+// hold the rank walks them and leaves the digit in sm.digit for all after a second barrier.
+// Block-wide; false when the counts lost the rank.
+MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 rank, sel_reg_digit* d) {
+  const u32 t = mono_thread(), lane = mono_lane(), wave = mono_wave();
+  u32 h[SEL_REG_PER];
+  const u32 mine = sel_reg_bins(hist + t * SEL_REG_PER, h);
   // Most waves' bins are empty past the first digit (and many in it): those skip the scans.
   const bool counted = mono_ballot(mine != 0) != 0;
   const u32 suffix = counted ? sel_wave_suffix(mine) : 0u;
@@ -102,16 +122,7 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 ra
   u32 above = 0;
   if (counted)
     above = sel_wave_sum(lane > wave && lane < SEL_REG_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
-  if (counted && above < rank && rank <= above + mine) {
-#pragma unroll
-    for (u32 j = SEL_REG_PER; j-- > 0;) {
-      if (rank <= above + h[j]) {
-        sm.digit = sel_reg_digit{t * SEL_REG_PER + j, above, h[j]};
-        break;
-      }
-      above += h[j];
-    }
-  }
+  if (counted && above < rank && rank <= above + mine) sm.digit = sel_reg_walk(h, t * SEL_REG_PER, above, rank);
   mono_sync_block();
   *d = sm.digit;
   return d->bin != SEL_NONE;
@@ -122,30 +133,14 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 bins, u32 ra
 // (SEL_REG_LAST_PER each), so one suffix scan finds it and one block barrier tells the others.
 // Block-wide; false when the counts lost the rank.
 #define SEL_REG_LAST_PER (SEL_REG_LAST_BINS / MONO_WAVE)
-static_assert(SEL_REG_LAST_PER % 4 == 0, "a lane reads its last-digit bins as quads");
 MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, sel_reg_digit* d) {
   if (mono_wave() == 0) {
     const u32 lane = mono_lane();
-    u32 h[SEL_REG_LAST_PER], mine = 0;
-#pragma unroll
-    for (u32 q = 0; q < SEL_REG_LAST_PER / 4; ++q) {
-      const mono_u32x4 v = *(const mono_u32x4*)(hist + lane * SEL_REG_LAST_PER + 4 * q);
-      h[4 * q] = v.x, h[4 * q + 1] = v.y, h[4 * q + 2] = v.z, h[4 * q + 3] = v.w;
-      mine += v.x + v.y + v.z + v.w;
-    }
-    const u32 suffix = sel_wave_suffix(mine);
-    u32 above = suffix - mine;
+    u32 h[SEL_REG_LAST_PER];
+    const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h);
+    const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
     const bool holds = above < rank && rank <= suffix;
-    if (holds) {
-#pragma unroll
-      for (u32 j = SEL_REG_LAST_PER; j-- > 0;) {
-        if (rank <= above + h[j]) {
-          sm.digit = sel_reg_digit{lane * SEL_REG_LAST_PER + j, above, h[j]};
-          break;
-        }
-        above += h[j];
-      }
-    }
+    if (holds) sm.digit = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
     const bool found = mono_ballot(holds) != 0;
     if (lane == 0 && !found) sm.digit.bin = SEL_NONE;
   }
@@ -175,6 +170,15 @@ MONO_DEV void sel_reg_write_list(sel_reg_smem& sm, const sel_row& r) {
   for (u32 e = mono_thread(); e < SEL_K; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
 }
 
+// Exclusive prefix of v over the block in thread order, with one barrier (as sel_scan1, but the
+// waves' totals, in sm.wave_total[0], summed by shuffles); two calls need a barrier between them.
+MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
+  const u32 incl = sel_wave_scan(v), lane = mono_lane(), wave = mono_wave();
+  if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
+  mono_sync_block();
+  return sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - v;
+}
+
 // The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
 // keys lie above it): the keys above P placed, those sharing it staged, the last two digits from
 // the staged keys, then the staged keys placed. Block-wide.
@@ -189,11 +193,8 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   }
   // Past the row's end a key is 0, which a prefix of NaN keys can match: exactly d.count are staged.
   if (valid < SEL_REG_KEYS) ms &= (1u << valid) - 1u;
-  const u32 lane = mono_lane(), wave = mono_wave(), t = mono_thread();
-  const u32 as = mono_popc32(ma) | mono_popc32(ms) << 16, incl = sel_wave_scan(as);
-  if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
-  mono_sync_block();
-  const u32 before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - as;
+  const u32 t = mono_thread();
+  const u32 before = sel_reg_scan(sm, mono_popc32(ma) | mono_popc32(ms) << 16);
   u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
   if (ms) {
@@ -217,7 +218,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
       if ((staged[s] & sel_mask(len)) == bits) mono_count_lds_u32(hist + ((staged[s] >> shift) & ((1u << width) - 1u)));
     mono_sync_block();
     sel_reg_digit w;
-    if (!(i < 2 ? sel_reg_choose(sm, hist, 1u << width, rank, &w) : sel_reg_choose_last(sm, hist, rank, &w))) {
+    if (!(i < 2 ? sel_reg_choose(sm, hist, rank, &w) : sel_reg_choose_last(sm, hist, rank, &w))) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
@@ -231,15 +232,12 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     if (c > 0) mono_sync_block();  // every thread has read the last round's totals
     const u32 i = c + t, key = i < n ? staged[i] : 0u;
     const u32 kind = i < n && key > bits ? 1u : (i < n && key == bits ? 1u << 16 : 0u);
-    const u32 k_incl = sel_wave_scan(kind);
-    if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = k_incl;
-    mono_sync_block();
-    const u32 k_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + k_incl - kind;
+    const u32 k_before = sel_reg_scan(sm, kind);
     if (kind == 1u) sm.list[next_above + (k_before & 0xffffu)] = staged_pos[i];
     const u32 tie = next_tie + (k_before >> 16);
     if (kind == 1u << 16 && tie < SEL_K) sm.list[tie] = staged_pos[i];
     if (c + SEL_REG_BLOCK < n) {
-      const u32 total = sel_wave_sum(lane < SEL_REG_WAVES ? sm.wave_total[0][lane] : 0u);
+      const u32 total = sel_wave_sum(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
       next_above += total & 0xffffu, next_tie += total >> 16;
     }
   }
@@ -308,7 +306,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   }
   mono_sync_block();
   sel_reg_digit d12;
-  if (!sel_reg_choose(sm, sm.hist, SEL_REG_WIDE_BINS, SEL_K, &d12)) {
+  if (!sel_reg_choose(sm, sm.hist, SEL_K, &d12)) {
     sel_flag(r, SEL_FLAG_LOST);
     return false;
   }
@@ -327,7 +325,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
     mono_sync_block();
     sel_reg_digit d;
-    if (!(i < 2 ? sel_reg_choose(sm, hist, 1u << width, rank, &d) : sel_reg_choose_last(sm, hist, rank, &d))) {
+    if (!(i < 2 ? sel_reg_choose(sm, hist, rank, &d) : sel_reg_choose_last(sm, hist, rank, &d))) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
