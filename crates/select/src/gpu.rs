@@ -179,14 +179,12 @@ impl Shape {
             Method::OneCta => max_len.min(one_cta_room(shared_per_block, top)),
             Method::Registers => 0,
         };
-        let reg_keys = match method {
-            Method::Registers => reg_keys_per_thread(max_len, reg_block_for(max_len))?,
-            Method::OneCta | Method::MultiSlice => reg_keys_per_thread(0, REG_BLOCK)?,
+        // Other methods' builds still compile the registers kernel: the smallest shape.
+        let (reg_block, reg_rows) = match method {
+            Method::Registers => (reg_block_for(max_len), max_len),
+            Method::OneCta | Method::MultiSlice => (REG_BLOCK, 0),
         };
-        let reg_block = match method {
-            Method::Registers => reg_block_for(max_len),
-            Method::OneCta | Method::MultiSlice => REG_BLOCK,
-        };
+        let reg_keys = reg_keys_per_thread(reg_rows, reg_block)?;
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
