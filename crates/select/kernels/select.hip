@@ -15,6 +15,7 @@ MONO_DEV sel_row sel_row_of(const float* scores, u32 stride, const u32* lens, co
   sel_row r;
   r.scores = scores + (u64)row * stride;
   r.len = lens[row];
+  r.stride = stride;
   r.out = out + (u64)row * SEL_K;
   r.pages = pages ? pages + (u64)row * pages_stride : nullptr;
   r.flags = flags + row * SEL_FLAGS;

@@ -8,6 +8,7 @@
 struct sel_row {
   const float* scores;  // the row's scores
   u32 len;              // its keys
+  u32 stride;           // keys readable from scores: at least len, a multiple of 4
   i32* out;             // its SEL_K entries
   const i32* pages;     // its page table, or nullptr for positions
   u32* flags;           // its SEL_FLAGS error words

@@ -249,6 +249,14 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
 
 // The row on this CTA, its keys in registers. Block-wide.
 MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
+  const u32 first = mono_thread() * SEL_REG_KEYS;
+  u32 keys[SEL_REG_KEYS];
+#pragma unroll
+  for (u32 q = 0; q < SEL_REG_KEYS / 4; ++q) {
+    const mono_u32x4 v =
+        first + 4 * q + 4 <= r.stride ? *(const mono_u32x4*)(r.scores + first + 4 * q) : mono_u32x4{0, 0, 0, 0};
+    keys[4 * q] = v.x, keys[4 * q + 1] = v.y, keys[4 * q + 2] = v.z, keys[4 * q + 3] = v.w;
+  }
   if (r.len <= SEL_K) {
     sel_short_row(r, 0, r.len, 0, SEL_REG_BLOCK);
     return true;
@@ -257,14 +265,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     sel_flag(r, SEL_FLAG_SHAPE);
     return false;
   }
-  const u32 first = mono_thread() * SEL_REG_KEYS;
   const u32 valid = r.len > first ? (r.len - first < SEL_REG_KEYS ? r.len - first : SEL_REG_KEYS) : 0u;
-  u32 keys[SEL_REG_KEYS];
-#pragma unroll
-  for (u32 q = 0; q < SEL_REG_KEYS / 4; ++q) {
-    const mono_u32x4 v = 4 * q < valid ? *(const mono_u32x4*)(r.scores + first + 4 * q) : mono_u32x4{0, 0, 0, 0};
-    keys[4 * q] = v.x, keys[4 * q + 1] = v.y, keys[4 * q + 2] = v.z, keys[4 * q + 3] = v.w;
-  }
   // While the loads are in flight: the histograms zeroed.
   constexpr u32 hist_quads = sizeof(sm.hist) / 16;
 #pragma unroll
