@@ -215,6 +215,17 @@ MONO_DEV void mono_atomic_add_lds_u32(u32* p, u32 v) {
 #endif
 }
 
+// Adds v to a word of this CTA's shared memory (LDS) and returns the word before: relaxed,
+// workgroup scope (a slot in a list that threads fill in any order).
+MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) {
+#if MONO_AMD
+  return __hip_atomic_fetch_add((__attribute__((address_space(3))) u32*)p, v, __ATOMIC_RELAXED,
+                                __HIP_MEMORY_SCOPE_WORKGROUP);
+#else
+  return atomicAdd(p, v);
+#endif
+}
+
 // Adds 1 to a counter in this CTA's shared memory (LDS), as mono_atomic_add_lds_u32, but through
 // the compiler's builtin on NVIDIA: it then addresses the shared window directly and predicates
 // the atomic instead of branching around it (the registers select counts every key this way).

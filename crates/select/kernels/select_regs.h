@@ -5,7 +5,9 @@
 // sharing T's 12- and 24-bit prefixes that decide P. The first digit counts every key. Then:
 // - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
 //   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
-//   LDS, in position order; the other two digits count the staged keys, one a thread, and a block
+//   LDS, in position order; the second digit counts the staged keys, one a thread. When at most
+//   SEL_REG_RANK_ROOM of them share T's 24-bit prefix (a random row: one to three), T is the one
+//   whose rank among those is right, else the third digit over the staged keys gives it. A block
 //   scan over the staged keys places them.
 // - Otherwise the other two digits count every key, and one block scan then places the list.
 //
@@ -17,7 +19,8 @@
 // wave and the sums of the waves above, so no wave reads another's bins. At 1024 threads the CTA
 // is bound by instruction issue (PERF.md run 12), which is why waves with empty bins skip their
 // scans, and why the last two digits count staged keys rather than test all eight keys of every
-// thread (PERF.md run 16). Part of select.h.
+// thread (PERF.md run 16), and why ranks replace the last digit where few keys are left (one
+// barrier fewer, and no 256 bins to read: PERF.md run 17). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -35,6 +38,14 @@
 #define SEL_REG_STAGE_ROOM 2048
 #endif
 #define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
+// Staged keys sharing T's 24-bit prefix that find T by their ranks at most (src/layout.rs
+// REG_RANK_ROOM): each is compared with all of them, so the cost grows as the square.
+#ifndef SEL_REG_RANK_ROOM
+#define SEL_REG_RANK_ROOM 64
+#endif
+// Lanes that split one ranked key's compares, each loading 4 keys at a time.
+#define SEL_REG_RANK_PARTS 8u
+#define SEL_REG_RANK_SPAN (4u * SEL_REG_RANK_PARTS)
 // The digits from the top: 12 + 12 + 8 bits; thread t owns bins t * SEL_REG_PER .. + SEL_REG_PER
 // of a 12-bit digit (the 8-bit one is wave 0's: sel_reg_choose_last).
 #define SEL_REG_WIDE_BINS 4096u
@@ -46,6 +57,10 @@ static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
 static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
 static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
+static_assert((SEL_REG_RANK_ROOM + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN <= SEL_REG_WIDE_BINS,
+              "the ranked keys, padded, fit in the second digit's bins");
+static_assert(SEL_REG_RANK_ROOM < 1u << 16, "a ranked key's two counts are packed in one word");
+static_assert(MONO_WAVE % SEL_REG_RANK_PARTS == 0, "a ranked key's lanes sit in one wave");
 
 // A digit's bin and its counts: keys in the bins above it, keys in it.
 struct sel_reg_digit {
@@ -53,10 +68,14 @@ struct sel_reg_digit {
 };
 
 struct sel_reg_smem {
-  // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together).
+  // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together). Once a
+  // digit is chosen its words are free: the first's take the staged keys and positions, the
+  // second's the ranked keys.
   alignas(16) u32 hist[2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS];
   u32 wave_sum[SEL_REG_WAVES];
   sel_reg_digit digit;  // the digit being chosen
+  u32 ranked;           // ranked keys written so far
+  u32 t, t_above;       // T as the ranks found it, and the ranked keys above it
   u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
   // The list as positions, placed here and copied out at the end in order: a key placed in LDS
   // costs a few instructions, in global memory about sixteen (PERF.md run 16).
@@ -78,14 +97,27 @@ MONO_DEV u32 sel_wave_suffix(u32 v) {
   return v;
 }
 
-// N bins from `at` into h, as quads; their sum.
+// A 12-bit digit's bins are owned by the threads in order, SEL_REG_PER each, and read as quads.
+// In order, the eight lanes that a 16-byte LDS access serves at once would put two or more of them
+// on one bank group (a thread's bins 32 bytes or more apart); thread t's quad q lies at quad
+// q ^ sel_reg_swizzle(t) instead, which gives each of the eight its own (PERF.md run 17).
+MONO_DEV u32 sel_reg_swizzle(u32 owner) {
+  constexpr u32 quads = SEL_REG_PER / 4;
+  constexpr u32 spread = quads >= 8 ? 1u : 8u / quads;  // lanes apart that share a group in order
+  constexpr u32 mask = (quads < 8 ? quads : 8u) - 1u;
+  return (owner / spread) & mask;
+}
+// The word of bin b of a 12-bit digit (counted there, read by its owner as quad q ^ swizzle).
+MONO_DEV u32 sel_reg_slot(u32 b) { return b ^ sel_reg_swizzle(b / SEL_REG_PER) << 2; }
+
+// N bins from `at` into h, as quads, quad q from quad q ^ swizzle; their sum.
 template <u32 N>
-MONO_DEV u32 sel_reg_bins(const u32* at, u32 (&h)[N]) {
+MONO_DEV u32 sel_reg_bins(const u32* at, u32 (&h)[N], u32 swizzle) {
   static_assert(N % 4 == 0, "bins are read as quads");
   u32 sum = 0;
 #pragma unroll
   for (u32 q = 0; q < N / 4; ++q) {
-    const mono_u32x4 v = *(const mono_u32x4*)(at + 4 * q);
+    const mono_u32x4 v = *(const mono_u32x4*)(at + 4 * (q ^ swizzle));
     h[4 * q] = v.x, h[4 * q + 1] = v.y, h[4 * q + 2] = v.z, h[4 * q + 3] = v.w;
     sum += v.x + v.y + v.z + v.w;
   }
@@ -112,7 +144,7 @@ MONO_DEV sel_reg_digit sel_reg_walk(const u32 (&h)[N], u32 first, u32 above, u32
 MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 rank, sel_reg_digit* d) {
   const u32 t = mono_thread(), lane = mono_lane(), wave = mono_wave();
   u32 h[SEL_REG_PER];
-  const u32 mine = sel_reg_bins(hist + t * SEL_REG_PER, h);
+  const u32 mine = sel_reg_bins(hist + t * SEL_REG_PER, h, sel_reg_swizzle(t));
   // Most waves' bins are empty past the first digit (and many in it): those skip the scans.
   const bool counted = mono_ballot(mine != 0) != 0;
   const u32 suffix = counted ? sel_wave_suffix(mine) : 0u;
@@ -137,7 +169,7 @@ MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, s
   if (mono_wave() == 0) {
     const u32 lane = mono_lane();
     u32 h[SEL_REG_LAST_PER];
-    const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h);
+    const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h, 0u);
     const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
     const bool holds = above < rank && rank <= suffix;
     if (holds) sm.digit = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
@@ -149,12 +181,15 @@ MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, s
   return d->bin != SEL_NONE;
 }
 
-// Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits).
+// Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits):
+// in the slots of a 12-bit digit (sel_reg_choose) or in order (the last digit's).
 MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* hist, u32 mask, u32 bits, u32 shift,
-                            u32 dmask) {
+                            u32 dmask, bool wide) {
 #pragma unroll
-  for (u32 j = 0; j < SEL_REG_KEYS; ++j)
-    if (j < valid && (keys[j] & mask) == bits) mono_count_lds_u32(hist + ((keys[j] >> shift) & dmask));
+  for (u32 j = 0; j < SEL_REG_KEYS; ++j) {
+    const u32 b = (keys[j] >> shift) & dmask;
+    if (j < valid && (keys[j] & mask) == bits) mono_count_lds_u32(hist + (wide ? sel_reg_slot(b) : b));
+  }
 }
 
 // Places the positions of this thread's keys marked in m (bit j: position first + j) in the list,
@@ -179,9 +214,38 @@ MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
   return sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - v;
 }
 
+// T among the n (at most SEL_REG_RANK_ROOM) keys at `ranked`, in any order and padded with zeros
+// to SEL_REG_RANK_SPAN: the key with fewer than `rank` of them above it and at least `rank` at or
+// above it. SEL_REG_RANK_PARTS neighbouring lanes split a key's compares (four keys a load, so a
+// key's lanes read consecutive words), and whole waves go round the loop, as their shuffles need.
+// Block-wide; false when no key has that rank (the counts lost it).
+MONO_DEV bool sel_reg_rank(sel_reg_smem& sm, const u32* ranked, u32 n, u32 rank, u32* t, u32* t_above) {
+  const u32 part = mono_thread() % SEL_REG_RANK_PARTS;
+  const u32 pairs = (n * SEL_REG_RANK_PARTS + MONO_WAVE - 1) / MONO_WAVE * MONO_WAVE;
+  for (u32 p = mono_thread(); p < pairs; p += SEL_REG_BLOCK) {
+    const u32 i = p / SEL_REG_RANK_PARTS, x = ranked[i];  // i < n rounded up to 8: padded
+    u32 above = 0, at_or_above = 0;
+    for (u32 j = 4 * part; j < n; j += SEL_REG_RANK_SPAN) {
+      const mono_u32x4 v = *(const mono_u32x4*)(ranked + j);
+      above += (v.x > x) + (v.y > x) + (v.z > x) + (v.w > x);
+      at_or_above += (v.x >= x) + (v.y >= x) + (v.z >= x) + (v.w >= x);
+    }
+    u32 both = above | at_or_above << 16;
+#pragma unroll
+    for (u32 d = 1; d < SEL_REG_RANK_PARTS; d <<= 1) both += mono_shfl_xor(both, d);
+    above = both & 0xffffu, at_or_above = both >> 16;
+    // Keys equal to T all pass and write the same two words.
+    if (part == 0 && i < n && above < rank && rank <= at_or_above) sm.t = x, sm.t_above = above;
+  }
+  mono_sync_block();
+  *t = sm.t, *t_above = sm.t_above;
+  return *t_above != SEL_NONE;
+}
+
 // The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
-// keys lie above it): the keys above P placed, those sharing it staged, the last two digits from
-// the staged keys, then the staged keys placed. Block-wide.
+// keys lie above it): the keys above P placed, those sharing it staged, the second digit from the
+// staged keys, then T by the ranks of the staged keys sharing its 24-bit prefix when they fit
+// the rank room, else by the third digit, then the staged keys placed. Block-wide.
 MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&keys)[SEL_REG_KEYS], u32 first,
                               u32 valid, sel_reg_digit d, u32 above12) {
   const u32 p12 = d.bin << 20, p_top = p12 | ~sel_mask(12);
@@ -194,6 +258,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   // Past the row's end a key is 0, which a prefix of NaN keys can match: exactly d.count are staged.
   if (valid < SEL_REG_KEYS) ms &= (1u << valid) - 1u;
   const u32 t = mono_thread();
+  if (t == 0) sm.ranked = 0, sm.t_above = SEL_NONE;
   const u32 before = sel_reg_scan(sm, mono_popc32(ma) | mono_popc32(ms) << 16);
   u32* staged = sm.hist;
   u32* staged_pos = staged + SEL_REG_STAGED;
@@ -207,22 +272,47 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   // The keys above P, placed in the list while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
-  // The second and third digits (12 and 8 bits) over the staged keys.
+  // The second digit (12 bits) over the staged keys.
   const u32 n = d.count;
-  u32 bits = p12, len = 12, rank = SEL_K - above12, above_t = above12;
-#pragma unroll 1
-  for (u32 i = 1; i < 3; ++i) {
-    const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
-    u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
+  u32* second = sm.hist + SEL_REG_WIDE_BINS;
+  for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+    mono_count_lds_u32(second + sel_reg_slot((staged[s] >> 8) & (SEL_REG_WIDE_BINS - 1u)));
+  mono_sync_block();
+  sel_reg_digit w;
+  if (!sel_reg_choose(sm, second, SEL_K - above12, &w)) {
+    sel_flag(r, SEL_FLAG_LOST);
+    return false;
+  }
+  sel_mark(sm, SEL_PH_WIDE);
+  const u32 p24 = p12 | w.bin << 8, rank24 = SEL_K - above12 - w.above, above24 = above12 + w.above;
+  u32 bits, above_t;
+  if (w.count <= SEL_REG_RANK_ROOM) {
+    // The staged keys sharing T's 24-bit prefix, gathered (any order) into the second digit's
+    // bins, read by now, and padded; T is the one of the right rank among them.
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)
-      if ((staged[s] & sel_mask(len)) == bits) mono_count_lds_u32(hist + ((staged[s] >> shift) & ((1u << width) - 1u)));
+      if (staged[s] >> 8 == p24 >> 8) second[mono_fetch_add_lds_u32(&sm.ranked, 1u)] = staged[s];
+    const u32 padded = (w.count + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN;
+    if (w.count + t < padded) second[w.count + t] = 0;
     mono_sync_block();
-    sel_reg_digit w;
-    if (!(i < 2 ? sel_reg_choose(sm, hist, rank, &w) : sel_reg_choose_last(sm, hist, rank, &w))) {
+    u32 above_in_24;
+    if (!sel_reg_rank(sm, second, w.count, rank24, &bits, &above_in_24)) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
-    bits |= w.bin << shift, len += width, rank -= w.above, above_t += w.above;
+    above_t = above24 + above_in_24;
+    sel_mark(sm, SEL_PH_RANKED);
+  } else {
+    // The third digit (8 bits) over the staged keys sharing T's 24-bit prefix.
+    u32* last = sm.hist + 2 * SEL_REG_WIDE_BINS;
+    for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+      if (staged[s] >> 8 == p24 >> 8) mono_count_lds_u32(last + (staged[s] & (SEL_REG_LAST_BINS - 1u)));
+    mono_sync_block();
+    sel_reg_digit v;
+    if (!sel_reg_choose_last(sm, last, rank24, &v)) {
+      sel_flag(r, SEL_FLAG_LOST);
+      return false;
+    }
+    bits = p24 | v.bin, above_t = above24 + v.above;
     sel_mark(sm, SEL_PH_WIDE);
   }
   // The staged keys above T from above12, then the ties from above_t until k: a block scan of
@@ -299,11 +389,11 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   // in the row tests no bound either (the common loop took about 90 instructions a warp here).
   if (valid == SEL_REG_KEYS) {
 #pragma unroll
-    for (u32 j = 0; j < SEL_REG_KEYS; ++j) mono_count_lds_u32(sm.hist + (keys[j] >> 20));
+    for (u32 j = 0; j < SEL_REG_KEYS; ++j) mono_count_lds_u32(sm.hist + sel_reg_slot(keys[j] >> 20));
   } else {
 #pragma unroll
     for (u32 j = 0; j < SEL_REG_KEYS; ++j)
-      if (j < valid) mono_count_lds_u32(sm.hist + (keys[j] >> 20));
+      if (j < valid) mono_count_lds_u32(sm.hist + sel_reg_slot(keys[j] >> 20));
   }
   mono_sync_block();
   sel_reg_digit d12;
@@ -323,7 +413,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   for (u32 i = 1; i < 3; ++i) {
     const u32 width = i < 2 ? 12u : 8u, shift = 32u - len - width;
     u32* hist = sm.hist + i * SEL_REG_WIDE_BINS;
-    sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u);
+    sel_reg_count(keys, valid, hist, sel_mask(len), bits, shift, (1u << width) - 1u, i < 2);
     mono_sync_block();
     sel_reg_digit d;
     if (!(i < 2 ? sel_reg_choose(sm, hist, rank, &d) : sel_reg_choose_last(sm, hist, rank, &d))) {

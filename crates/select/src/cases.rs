@@ -1,7 +1,7 @@
 //! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
-use crate::layout::{TopK, REG_STAGE_ROOM};
+use crate::layout::{TopK, REG_RANK_ROOM, REG_STAGE_ROOM};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -41,13 +41,24 @@ pub enum Pattern {
     StageFull,
     /// As [`Pattern::StageFull`] with one key more in the crowd: the registers kernel's other way.
     StagePlusOne,
+    /// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, then a crowd of the registers kernel's
+    /// rank room (64 keys) on 16 values just above 1.0, which share one 24-bit prefix, the rest
+    /// -1.0, shuffled. At k = 2048 T is the crowd's 32nd key and repeats; the keys at 1.1 share its
+    /// 12-bit prefix but not its 24-bit one, so P stops at 12 bits.
+    RankFull,
+    /// As [`Pattern::RankFull`] with one key more in the crowd: the registers kernel's digits.
+    RankPlusOne,
 }
 
 /// Keys at 3.0 in [`Pattern::RoomFull`] rows: k - CROWD_HIGH keys of the crowd are selected.
 pub const CROWD_HIGH: usize = 1024;
+/// Keys at 3.0 in [`Pattern::RankFull`] rows.
+pub const RANK_HIGH: usize = 1952;
+/// Keys at 1.1 in [`Pattern::RankFull`] rows: with [`RANK_HIGH`], k - 32 keys above the crowd.
+pub const RANK_BESIDE: usize = 64;
 
 impl Pattern {
-    pub const ALL: [Pattern; 13] = [
+    pub const ALL: [Pattern; 15] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -61,6 +72,8 @@ impl Pattern {
         Pattern::RoomPlusOne,
         Pattern::StageFull,
         Pattern::StagePlusOne,
+        Pattern::RankFull,
+        Pattern::RankPlusOne,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -78,6 +91,8 @@ impl Pattern {
             Pattern::RoomPlusOne => "room + 1",
             Pattern::StageFull => "stage full",
             Pattern::StagePlusOne => "stage + 1",
+            Pattern::RankFull => "rank full",
+            Pattern::RankPlusOne => "rank + 1",
         }
     }
 
@@ -135,6 +150,8 @@ impl Pattern {
             Pattern::RoomPlusOne => crowd_row(len, TopK::GLM5.room() as usize + 1, &mut rng),
             Pattern::StageFull => crowd_row(len, REG_STAGE_ROOM as usize, &mut rng),
             Pattern::StagePlusOne => crowd_row(len, REG_STAGE_ROOM as usize + 1, &mut rng),
+            Pattern::RankFull => rank_row(len, REG_RANK_ROOM as usize, &mut rng),
+            Pattern::RankPlusOne => rank_row(len, REG_RANK_ROOM as usize + 1, &mut rng),
         }
     }
 }
@@ -147,6 +164,23 @@ fn crowd_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
             _ if i < CROWD_HIGH => 3.0,
             _ if i < CROWD_HIGH + crowd => {
                 f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
+            }
+            _ => -1.0,
+        })
+        .collect();
+    row.shuffle(rng);
+    row
+}
+
+/// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, `crowd` keys on 16 values in 1.0 plus
+/// at most 255 ulps (one 24-bit prefix), the rest -1.0, shuffled (cut to `len`).
+fn rank_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..len)
+        .map(|i| match i {
+            _ if i < RANK_HIGH => 3.0,
+            _ if i < RANK_HIGH + RANK_BESIDE => 1.1,
+            _ if i < RANK_HIGH + RANK_BESIDE + crowd => {
+                f32::from_bits(1.0f32.to_bits() + (rng.gen_range(0..16) << 4))
             }
             _ => -1.0,
         })

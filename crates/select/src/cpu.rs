@@ -27,7 +27,7 @@ use crate::descent::{
 };
 use crate::layout::{
     reg_staged_room, LayoutError, SelectBoxes, Slices, TopK, FIRST_BITS, HIST_BOXES, ONE_CTA_ROOM,
-    REG_MAX_ROW, WIDE_BITS,
+    REG_MAX_ROW, REG_RANK_ROOM, WIDE_BITS,
 };
 use crate::reference::{radix_key, Pages, Rows, SelectError};
 use mailbox::protocol::{put_row, wait_all, NotReady, Patience, PollMode};
@@ -264,10 +264,12 @@ impl Shared<'_> {
 
     /// The registers kernel over a row of more than k keys (`sel_regs_task`): a 12-bit digit over
     /// every key of the row. When at most [`reg_staged_room`] keys share T's 12-bit prefix, that
-    /// is P: those keys are staged in position order and digits of 12 and 8 bits over them give T
-    /// (`sel_regs_staged`). Otherwise digits of 12 and 8 bits over every key give T, and P is T's
-    /// 12-bit prefix when the keys sharing it fit the room, else its 24-bit one when those fit,
-    /// else T. One pass in position order places the list.
+    /// is P: those keys are staged in position order, a 12-bit digit over them gives T's 24-bit
+    /// prefix, and T is found by ranks among the keys sharing it when there are at most
+    /// [`REG_RANK_ROOM`], else by an 8-bit digit (`sel_regs_staged`). Otherwise digits of 12 and 8
+    /// bits over every key give T, and P is T's 12-bit prefix when the keys sharing it fit the
+    /// room, else its 24-bit one when those fit, else T. One pass in position order places the
+    /// list.
     fn in_registers(&self, row: usize) -> Result<(), CpuError> {
         let (len, pairs, keys) = self.whole_row(row);
         let lost = |source| CpuError::Lost {
@@ -292,6 +294,10 @@ impl Shared<'_> {
         };
         let mut at = vec![p12];
         for width in [WIDE_BITS, 8] {
+            if staged && width == 8 && d.sharing <= REG_RANK_ROOM {
+                d.rank_finish(&counted).map_err(lost)?;
+                break;
+            }
             let hist = wide_histogram(counted.iter().copied(), d.prefix, width);
             d.wide_step(&hist, width).map_err(lost)?;
             at.push(d);

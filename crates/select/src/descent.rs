@@ -233,6 +233,35 @@ impl Descent {
         Ok(())
     }
 
+    /// The rest of T by ranks among `keys` (every key of the row sharing the prefix, and perhaps
+    /// others): T is the key sharing it with fewer than `rank` of them above it and at least
+    /// `rank` at or above it. (device `sel_reg_rank`)
+    pub fn rank_finish(&mut self, keys: &[u32]) -> Result<(), LostKeys> {
+        let lost = LostKeys {
+            round: self.round,
+            rank: self.rank,
+        };
+        let sharing: Vec<u32> = keys
+            .iter()
+            .copied()
+            .filter(|&k| self.prefix.matches(k))
+            .collect();
+        let count =
+            |keep: &dyn Fn(u32) -> bool| sharing.iter().filter(|&&k| keep(k)).count() as u32;
+        let t = sharing
+            .iter()
+            .copied()
+            .find(|&x| count(&|k| k > x) < self.rank && self.rank <= count(&|k| k >= x))
+            .ok_or(lost)?;
+        let above = count(&|k| k > t);
+        self.above += above;
+        self.rank -= above;
+        self.sharing = count(&|k| k == t);
+        self.prefix = Prefix { bits: t, len: 32 };
+        self.round += 1;
+        Ok(())
+    }
+
     /// Whether the slices stop here: all 32 bits known, or at a stop the keys sharing the prefix
     /// fit in the candidate room.
     pub fn stopped(&self, room: u32) -> bool {

@@ -3,9 +3,9 @@
 //! whose CTAs are all resident at once), and reading the lists back with the kernels' error flags.
 
 use crate::layout::{
-    lds_words, longest_slice, one_cta_room, place_slices, reg_block_for, reg_keys_per_thread,
-    select_slices, LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES,
-    MAX_SLICES, ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_STAGE_ROOM, ROOM_PER_K,
+    lds_words, longest_slice, one_cta_room, place_slices, reg_keys_per_thread, select_slices,
+    LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES,
+    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_RANK_ROOM, REG_STAGE_ROOM, ROOM_PER_K,
     ROUNDS, SLICE_ALIGN, SLICE_TARGET,
 };
 use crate::reference::{Pages, Rows, SelectError};
@@ -83,7 +83,7 @@ pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 /// (`mono_clock_cycles`).
 pub const TRACE_MARKS: usize = 32;
 /// The phases of a trace (`SEL_PH_*`), by number: each mark is stamped when the phase ends.
-pub const PHASES: [&str; 12] = [
+pub const PHASES: [&str; 13] = [
     "start",
     "keys loaded",
     "6-bit round",
@@ -96,6 +96,7 @@ pub const PHASES: [&str; 12] = [
     "gathered",
     "summed",
     "decided",
+    "T ranked",
 ];
 
 /// Which kernel.
@@ -105,7 +106,7 @@ pub enum Method {
     OneCta,
     /// Up to 64 slices per row, one CTA each (`select_multi_slice`).
     MultiSlice,
-    /// One CTA (of [`crate::layout::reg_block_for`] threads unless the shape says otherwise) per
+    /// One CTA (of [`REG_BLOCK`] threads unless the shape says otherwise) per
     /// row of at most [`crate::layout::REG_MAX_ROW`] keys, held in registers
     /// (`select_in_registers`).
     Registers,
@@ -180,15 +181,16 @@ impl Shape {
             Method::Registers => 0,
         };
         // Other methods' builds still compile the registers kernel: the smallest shape.
-        let (reg_block, reg_rows) = match method {
-            Method::Registers => (reg_block_for(max_len), max_len),
-            Method::OneCta | Method::MultiSlice => (REG_BLOCK, 0),
+        let reg_rows = if method == Method::Registers {
+            max_len
+        } else {
+            0
         };
-        let reg_keys = reg_keys_per_thread(reg_rows, reg_block)?;
+        let reg_keys = reg_keys_per_thread(reg_rows, REG_BLOCK)?;
         Ok(Shape {
             top,
             slice_keys: need.div_ceil(SLICE_ALIGN).max(1) * SLICE_ALIGN,
-            reg_block,
+            reg_block: REG_BLOCK,
             reg_keys,
             fast_rounds: true,
             trace: false,
@@ -232,6 +234,7 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_REG_BLOCK", shape.reg_block)
         .define("SEL_REG_KEYS", shape.reg_keys)
         .define("SEL_REG_STAGE_ROOM", REG_STAGE_ROOM)
+        .define("SEL_REG_RANK_ROOM", REG_RANK_ROOM)
         .define("SEL_SLICE_KEYS", shape.slice_keys)
         .define("SEL_SLICE_TARGET", SLICE_TARGET)
         .define("SEL_MAX_SLICES", MAX_SLICES)

@@ -77,18 +77,10 @@ pub const ONE_CTA_ROOM: u32 = 32768;
 /// Unit of the one-CTA room.
 pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
-/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise.
+/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise. 512
+/// threads measured 2% faster at 8K keys in the sixth session; since the bank-conflict-free bins
+/// (PERF.md run 17) 1024 are faster at 8K too (BENCHMARKS.md, select, seventh session).
 pub const REG_BLOCK: u32 = 1024;
-/// Threads of the registers kernel's CTA for rows of at most `max_len` keys: 512 (16 keys a
-/// thread) up to 8192 keys, [`REG_BLOCK`] above. At 8K keys 512 threads measured 2% faster on the
-/// H200, and at 16K 10% slower (BENCHMARKS.md, select, sixth session).
-pub fn reg_block_for(max_len: u32) -> u32 {
-    if max_len <= 8192 {
-        512
-    } else {
-        REG_BLOCK
-    }
-}
 
 /// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
 /// registers each (a key takes one).
@@ -97,6 +89,10 @@ pub const REG_MAX_ROW: u32 = 16384;
 /// digits from them alone (half of a 12-bit histogram's words, keys and positions).
 /// (device `SEL_REG_STAGE_ROOM`)
 pub const REG_STAGE_ROOM: u32 = 2048;
+
+/// Staged keys sharing T's 24-bit prefix that find T by their ranks (each compared with all of
+/// them) at most; more take the registers kernel's third digit. (device `SEL_REG_RANK_ROOM`)
+pub const REG_RANK_ROOM: u32 = 64;
 
 /// The most keys sharing T's 12-bit prefix that the registers kernel stages: the stage room, or
 /// the candidate room when that is smaller (P is then that prefix). (device `SEL_REG_STAGED`)

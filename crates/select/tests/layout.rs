@@ -65,8 +65,8 @@ proptest! {
             // The fewest that hold it.
             prop_assert!(per == 4 || (per - 4) * block < max_len);
         }
-        // The CTA the kernel is built with for such rows holds them.
-        prop_assert!(reg_keys_per_thread(max_len, reg_block_for(max_len)).is_ok());
+        // The CTA the kernel is built with holds such rows.
+        prop_assert!(reg_keys_per_thread(max_len, REG_BLOCK).is_ok());
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! order (keys above P by position, then keys with prefix P above T by position, then ties).
 
 use proptest::prelude::*;
-use select::cases::{Pattern, CROWD_HIGH};
+use select::cases::{Pattern, CROWD_HIGH, RANK_BESIDE, RANK_HIGH};
 use select::check::missed;
-use select::layout::{TopK, REG_STAGE_ROOM};
+use select::layout::{TopK, REG_RANK_ROOM, REG_STAGE_ROOM};
 use select::reference::{radix_key, select_row, sorted_top_k};
 
 proptest! {
@@ -73,5 +73,42 @@ fn crowd_patterns_fill_their_rooms_and_pass_them_by_one() {
         crowd.sort_unstable_by(|a, b| b.cmp(a));
         let t_rank = top.k() as usize - CROWD_HIGH;
         assert_eq!(crowd[t_rank - 1], th.key, "{}", pattern.name());
+    }
+}
+
+/// The rank patterns: a crowd of exactly the registers kernel's rank room sharing T's 24-bit
+/// prefix, and one key more; the keys beside it share T's 12-bit prefix, where P stops. T repeats.
+#[test]
+fn rank_patterns_fill_the_rank_room_and_pass_it_by_one() {
+    let top = TopK::GLM5;
+    for (pattern, crowd_len) in [
+        (Pattern::RankFull, REG_RANK_ROOM),
+        (Pattern::RankPlusOne, REG_RANK_ROOM + 1),
+    ] {
+        let scores = pattern.row(8192, 5);
+        let th = select_row(&scores, top).unwrap().threshold.unwrap();
+        let shift = 32 - 24;
+        let keys: Vec<u32> = scores.iter().map(|&s| radix_key(s)).collect();
+        let mut crowd: Vec<u32> = keys
+            .iter()
+            .copied()
+            .filter(|k| k >> shift == th.key >> shift)
+            .collect();
+        assert_eq!(crowd.len() as u32, crowd_len, "{}", pattern.name());
+        assert_eq!(th.prefix_bits, 12, "{}", pattern.name());
+        assert_eq!(
+            th.sharing,
+            crowd_len + RANK_BESIDE as u32,
+            "{}",
+            pattern.name()
+        );
+        crowd.sort_unstable_by(|a, b| b.cmp(a));
+        let t_rank = top.k() as usize - RANK_HIGH - RANK_BESIDE;
+        assert_eq!(crowd[t_rank - 1], th.key, "{}", pattern.name());
+        assert!(
+            crowd.iter().filter(|&&k| k == th.key).count() > 1,
+            "{}: T repeats",
+            pattern.name()
+        );
     }
 }
