@@ -252,7 +252,7 @@ fn main() -> Result<(), String> {
     }
     // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
     // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
-    // 512 threads, its shape for 8K rows, in a plain launch), so a launch with almost no work in it.
+    // its 8K-row shape, in a plain launch), so a launch with almost no work in it.
     let short_rows = picked.parts.allows("short-rows");
     for method in [Method::MultiSlice, Method::Registers]
         .into_iter()

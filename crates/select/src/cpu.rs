@@ -18,7 +18,8 @@
 //!
 //! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits, the first
 //! over the whole row, the other two over the keys sharing T's 12-bit prefix when they fit the
-//! stage (staged in position order), else over the whole row; then one placement pass in position
+//! stage (staged in position order), else over the whole row; when staged, ranks among the few
+//! keys sharing T's 24-bit prefix replace the last digit; then one placement pass in position
 //! order.
 
 use crate::descent::{
