@@ -1,8 +1,9 @@
 // The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_REG_BLOCK keys,
 // src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
 // SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
-// Three wide digits (12, 12 and 8 bits) counted with shared-memory atomics give T, and the keys
-// sharing T's 12- and 24-bit prefixes that decide P. The first digit counts every key. Then:
+// Wide digits of 12, 12 and 8 bits counted with shared-memory atomics give T (or the first two
+// and then ranks), and the keys sharing T's 12- and 24-bit prefixes that decide P. The first digit
+// counts every key. Then:
 // - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
 //   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
 //   LDS, in position order; the second digit counts the staged keys, one a thread. When at most
@@ -17,8 +18,8 @@
 // hold the rank has written the digit (the 8-bit one, chosen by wave 0 alone, costs two). Each
 // thread keeps its own bins in registers and learns the keys above them from a suffix scan in its
 // wave and the sums of the waves above, so no wave reads another's bins. At 1024 threads the CTA
-// is bound by instruction issue (PERF.md run 12), which is why waves with empty bins skip their
-// scans, and why the last two digits count staged keys rather than test all eight keys of every
+// is bound by instruction issue (PERF.md run 12). That is why waves with empty bins skip their
+// scans, why the last two digits count staged keys rather than test all eight keys of every
 // thread (PERF.md run 16), and why ranks replace the last digit where few keys are left (one
 // barrier fewer, and no 256 bins to read: PERF.md run 17). Part of select.h.
 #pragma once
