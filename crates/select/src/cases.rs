@@ -159,32 +159,37 @@ impl Pattern {
 /// [`CROWD_HIGH`] keys at 3.0, `crowd` keys in [1.0, 1.125) (one 12-bit prefix), the rest -1.0,
 /// shuffled (cut to `len`).
 fn crowd_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
-    let mut row: Vec<f32> = (0..len)
-        .map(|i| match i {
-            _ if i < CROWD_HIGH => 3.0,
-            _ if i < CROWD_HIGH + crowd => {
-                f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20))
-            }
-            _ => -1.0,
-        })
-        .collect();
-    row.shuffle(rng);
-    row
+    let spread = |rng: &mut StdRng| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20));
+    layered_row(len, &[(CROWD_HIGH, &|_| 3.0), (crowd, &spread)], rng)
 }
 
 /// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, `crowd` keys on 16 values in 1.0 plus
 /// at most 255 ulps (one 24-bit prefix), the rest -1.0, shuffled (cut to `len`).
 fn rank_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
-    let mut row: Vec<f32> = (0..len)
-        .map(|i| match i {
-            _ if i < RANK_HIGH => 3.0,
-            _ if i < RANK_HIGH + RANK_BESIDE => 1.1,
-            _ if i < RANK_HIGH + RANK_BESIDE + crowd => {
-                f32::from_bits(1.0f32.to_bits() + (rng.gen_range(0..16) << 4))
-            }
-            _ => -1.0,
-        })
-        .collect();
+    let few = |rng: &mut StdRng| f32::from_bits(1.0f32.to_bits() + (rng.gen_range(0..16) << 4));
+    layered_row(
+        len,
+        &[
+            (RANK_HIGH, &|_| 3.0),
+            (RANK_BESIDE, &|_| 1.1),
+            (crowd, &few),
+        ],
+        rng,
+    )
+}
+
+/// A score maker for [`layered_row`].
+type Layer<'a> = &'a dyn Fn(&mut StdRng) -> f32;
+
+/// Layers of (count, score) from the top, the rest -1.0, shuffled (cut to `len`).
+fn layered_row(len: usize, layers: &[(usize, Layer)], rng: &mut StdRng) -> Vec<f32> {
+    let mut row = Vec::with_capacity(len);
+    for &(count, score) in layers {
+        for _ in 0..count.min(len - row.len()) {
+            row.push(score(rng));
+        }
+    }
+    row.resize(len, -1.0);
     row.shuffle(rng);
     row
 }
