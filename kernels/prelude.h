@@ -227,16 +227,11 @@ MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) {
 }
 
 // Adds 1 to a counter in this CTA's shared memory (LDS), as mono_atomic_add_lds_u32, but through
-// the compiler's builtin on NVIDIA: it then addresses the shared window directly and predicates
-// the atomic instead of branching around it (the registers select counts every key this way).
-// Not a replacement for the asm form: in the larger select kernels the builtin made NVRTC spill.
-MONO_DEV void mono_count_lds_u32(u32* p) {
-#if MONO_AMD
-  __hip_atomic_fetch_add((__attribute__((address_space(3))) u32*)p, 1u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
-#else
-  atomicAdd(p, 1u);
-#endif
-}
+// the compiler's builtin on NVIDIA (mono_fetch_add_lds_u32, the old value unused): it then
+// addresses the shared window directly and predicates the atomic instead of branching around it
+// (the registers select counts every key this way). Not a replacement for the asm form: in the
+// larger select kernels the builtin made NVRTC spill.
+MONO_DEV void mono_count_lds_u32(u32* p) { (void)mono_fetch_add_lds_u32(p, 1u); }
 
 // ---- bulk copies into LDS that complete on an LDS barrier (NVIDIA sm_90 only) ----------------------
 // One thread starts a copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that the copy

@@ -101,8 +101,8 @@ MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOM
 MONO_DEV void mono_st_release_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 MONO_DEV void mono_atomic_add_lds_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-MONO_DEV void mono_count_lds_u32(u32* p) { __atomic_fetch_add(p, 1u, __ATOMIC_RELAXED); }
 MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MONO_DEV void mono_count_lds_u32(u32* p) { (void)mono_fetch_add_lds_u32(p, 1u); }
 MONO_DEV void mono_fence_acquire() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MONO_DEV void mono_fence_release() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MONO_DEV void mono_fence_acq_rel() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
