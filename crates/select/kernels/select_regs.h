@@ -219,7 +219,8 @@ MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
 // to SEL_REG_RANK_SPAN: the key with fewer than `rank` of them above it and at least `rank` at or
 // above it. SEL_REG_RANK_PARTS neighbouring lanes split a key's compares (four keys a load, so a
 // key's lanes read consecutive words), and whole waves go round the loop, as their shuffles need.
-// Block-wide; false when no key has that rank (the counts lost it).
+// sm.t_above must be SEL_NONE, set before a barrier. Block-wide; false when no key has that rank
+// (the counts lost it).
 MONO_DEV bool sel_reg_rank(sel_reg_smem& sm, const u32* ranked, u32 n, u32 rank, u32* t, u32* t_above) {
   const u32 part = mono_thread() % SEL_REG_RANK_PARTS;
   const u32 pairs = (n * SEL_REG_RANK_PARTS + MONO_WAVE - 1) / MONO_WAVE * MONO_WAVE;

@@ -106,9 +106,8 @@ pub enum Method {
     OneCta,
     /// Up to 64 slices per row, one CTA each (`select_multi_slice`).
     MultiSlice,
-    /// One CTA (of [`REG_BLOCK`] threads unless the shape says otherwise) per
-    /// row of at most [`crate::layout::REG_MAX_ROW`] keys, held in registers
-    /// (`select_in_registers`).
+    /// One CTA (of [`REG_BLOCK`] threads unless the shape says otherwise) per row of at most
+    /// [`crate::layout::REG_MAX_ROW`] keys, held in registers (`select_in_registers`).
     Registers,
 }
 

@@ -85,8 +85,8 @@ pub const REG_BLOCK: u32 = 1024;
 /// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
 /// registers each (a key takes one).
 pub const REG_MAX_ROW: u32 = 16384;
-/// Keys sharing T's 12-bit prefix that the registers kernel stages at most, to count its last two
-/// digits from them alone (half of a 12-bit histogram's words, keys and positions).
+/// Keys sharing T's 12-bit prefix that the registers kernel stages at most, to find the rest of T
+/// from them alone (half of a 12-bit histogram's words, keys and positions).
 /// (device `SEL_REG_STAGE_ROOM`)
 pub const REG_STAGE_ROOM: u32 = 2048;
 
