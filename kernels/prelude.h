@@ -72,6 +72,23 @@ MONO_DEV void mono_sync_block() {
 #endif
 }
 
+// ---- launches that overlap the kernel before them (NVIDIA sm_90: programmatic dependent launch) ---
+// A kernel launched with Launch::overlap_prior may start while the kernel before it on the stream
+// still runs; mono_wait_prior() holds it until that kernel has finished and its writes are visible,
+// so it must come before any global access that kernel could see or make. mono_release_next() lets
+// the next such kernel's CTAs be scheduled (to wait) before this one ends. On a plain launch, and
+// on AMD, both do nothing.
+MONO_DEV void mono_wait_prior() {
+#if MONO_NVIDIA && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+MONO_DEV void mono_release_next() {
+#if MONO_NVIDIA && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- bit casts -------------------------------------------------------------------------------------
 MONO_DEV u32 mono_f32_bits(float f) {
 #if MONO_AMD

@@ -38,6 +38,10 @@ pub struct Launch {
     pub shared_bytes: u32,
     /// All blocks co-resident (cuLaunchCooperativeKernel); fails if the grid cannot fit.
     pub cooperative: bool,
+    /// May start while the kernel before it on the stream still runs (CUDA's programmatic
+    /// dependent launch, sm_90 and later): the kernel must call `mono_wait_prior()` before it
+    /// touches global memory that kernel reads or writes. HIP launches it as usual.
+    pub overlap_prior: bool,
 }
 
 impl Launch {
@@ -47,6 +51,7 @@ impl Launch {
             block,
             shared_bytes: 0,
             cooperative: false,
+            overlap_prior: false,
         }
     }
 
@@ -57,6 +62,11 @@ impl Launch {
 
     pub fn cooperative(mut self) -> Self {
         self.cooperative = true;
+        self
+    }
+
+    pub fn overlap_prior(mut self) -> Self {
+        self.overlap_prior = true;
         self
     }
 }

@@ -38,6 +38,64 @@ fn p<T>(h: Handle) -> *mut T {
     h as *mut T
 }
 
+fn attribute(
+    id: sys::CUlaunchAttributeID,
+    set: impl FnOnce(&mut sys::CUlaunchAttributeValue),
+) -> sys::CUlaunchAttribute {
+    // SAFETY: the value is a C union of plain integers and structs of them; all zeroes is valid.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    set(&mut value);
+    sys::CUlaunchAttribute {
+        id,
+        pad: [0; 4],
+        value,
+    }
+}
+
+/// A launch through cuLaunchKernelEx with programmatic stream serialisation: the kernel may be
+/// scheduled before the one before it on the stream has finished (its `griddepcontrol.wait`
+/// holds it until that one's memory is visible). Cooperative launches keep that attribute too.
+///
+/// # Safety
+/// As `Backend::launch`.
+unsafe fn launch_overlapping(
+    function: Handle,
+    launch: Launch,
+    params: &mut [*mut c_void],
+    stream: Handle,
+) -> Result<()> {
+    use sys::CUlaunchAttributeID as Id;
+    let mut attrs = vec![attribute(
+        Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        |v| v.programmaticStreamSerializationAllowed = 1,
+    )];
+    if launch.cooperative {
+        attrs.push(attribute(Id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, |v| {
+            v.cooperative = 1
+        }));
+    }
+    let config = sys::CUlaunchConfig {
+        gridDimX: launch.grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: launch.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: launch.shared_bytes,
+        hStream: p(stream),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
+    };
+    sys::cuLaunchKernelEx(
+        &config,
+        p(function),
+        params.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+    .map_err(fail("cuLaunchKernelEx"))
+}
+
 impl Cuda {
     pub(crate) fn open(ordinal: usize) -> Result<Self> {
         // cudarc panics when libcuda is missing: probe before the first call.
@@ -280,6 +338,9 @@ impl Backend for Cuda {
         stream: Handle,
     ) -> Result<()> {
         self.bind()?;
+        if launch.overlap_prior {
+            return launch_overlapping(function, launch, params, stream);
+        }
         let grid = (launch.grid, 1, 1);
         let block = (launch.block, 1, 1);
         if launch.cooperative {

@@ -311,6 +311,8 @@ impl Backend for Hip {
         stream: Handle,
     ) -> Result<()> {
         self.bind()?;
+        // `overlap_prior` has no HIP counterpart: the launch waits at the stream as usual, which
+        // is what the kernel's `mono_wait_prior()` would have waited for.
         let (f, g, b, s) = (p(function), launch.grid, launch.block, launch.shared_bytes);
         if launch.cooperative {
             check(
