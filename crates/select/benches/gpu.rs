@@ -3,8 +3,10 @@
 //! node and R selects per graph; the median replay over R), with the floor of reading the scores
 //! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds
 //! (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side by side; the registers kernel at 8K and 16K keys with
-//! CTAs of 1024, 512 and 256 threads; then the launch floor (rows of k keys); then the phases of
+//! CTAs of 1024 and 512 threads; then the launch floor (rows of k keys); then the phases of
 //! one select as stamped by a `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows).
+//! The one-CTA and registers kernels are timed twice, "on/off": launches overlapping the one
+//! before them (`Selector::set_overlapping`, the default), then plain launches.
 //! Prints "skipped" without a GPU. torch.topk on the same shapes:
 //! `python3 tools/bench/select_torch.py`.
 //!
@@ -24,7 +26,7 @@ const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
 /// Rows the registers kernel holds, and the CTA sizes it is built with for each (keys a thread:
 /// as few as hold the row).
 const REG_LENS: [u32; 2] = [8192, 16384];
-const REG_BLOCKS: [u32; 3] = [1024, 512, 256];
+const REG_BLOCKS: [u32; 2] = [1024, 512];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
 /// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
@@ -106,7 +108,7 @@ fn time(
 }
 
 /// One case: built, checked once against the reference, timed.
-fn case(dev: &Device, stream: &Stream, sel: &Selector, rows: usize, len: u32) -> String {
+fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32) -> String {
     let top = TopK::GLM5;
     let lens = vec![len; rows];
     let scores = cases::rows(
@@ -142,9 +144,20 @@ fn case(dev: &Device, stream: &Stream, sel: &Selector, rows: usize, len: u32) ->
     } else {
         20
     };
-    match (time(dev, stream, &batch, sel, repeats), checked) {
-        (Ok(us), Ok(c)) => format!("{us:>10.2} {c:<8}"),
-        (us, c) => format!("failed: {us:?} {c:?}"),
+    if !sel.overlapping() {
+        return match (time(dev, stream, &batch, sel, repeats), checked) {
+            (Ok(us), Ok(c)) => format!("{us:>13.2} {c:<8}"),
+            (us, c) => format!("failed: {us:?} {c:?}"),
+        };
+    }
+    // Launches that overlap the one before (the default), then plain ones, in the same call.
+    let overlapped = time(dev, stream, &batch, sel, repeats);
+    sel.set_overlapping(false);
+    let plain = time(dev, stream, &batch, sel, repeats);
+    sel.set_overlapping(true);
+    match (overlapped, plain, checked) {
+        (Ok(on), Ok(off), Ok(c)) => format!("{:>13} {c:<8}", format!("{on:.2}/{off:.2}")),
+        (on, off, c) => format!("failed: {on:?} {off:?} {c:?}"),
     }
 }
 
@@ -199,7 +212,7 @@ fn main() -> Result<(), String> {
             .filter(|&r| picked.case(method.name(), len, r))
         {
             let cells: Vec<String> = built
-                .iter()
+                .iter_mut()
                 .map(|sel| case(&dev, &stream, sel, rows, len))
                 .collect();
             let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
@@ -218,14 +231,14 @@ fn main() -> Result<(), String> {
         "rows",
         "keys",
         REG_BLOCKS
-            .map(|b| format!("{:>10} {:<8}", format!("{b} thr us"), "check"))
+            .map(|b| format!("{:>13} {:<8}", format!("{b} thr us"), "check"))
             .join(" ")
     ));
     for len in REG_LENS
         .into_iter()
         .filter(|&len| picked.any_rows("registers", len))
     {
-        let built: Vec<Option<Selector>> = REG_BLOCKS
+        let mut built: Vec<Option<Selector>> = REG_BLOCKS
             .iter()
             .map(|&block| {
                 let shape = Shape::registers(TopK::GLM5, len, block).ok()?;
@@ -239,10 +252,10 @@ fn main() -> Result<(), String> {
             .filter(|&r| picked.case("registers", len, r))
         {
             let cells: Vec<String> = built
-                .iter()
+                .iter_mut()
                 .map(|sel| match sel {
                     Some(sel) => case(&dev, &stream, sel, rows, len),
-                    None => format!("{:>10} {:<8}", "-", ""),
+                    None => format!("{:>13} {:<8}", "-", ""),
                 })
                 .collect();
             let line = format!("{:<12} {rows:>4} {len:>8} {}", "registers", cells.join(" "));
@@ -260,13 +273,13 @@ fn main() -> Result<(), String> {
     {
         let shape = Shape::for_rows(method, TopK::GLM5, 8192).expect("shape");
         match Selector::build(&dev, method, shape, Variant::default()) {
-            Ok(sel) => {
+            Ok(mut sel) => {
                 for rows in ROWS
                     .into_iter()
                     .filter(|r| picked.rows.allows(&r.to_string()))
                 {
                     let k = TopK::GLM5.k();
-                    let cell = case(&dev, &stream, &sel, rows, k);
+                    let cell = case(&dev, &stream, &mut sel, rows, k);
                     table.push(format!(
                         "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
                         "short-rows",
@@ -313,7 +326,7 @@ fn main() -> Result<(), String> {
     let rounds: Vec<String> = ["first", "fast"]
         .into_iter()
         .filter(|r| picked.rounds.allows(r))
-        .map(|r| format!("{:>10} {:<8}", format!("{r} us"), "check"))
+        .map(|r| format!("{:>13} {:<8}", format!("{r} us"), "check"))
         .collect();
     println!(
         "\n{:<12} {:>4} {:>8} {} {:>9}",

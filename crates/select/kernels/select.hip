@@ -3,7 +3,9 @@
 // int32 positions, or cache slots when a page table [rows, pages_stride] is given; flags is
 // [rows, SEL_FLAGS] error words, zeroed by the host; trace: 2 * SEL_TRACE_MARKS words, written
 // only by SEL_TRACE builds. Launch with SEL_BLOCK threads and SEL_LDS_WORDS * 4 bytes of dynamic
-// shared memory (select_in_registers: SEL_REG_BLOCK threads, no dynamic shared memory).
+// shared memory (select_in_registers: SEL_REG_BLOCK threads, no dynamic shared memory). The one-CTA
+// and registers entries may be launched to overlap the kernel before them (Launch::overlap_prior):
+// they let the next launch's CTAs in at once, and wait for the last one before any global access.
 #include "prelude.h"
 #include "mailbox.h"
 #include "select.h"
@@ -27,6 +29,8 @@ MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
     select_one_cta(const float* scores, u32 stride, const u32* lens, u32 rows, const i32* pages, u32 pages_stride,
                    i32* out, u32* flags, u64* trace) {
   __shared__ sel_smem sm;
+  mono_release_next();
+  mono_wait_prior();
   const u32 row = mono_block();
   if (row >= rows) return;
   sel_trace_begin(sm, trace, row == 0);
@@ -39,6 +43,8 @@ MONO_KERNEL void __launch_bounds__(SEL_REG_BLOCK, 1)
     select_in_registers(const float* scores, u32 stride, const u32* lens, u32 rows, const i32* pages, u32 pages_stride,
                         i32* out, u32* flags, u64* trace) {
   __shared__ sel_reg_smem sm;
+  mono_release_next();
+  mono_wait_prior();
   const u32 row = mono_block();
   if (row >= rows) return;
   sel_trace_begin(sm, trace, row == 0);

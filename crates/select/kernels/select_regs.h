@@ -1,27 +1,29 @@
 // The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_REG_BLOCK keys,
 // src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
 // SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
-// Wide digits of 12, 12 and 8 bits counted with shared-memory atomics give T (or the first two
-// and then ranks), and the keys sharing T's 12- and 24-bit prefixes that decide P. The first digit
-// counts every key. Then:
+// Wide digits counted with shared-memory atomics give T (or digits and then ranks), and the keys
+// sharing T's 12- and 24-bit prefixes that decide P. The first digit (12 bits) counts every key.
+// Then:
 // - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
 //   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
-//   LDS, in position order; the second digit counts the staged keys, one a thread. When at most
-//   SEL_REG_RANK_ROOM of them share T's 24-bit prefix (a random row: one to three), T is the one
-//   whose rank among those is right, else the third digit over the staged keys gives it. A block
-//   scan over the staged keys places them.
-// - Otherwise the other two digits count every key, and one block scan then places the list.
+//   LDS, in position order; an 8-bit digit, chosen by wave 0, counts the staged keys, one a
+//   thread. When at most SEL_REG_RANK_ROOM of them share T's 20-bit prefix (a random row: one to
+//   four), T is the one whose rank among those is right, else a last 12-bit digit over them gives
+//   it. A block scan over the staged keys places them.
+// - Otherwise digits of 12 and 8 bits count every key, and one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
 // phases (PERF.md run 9), not on its keys. Here a 12-bit digit costs three block barriers: after
 // the counts, after every wave has left the sum of its bins, and after the one thread whose bins
-// hold the rank has written the digit (the 8-bit one, chosen by wave 0 alone, costs two). Each
+// hold the rank has written the digit (an 8-bit one, chosen by wave 0 alone, costs two). Each
 // thread keeps its own bins in registers and learns the keys above them from a suffix scan in its
 // wave and the sums of the waves above, so no wave reads another's bins. At 1024 threads the CTA
 // is bound by instruction issue (PERF.md run 12). That is why waves with empty bins skip their
 // scans, why the last two digits count staged keys rather than test all eight keys of every
-// thread (PERF.md run 16), and why ranks replace the last digit where few keys are left (one
-// barrier fewer, and no 256 bins to read: PERF.md run 17). Part of select.h.
+// thread (PERF.md run 16), why ranks replace the last digit where few keys are left (one
+// barrier fewer, and no bins to read: PERF.md run 17), and why the staged keys' digit is an 8-bit
+// one that wave 0 chooses (one barrier fewer than 12 bits, and a few hundred staged keys spread
+// over 256 bins leave only a handful to rank: PERF.md run 18). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -39,7 +41,7 @@
 #define SEL_REG_STAGE_ROOM 2048
 #endif
 #define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
-// Staged keys sharing T's 24-bit prefix that find T by their ranks at most (src/layout.rs
+// Staged keys sharing T's 20-bit prefix that find T by their ranks at most (src/layout.rs
 // REG_RANK_ROOM): each is compared with all of them, so the cost grows as the square.
 #ifndef SEL_REG_RANK_ROOM
 #define SEL_REG_RANK_ROOM 64
@@ -245,9 +247,9 @@ MONO_DEV bool sel_reg_rank(sel_reg_smem& sm, const u32* ranked, u32 n, u32 rank,
 }
 
 // The rest of the row when P is T's 12-bit prefix d and its d.count keys fit the stage (above12
-// keys lie above it): the keys above P placed, those sharing it staged, the second digit from the
-// staged keys, then T by the ranks of the staged keys sharing its 24-bit prefix when they fit
-// the rank room, else by the third digit, then the staged keys placed. Block-wide.
+// keys lie above it): the keys above P placed, those sharing it staged, an 8-bit digit from the
+// staged keys, then T by the ranks of the staged keys sharing its 20-bit prefix when they fit
+// the rank room, else by a 12-bit digit over them, then the staged keys placed. Block-wide.
 MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&keys)[SEL_REG_KEYS], u32 first,
                               u32 valid, sel_reg_digit d, u32 above12) {
   const u32 p12 = d.bin << 20, p_top = p12 | ~sel_mask(12);
@@ -274,47 +276,46 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   // The keys above P, placed in the list while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
-  // The second digit (12 bits) over the staged keys.
+  // The second digit (8 bits, chosen by wave 0) over the staged keys.
   const u32 n = d.count;
   u32* second = sm.hist + SEL_REG_WIDE_BINS;
-  for (u32 s = t; s < n; s += SEL_REG_BLOCK)
-    mono_count_lds_u32(second + sel_reg_slot((staged[s] >> 8) & (SEL_REG_WIDE_BINS - 1u)));
+  u32* last = sm.hist + 2 * SEL_REG_WIDE_BINS;
+  for (u32 s = t; s < n; s += SEL_REG_BLOCK) mono_count_lds_u32(last + ((staged[s] >> 12) & (SEL_REG_LAST_BINS - 1u)));
   mono_sync_block();
   sel_reg_digit w;
-  if (!sel_reg_choose(sm, second, SEL_K - above12, &w)) {
+  if (!sel_reg_choose_last(sm, last, SEL_K - above12, &w)) {
     sel_flag(r, SEL_FLAG_LOST);
     return false;
   }
   sel_mark(sm, SEL_PH_WIDE);
-  const u32 p24 = p12 | w.bin << 8, rank24 = SEL_K - above12 - w.above, above24 = above12 + w.above;
+  const u32 p20 = p12 | w.bin << 12, rank20 = SEL_K - above12 - w.above, above20 = above12 + w.above;
   u32 bits, above_t;
   if (w.count <= SEL_REG_RANK_ROOM) {
-    // The staged keys sharing T's 24-bit prefix, gathered (any order) into the second digit's
-    // bins, read by now, and padded; T is the one of the right rank among them.
+    // The staged keys sharing T's 20-bit prefix, gathered (any order) into the 12-bit bins, unused
+    // on this way, and padded; T is the one of the right rank among them.
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)
-      if (staged[s] >> 8 == p24 >> 8) second[mono_fetch_add_lds_u32(&sm.ranked, 1u)] = staged[s];
+      if (staged[s] >> 12 == p20 >> 12) second[mono_fetch_add_lds_u32(&sm.ranked, 1u)] = staged[s];
     const u32 padded = (w.count + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN;
     if (w.count + t < padded) second[w.count + t] = 0;
     mono_sync_block();
-    u32 above_in_24;
-    if (!sel_reg_rank(sm, second, w.count, rank24, &bits, &above_in_24)) {
+    u32 above_in_20;
+    if (!sel_reg_rank(sm, second, w.count, rank20, &bits, &above_in_20)) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
-    above_t = above24 + above_in_24;
+    above_t = above20 + above_in_20;
     sel_mark(sm, SEL_PH_RANKED);
   } else {
-    // The third digit (8 bits) over the staged keys sharing T's 24-bit prefix.
-    u32* last = sm.hist + 2 * SEL_REG_WIDE_BINS;
+    // The third digit (the last 12 bits) over the staged keys sharing T's 20-bit prefix.
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)
-      if (staged[s] >> 8 == p24 >> 8) mono_count_lds_u32(last + (staged[s] & (SEL_REG_LAST_BINS - 1u)));
+      if (staged[s] >> 12 == p20 >> 12) mono_count_lds_u32(second + sel_reg_slot(staged[s] & (SEL_REG_WIDE_BINS - 1u)));
     mono_sync_block();
     sel_reg_digit v;
-    if (!sel_reg_choose_last(sm, last, rank24, &v)) {
+    if (!sel_reg_choose(sm, second, rank20, &v)) {
       sel_flag(r, SEL_FLAG_LOST);
       return false;
     }
-    bits = p24 | v.bin, above_t = above24 + v.above;
+    bits = p20 | v.bin, above_t = above20 + v.above;
     sel_mark(sm, SEL_PH_WIDE);
   }
   // The staged keys above T from above12, then the ties from above_t until k: a block scan of

@@ -42,9 +42,9 @@ pub enum Pattern {
     /// As [`Pattern::StageFull`] with one key more in the crowd: the registers kernel's other way.
     StagePlusOne,
     /// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, then a crowd of the registers kernel's
-    /// rank room (64 keys) on 16 values just above 1.0, which share one 24-bit prefix, the rest
-    /// -1.0, shuffled. At k = 2048 T is the crowd's 32nd key and repeats; the keys at 1.1 share its
-    /// 12-bit prefix but not its 24-bit one, so P stops at 12 bits.
+    /// rank room (64 keys) on 16 values just above 1.0, which share one 24-bit (and 20-bit)
+    /// prefix, the rest -1.0, shuffled. At k = 2048 T is the crowd's 32nd key and repeats; the keys
+    /// at 1.1 share its 12-bit prefix but not its 20-bit one, so P stops at 12 bits.
     RankFull,
     /// As [`Pattern::RankFull`] with one key more in the crowd: the registers kernel's digits.
     RankPlusOne,

@@ -16,11 +16,10 @@
 //! order. A longer row:
 //! the multi-slice steps with a single slice and nothing exchanged.
 //!
-//! Registers, a row of at most [`REG_MAX_ROW`] keys: wide digits of 12, 12 and 8 bits, the first
-//! over the whole row, the other two over the keys sharing T's 12-bit prefix when they fit the
-//! stage (staged in position order), else over the whole row; when staged, ranks among the few
-//! keys sharing T's 24-bit prefix replace the last digit; then one placement pass in position
-//! order.
+//! Registers, a row of at most [`REG_MAX_ROW`] keys: a 12-bit digit over the whole row; then, over
+//! the keys sharing T's 12-bit prefix when they fit the stage (staged in position order), an 8-bit
+//! digit and ranks among the few keys sharing T's 20-bit prefix (or a last 12-bit digit), else
+//! digits of 12 and 8 bits over the whole row; then one placement pass in position order.
 
 use crate::descent::{
     digit, pack_hist, pair_histogram, row_sums, unpack_hist, wide_histogram, Cut, Descent, Kind,
@@ -265,9 +264,9 @@ impl Shared<'_> {
 
     /// The registers kernel over a row of more than k keys (`sel_regs_task`): a 12-bit digit over
     /// every key of the row. When at most [`reg_staged_room`] keys share T's 12-bit prefix, that
-    /// is P: those keys are staged in position order, a 12-bit digit over them gives T's 24-bit
+    /// is P: those keys are staged in position order, an 8-bit digit over them gives T's 20-bit
     /// prefix, and T is found by ranks among the keys sharing it when there are at most
-    /// [`REG_RANK_ROOM`], else by an 8-bit digit (`sel_regs_staged`). Otherwise digits of 12 and 8
+    /// [`REG_RANK_ROOM`], else by a 12-bit digit (`sel_regs_staged`). Otherwise digits of 12 and 8
     /// bits over every key give T, and P is T's 12-bit prefix when the keys sharing it fit the
     /// room, else its 24-bit one when those fit, else T. One pass in position order places the
     /// list.
@@ -293,9 +292,16 @@ impl Shared<'_> {
         } else {
             keys
         };
+        // The staged keys take an 8-bit digit, then ranks where few share T's 20-bit prefix, else
+        // the last 12 bits; every key takes 12 and 8 bits, which give T's 24-bit prefix for P.
+        let widths = if staged {
+            [8, WIDE_BITS]
+        } else {
+            [WIDE_BITS, 8]
+        };
         let mut at = vec![p12];
-        for width in [WIDE_BITS, 8] {
-            if staged && width == 8 && d.sharing <= REG_RANK_ROOM {
+        for (i, width) in widths.into_iter().enumerate() {
+            if staged && i == 1 && d.sharing <= REG_RANK_ROOM {
                 d.rank_finish(&counted).map_err(lost)?;
                 break;
             }

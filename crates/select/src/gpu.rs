@@ -265,6 +265,7 @@ pub struct Selector {
     shape: Shape,
     variant: Variant,
     resident: u32,
+    overlap_prior: bool,
 }
 
 impl Selector {
@@ -284,7 +285,20 @@ impl Selector {
             shape,
             variant,
             resident,
+            overlap_prior: method != Method::MultiSlice,
         })
+    }
+
+    /// Whether launches may start while the kernel before them on the stream still runs (they
+    /// wait for it before touching memory: CUDA's programmatic dependent launch). On by default
+    /// for the one-CTA and registers methods; the multi-slice kernel's cooperative launches never
+    /// overlap. Off, every launch waits at the stream as usual (the benchmark's baseline).
+    pub fn set_overlapping(&mut self, on: bool) {
+        self.overlap_prior = on && self.method != Method::MultiSlice;
+    }
+
+    pub fn overlapping(&self) -> bool {
+        self.overlap_prior
     }
 
     pub fn method(&self) -> Method {
@@ -443,8 +457,10 @@ impl Batch {
     /// benchmark loop.
     pub fn enqueue(&self, sel: &Selector, stream: &Stream, repeats: u32) -> Result<()> {
         self.check_fits(sel)?;
-        let launch =
-            Launch::new(0, sel.shape.block(sel.method)).shared(sel.shape.lds_bytes(sel.method));
+        let launch = Launch {
+            overlap_prior: sel.overlap_prior,
+            ..Launch::new(0, sel.shape.block(sel.method)).shared(sel.shape.lds_bytes(sel.method))
+        };
         let pages = self.pages.as_ref();
         let pages_ptr = pages.map_or(0, |p| p.device_ptr());
         let Some(epoch_node) = &sel.epoch else {

@@ -90,8 +90,8 @@ pub const REG_MAX_ROW: u32 = 16384;
 /// (device `SEL_REG_STAGE_ROOM`)
 pub const REG_STAGE_ROOM: u32 = 2048;
 
-/// Staged keys sharing T's 24-bit prefix that find T by their ranks (each compared with all of
-/// them) at most; more take the registers kernel's third digit. (device `SEL_REG_RANK_ROOM`)
+/// Staged keys sharing T's 20-bit prefix that find T by their ranks (each compared with all of
+/// them) at most; more take the registers kernel's last 12-bit digit. (device `SEL_REG_RANK_ROOM`)
 pub const REG_RANK_ROOM: u32 = 64;
 
 /// The most keys sharing T's 12-bit prefix that the registers kernel stages: the stage room, or

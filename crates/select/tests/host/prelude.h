@@ -50,6 +50,8 @@ MONO_DEV u32 mono_lane() { return mono_thread() & (MONO_WAVE - 1); }
 MONO_DEV u32 mono_wave() { return mono_thread() / MONO_WAVE; }
 MONO_DEV u32 mono_waves_per_block() { return mono_block_dim() / MONO_WAVE; }
 MONO_DEV void mono_sync_block() { emu_sync_block(); }
+MONO_DEV void mono_wait_prior() {}
+MONO_DEV void mono_release_next() {}
 
 MONO_DEV u32 mono_f32_bits(float f) {
   u32 u;
