@@ -6,10 +6,12 @@
 // Then:
 // - When at most SEL_REG_STAGE_ROOM keys share T's 12-bit prefix (a random row: a few hundred),
 //   P is that prefix. One block scan places the keys above it and stages the keys sharing it in
-//   LDS, in position order; an 8-bit digit, chosen by wave 0, counts the staged keys, one a
-//   thread. When at most SEL_REG_RANK_ROOM of them share T's 20-bit prefix (a random row: one to
-//   four), T is the one whose rank among those is right, else a last 12-bit digit over them gives
-//   it. A block scan over the staged keys places them.
+//   LDS, in position order; an 8-bit digit counts the staged keys, one a thread, each bin keeping
+//   its first SEL_REG_BUCKET keys. When T's bin fits its bucket (a random row: one to four keys),
+//   wave 0 chooses the digit and finds T by the ranks of the bin's keys, with one barrier for
+//   both. Else, when at most SEL_REG_RANK_ROOM staged keys share T's 20-bit prefix, they are
+//   gathered and ranked by the block, and otherwise a last 12-bit digit over them gives T. A
+//   block scan over the staged keys places them.
 // - Otherwise digits of 12 and 8 bits count every key, and one block scan then places the list.
 //
 // Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
@@ -22,8 +24,9 @@
 // scans, why the last two digits count staged keys rather than test all eight keys of every
 // thread (PERF.md run 16), why ranks replace the last digit where few keys are left (one
 // barrier fewer, and no bins to read: PERF.md run 17), and why the staged keys' digit is an 8-bit
-// one that wave 0 chooses (one barrier fewer than 12 bits, and a few hundred staged keys spread
-// over 256 bins leave only a handful to rank: PERF.md run 18). Part of select.h.
+// one whose bins keep their keys (a few hundred staged keys over 256 bins leave a handful in T's
+// bin, which wave 0 ranks: three barriers fewer than a 12-bit digit, a gather and ranks by the
+// block; PERF.md run 18). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -46,6 +49,11 @@
 #ifndef SEL_REG_RANK_ROOM
 #define SEL_REG_RANK_ROOM 64
 #endif
+// Staged keys an 8-bit bin keeps for wave 0 to rank (src/layout.rs REG_RANK_BUCKET,
+// sel_reg_choose_bucket): the 256 buckets fill the second 12-bit digit's bins.
+#ifndef SEL_REG_BUCKET
+#define SEL_REG_BUCKET 16u
+#endif
 // Lanes that split one ranked key's compares, each loading 4 keys at a time.
 #define SEL_REG_RANK_PARTS 8u
 #define SEL_REG_RANK_SPAN (4u * SEL_REG_RANK_PARTS)
@@ -63,6 +71,8 @@ static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and posi
 static_assert((SEL_REG_RANK_ROOM + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN <= SEL_REG_WIDE_BINS,
               "the ranked keys, padded, fit in the second digit's bins");
 static_assert(SEL_REG_RANK_ROOM < 1u << 16, "a ranked key's two counts are packed in one word");
+static_assert(SEL_REG_LAST_BINS * SEL_REG_BUCKET <= SEL_REG_WIDE_BINS && SEL_REG_BUCKET <= MONO_WAVE,
+              "the buckets fit in a 12-bit digit's bins, and one wave ranks a bucket");
 static_assert(MONO_WAVE % SEL_REG_RANK_PARTS == 0, "a ranked key's lanes sit in one wave");
 
 // A digit's bin and its counts: keys in the bins above it, keys in it.
@@ -80,8 +90,9 @@ struct sel_reg_smem {
   u32 ranked;           // ranked keys written so far
   u32 t, t_above;       // T as the ranks found it, and the ranked keys above it
   u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
-  // The list as positions, placed here and copied out at the end in order: a key placed in LDS
-  // costs a few instructions, in global memory about sixteen (PERF.md run 16).
+  // The list as positions, placed here and copied out in order: a key placed in LDS costs a few
+  // instructions, in global memory about sixteen (PERF.md run 16). The staged way copies out the
+  // keys above P while wave 0 finds T, and writes the few staged keys' entries directly.
   u32 list[SEL_K];
 #if SEL_TRACE
   u64* trace;  // thread 0 only; nullptr when this CTA is not traced
@@ -184,6 +195,39 @@ MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, s
   return d->bin != SEL_NONE;
 }
 
+// Wave 0 alone, the staged keys' 8-bit counts done (a barrier since): the bin of hist holding the
+// rank-th key from the top, in sm.digit (bin SEL_NONE when the counts lost the rank); and when
+// that bin's keys all sit in its bucket (buckets + bin * SEL_REG_BUCKET, any order), T among them
+// by their ranks, in sm.t and sm.t_above (left SEL_NONE when no key has that rank). The caller's
+// barrier tells the block.
+MONO_DEV void sel_reg_choose_bucket(sel_reg_smem& sm, const u32* hist, const u32* buckets, u32 rank) {
+  const u32 lane = mono_lane();
+  u32 h[SEL_REG_LAST_PER];
+  const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h, 0u);
+  const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
+  const bool holds = above < rank && rank <= suffix;
+  sel_reg_digit d{SEL_NONE, 0, 0};
+  if (holds) d = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
+  const u64 who = mono_ballot(holds);
+  if (who == 0) {
+    if (lane == 0) sm.digit.bin = SEL_NONE;
+    return;
+  }
+  const u32 holder = mono_popc64(who ^ (who - 1)) - 1;  // the lowest set bit's lane
+  d = sel_reg_digit{mono_shfl(d.bin, holder), mono_shfl(d.above, holder), mono_shfl(d.count, holder)};
+  if (lane == 0) sm.digit = d;
+  if (d.count > SEL_REG_BUCKET) return;
+  const u32 x = lane < d.count ? buckets[d.bin * SEL_REG_BUCKET + lane] : 0u, in_bin = rank - d.above;
+  u32 over = 0, at_or_over = 0;
+  for (u32 j = 0; j < d.count; ++j) {
+    const u32 y = mono_shfl(x, j);
+    over += y > x;
+    at_or_over += y >= x;
+  }
+  // Keys equal to T all pass and write the same two words.
+  if (lane < d.count && over < in_bin && in_bin <= at_or_over) sm.t = x, sm.t_above = over;
+}
+
 // Counts the digit (key >> shift) & dmask of this thread's valid keys that match (mask, bits):
 // in the slots of a 12-bit digit (sel_reg_choose) or in order (the last digit's).
 MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* hist, u32 mask, u32 bits, u32 shift,
@@ -276,23 +320,40 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   // The keys above P, placed in the list while the few threads with staged keys count them.
   sel_reg_place(sm, first, ma, before & 0xffffu);
   sel_mark(sm, SEL_PH_ABOVE);
-  // The second digit (8 bits, chosen by wave 0) over the staged keys.
+  // The second digit (8 bits) over the staged keys, each bin keeping its first SEL_REG_BUCKET
+  // keys in its bucket (in the 12-bit bins, unused so far on this way); wave 0 chooses it, and
+  // finds T by ranks when T's bin fits its bucket (a random row: one to four keys).
   const u32 n = d.count;
   u32* second = sm.hist + SEL_REG_WIDE_BINS;
   u32* last = sm.hist + 2 * SEL_REG_WIDE_BINS;
-  for (u32 s = t; s < n; s += SEL_REG_BLOCK) mono_count_lds_u32(last + ((staged[s] >> 12) & (SEL_REG_LAST_BINS - 1u)));
+  for (u32 s = t; s < n; s += SEL_REG_BLOCK) {
+    const u32 key = staged[s], b = (key >> 12) & (SEL_REG_LAST_BINS - 1u);
+    const u32 slot = mono_fetch_add_lds_u32(last + b, 1u);
+    if (slot < SEL_REG_BUCKET) second[b * SEL_REG_BUCKET + slot] = key;
+  }
   mono_sync_block();
-  sel_reg_digit w;
-  if (!sel_reg_choose_last(sm, last, SEL_K - above12, &w)) {
+  if (mono_wave() == 0)
+    sel_reg_choose_bucket(sm, last, second, SEL_K - above12);
+  else  // The list's first above12 entries are final: the other waves write them out meanwhile.
+    for (u32 e = t - MONO_WAVE; e < above12; e += SEL_REG_BLOCK - MONO_WAVE) r.out[e] = sel_entry(r, sm.list[e]);
+  mono_sync_block();
+  const sel_reg_digit w = sm.digit;
+  if (w.bin == SEL_NONE) {
     sel_flag(r, SEL_FLAG_LOST);
     return false;
   }
-  sel_mark(sm, SEL_PH_WIDE);
   const u32 p20 = p12 | w.bin << 12, rank20 = SEL_K - above12 - w.above, above20 = above12 + w.above;
   u32 bits, above_t;
-  if (w.count <= SEL_REG_RANK_ROOM) {
-    // The staged keys sharing T's 20-bit prefix, gathered (any order) into the 12-bit bins, unused
-    // on this way, and padded; T is the one of the right rank among them.
+  if (w.count <= SEL_REG_BUCKET) {
+    if (sm.t_above == SEL_NONE) {
+      sel_flag(r, SEL_FLAG_LOST);
+      return false;
+    }
+    bits = sm.t, above_t = above20 + sm.t_above;
+    sel_mark(sm, SEL_PH_RANKED);
+  } else if (w.count <= SEL_REG_RANK_ROOM) {
+    // The staged keys sharing T's 20-bit prefix, gathered (any order) over the buckets, read by
+    // now, and padded; T is the one of the right rank among them.
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)
       if (staged[s] >> 12 == p20 >> 12) second[mono_fetch_add_lds_u32(&sm.ranked, 1u)] = staged[s];
     const u32 padded = (w.count + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN;
@@ -306,7 +367,10 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     above_t = above20 + above_in_20;
     sel_mark(sm, SEL_PH_RANKED);
   } else {
-    // The third digit (the last 12 bits) over the staged keys sharing T's 20-bit prefix.
+    // The last 12 bits over the staged keys sharing T's 20-bit prefix, in the 12-bit bins, once
+    // the buckets are cleared from them.
+    for (u32 i = t; i < SEL_REG_WIDE_BINS / 4; i += SEL_REG_BLOCK) *(mono_u32x4*)(second + 4 * i) = mono_u32x4{0, 0, 0, 0};
+    mono_sync_block();
     for (u32 s = t; s < n; s += SEL_REG_BLOCK)
       if (staged[s] >> 12 == p20 >> 12) mono_count_lds_u32(second + sel_reg_slot(staged[s] & (SEL_REG_WIDE_BINS - 1u)));
     mono_sync_block();
@@ -318,24 +382,23 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     bits = p20 | v.bin, above_t = above20 + v.above;
     sel_mark(sm, SEL_PH_WIDE);
   }
-  // The staged keys above T from above12, then the ties from above_t until k: a block scan of
-  // both kinds (packed) over the staged keys, SEL_REG_BLOCK at a time.
+  // The staged keys above T from above12, then the ties from above_t until k, written out
+  // directly (the list's last entries, one a thread): a block scan of both kinds (packed) over the
+  // staged keys, SEL_REG_BLOCK at a time.
   u32 next_above = above12, next_tie = above_t;
   for (u32 c = 0; c < n; c += SEL_REG_BLOCK) {
     if (c > 0) mono_sync_block();  // every thread has read the last round's totals
     const u32 i = c + t, key = i < n ? staged[i] : 0u;
     const u32 kind = i < n && key > bits ? 1u : (i < n && key == bits ? 1u << 16 : 0u);
     const u32 k_before = sel_reg_scan(sm, kind);
-    if (kind == 1u) sm.list[next_above + (k_before & 0xffffu)] = staged_pos[i];
+    if (kind == 1u) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
     const u32 tie = next_tie + (k_before >> 16);
-    if (kind == 1u << 16 && tie < SEL_K) sm.list[tie] = staged_pos[i];
+    if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
     if (c + SEL_REG_BLOCK < n) {
       const u32 total = sel_wave_sum(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
       next_above += total & 0xffffu, next_tie += total >> 16;
     }
   }
-  mono_sync_block();
-  sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);
   return true;
 }

@@ -1,7 +1,7 @@
 //! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
-use crate::layout::{TopK, REG_RANK_ROOM, REG_STAGE_ROOM};
+use crate::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -41,24 +41,33 @@ pub enum Pattern {
     StageFull,
     /// As [`Pattern::StageFull`] with one key more in the crowd: the registers kernel's other way.
     StagePlusOne,
-    /// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, then a crowd of the registers kernel's
+    /// [`rank_high`] keys at 3.0, [`RANK_BESIDE`] at 1.1, then a crowd of the registers kernel's
     /// rank room (64 keys) on 16 values just above 1.0, which share one 24-bit (and 20-bit)
-    /// prefix, the rest -1.0, shuffled. At k = 2048 T is the crowd's 32nd key and repeats; the keys
-    /// at 1.1 share its 12-bit prefix but not its 20-bit one, so P stops at 12 bits.
+    /// prefix, the rest -1.0, shuffled. At k = 2048 T is the crowd's middle key and repeats; the
+    /// keys at 1.1 share its 12-bit prefix but not its 20-bit one, so P stops at 12 bits.
     RankFull,
-    /// As [`Pattern::RankFull`] with one key more in the crowd: the registers kernel's digits.
+    /// As [`Pattern::RankFull`] with one key more in the crowd: the registers kernel's last digit.
     RankPlusOne,
+    /// As [`Pattern::RankFull`] with a crowd of the registers kernel's rank bucket (16 keys):
+    /// wave 0 ranks them alone.
+    BucketFull,
+    /// As [`Pattern::BucketFull`] with one key more: the crowd is gathered to be ranked.
+    BucketPlusOne,
 }
 
 /// Keys at 3.0 in [`Pattern::RoomFull`] rows: k - CROWD_HIGH keys of the crowd are selected.
 pub const CROWD_HIGH: usize = 1024;
-/// Keys at 3.0 in [`Pattern::RankFull`] rows.
-pub const RANK_HIGH: usize = 1952;
-/// Keys at 1.1 in [`Pattern::RankFull`] rows: with [`RANK_HIGH`], k - 32 keys above the crowd.
+/// Keys at 1.1 in [`Pattern::RankFull`] rows, below the keys at 3.0 and above the crowd.
 pub const RANK_BESIDE: usize = 64;
 
+/// Keys at 3.0 in [`Pattern::RankFull`] rows with a crowd of `crowd`: with [`RANK_BESIDE`],
+/// k - crowd / 2 keys above the crowd (k = 2048), so T is the crowd's middle key.
+pub fn rank_high(crowd: usize) -> usize {
+    TopK::GLM5.k() as usize - crowd / 2 - RANK_BESIDE
+}
+
 impl Pattern {
-    pub const ALL: [Pattern; 15] = [
+    pub const ALL: [Pattern; 17] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -74,6 +83,8 @@ impl Pattern {
         Pattern::StagePlusOne,
         Pattern::RankFull,
         Pattern::RankPlusOne,
+        Pattern::BucketFull,
+        Pattern::BucketPlusOne,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -93,6 +104,8 @@ impl Pattern {
             Pattern::StagePlusOne => "stage + 1",
             Pattern::RankFull => "rank full",
             Pattern::RankPlusOne => "rank + 1",
+            Pattern::BucketFull => "bucket full",
+            Pattern::BucketPlusOne => "bucket + 1",
         }
     }
 
@@ -152,6 +165,8 @@ impl Pattern {
             Pattern::StagePlusOne => crowd_row(len, REG_STAGE_ROOM as usize + 1, &mut rng),
             Pattern::RankFull => rank_row(len, REG_RANK_ROOM as usize, &mut rng),
             Pattern::RankPlusOne => rank_row(len, REG_RANK_ROOM as usize + 1, &mut rng),
+            Pattern::BucketFull => rank_row(len, REG_RANK_BUCKET as usize, &mut rng),
+            Pattern::BucketPlusOne => rank_row(len, REG_RANK_BUCKET as usize + 1, &mut rng),
         }
     }
 }
@@ -163,14 +178,14 @@ fn crowd_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
     layered_row(len, &[(CROWD_HIGH, &|_| 3.0), (crowd, &spread)], rng)
 }
 
-/// [`RANK_HIGH`] keys at 3.0, [`RANK_BESIDE`] at 1.1, `crowd` keys on 16 values in 1.0 plus
+/// [`rank_high`] keys at 3.0, [`RANK_BESIDE`] at 1.1, `crowd` keys on 16 values in 1.0 plus
 /// at most 255 ulps (one 24-bit prefix), the rest -1.0, shuffled (cut to `len`).
 fn rank_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
     let few = |rng: &mut StdRng| f32::from_bits(1.0f32.to_bits() + (rng.gen_range(0..16) << 4));
     layered_row(
         len,
         &[
-            (RANK_HIGH, &|_| 3.0),
+            (rank_high(crowd), &|_| 3.0),
             (RANK_BESIDE, &|_| 1.1),
             (crowd, &few),
         ],

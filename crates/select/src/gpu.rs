@@ -5,8 +5,8 @@
 use crate::layout::{
     lds_words, longest_slice, one_cta_room, place_slices, reg_keys_per_thread, select_slices,
     LayoutError, SelectBoxes, TaskOrder, TopK, H200_SHARED_PER_BLOCK, HIST_BOXES, MAX_SLICES,
-    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_RANK_ROOM, REG_STAGE_ROOM, ROOM_PER_K,
-    ROUNDS, SLICE_ALIGN, SLICE_TARGET,
+    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_BLOCK, REG_RANK_BUCKET, REG_RANK_ROOM,
+    REG_STAGE_ROOM, ROOM_PER_K, ROUNDS, SLICE_ALIGN, SLICE_TARGET,
 };
 use crate::reference::{Pages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -234,6 +234,7 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
         .define("SEL_REG_KEYS", shape.reg_keys)
         .define("SEL_REG_STAGE_ROOM", REG_STAGE_ROOM)
         .define("SEL_REG_RANK_ROOM", REG_RANK_ROOM)
+        .define("SEL_REG_BUCKET", REG_RANK_BUCKET)
         .define("SEL_SLICE_KEYS", shape.slice_keys)
         .define("SEL_SLICE_TARGET", SLICE_TARGET)
         .define("SEL_MAX_SLICES", MAX_SLICES)

@@ -94,6 +94,11 @@ pub const REG_STAGE_ROOM: u32 = 2048;
 /// them) at most; more take the registers kernel's last 12-bit digit. (device `SEL_REG_RANK_ROOM`)
 pub const REG_RANK_ROOM: u32 = 64;
 
+/// Staged keys one bin of the registers kernel's 8-bit digit keeps for one wave to rank: when T's
+/// bin holds at most this many, T is found from them with no further barrier. (device
+/// `SEL_REG_BUCKET`)
+pub const REG_RANK_BUCKET: u32 = 16;
+
 /// The most keys sharing T's 12-bit prefix that the registers kernel stages: the stage room, or
 /// the candidate room when that is smaller (P is then that prefix). (device `SEL_REG_STAGED`)
 pub fn reg_staged_room(top: TopK) -> u32 {

@@ -2,9 +2,9 @@
 //! order (keys above P by position, then keys with prefix P above T by position, then ties).
 
 use proptest::prelude::*;
-use select::cases::{Pattern, CROWD_HIGH, RANK_BESIDE, RANK_HIGH};
+use select::cases::{rank_high, Pattern, CROWD_HIGH, RANK_BESIDE};
 use select::check::missed;
-use select::layout::{TopK, REG_RANK_ROOM, REG_STAGE_ROOM};
+use select::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};
 use select::reference::{radix_key, select_row, sorted_top_k};
 
 proptest! {
@@ -76,19 +76,28 @@ fn crowd_patterns_fill_their_rooms_and_pass_them_by_one() {
     }
 }
 
-/// The rank patterns: a crowd of exactly the registers kernel's rank room sharing T's 24-bit
-/// prefix, and one key more; the keys beside it share T's 12-bit prefix, where P stops. T repeats.
+/// The rank patterns: a crowd of exactly the registers kernel's rank room (or rank bucket)
+/// sharing T's 24-bit prefix (and so its 20-bit one), and one key more; the keys beside it share
+/// T's 12-bit prefix but not its 20-bit one, and P stops at 12 bits. T repeats.
 #[test]
-fn rank_patterns_fill_the_rank_room_and_pass_it_by_one() {
+fn rank_patterns_fill_the_rank_room_and_bucket_and_pass_them_by_one() {
     let top = TopK::GLM5;
     for (pattern, crowd_len) in [
         (Pattern::RankFull, REG_RANK_ROOM),
         (Pattern::RankPlusOne, REG_RANK_ROOM + 1),
+        (Pattern::BucketFull, REG_RANK_BUCKET),
+        (Pattern::BucketPlusOne, REG_RANK_BUCKET + 1),
     ] {
         let scores = pattern.row(8192, 5);
         let th = select_row(&scores, top).unwrap().threshold.unwrap();
-        let shift = 32 - 24;
         let keys: Vec<u32> = scores.iter().map(|&s| radix_key(s)).collect();
+        let sharing = |bits: u32| {
+            keys.iter()
+                .filter(|&&k| k >> (32 - bits) == th.key >> (32 - bits))
+                .count()
+        };
+        assert_eq!(sharing(20), sharing(24), "{}", pattern.name());
+        let shift = 32 - 24;
         let mut crowd: Vec<u32> = keys
             .iter()
             .copied()
@@ -103,7 +112,7 @@ fn rank_patterns_fill_the_rank_room_and_pass_it_by_one() {
             pattern.name()
         );
         crowd.sort_unstable_by(|a, b| b.cmp(a));
-        let t_rank = top.k() as usize - RANK_HIGH - RANK_BESIDE;
+        let t_rank = top.k() as usize - rank_high(crowd_len as usize) - RANK_BESIDE;
         assert_eq!(crowd[t_rank - 1], th.key, "{}", pattern.name());
         assert!(
             crowd.iter().filter(|&&k| k == th.key).count() > 1,
