@@ -44,6 +44,7 @@ MONO_KERNEL void __launch_bounds__(SEL_REG_BLOCK, 1)
                         i32* out, u32* flags, u64* trace) {
   __shared__ sel_reg_smem sm;
   mono_release_next();
+  sel_regs_clear(sm);
   mono_wait_prior();
   const u32 row = mono_block();
   if (row >= rows) return;

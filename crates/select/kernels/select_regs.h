@@ -240,10 +240,23 @@ MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* his
 }
 
 // Places the positions of this thread's keys marked in m (bit j: position first + j) in the list,
-// in order, from entry `index` while below k (only ties can reach it).
-MONO_DEV void sel_reg_place(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
+// in order, from entry `index` while below k (only ties can reach it): a loop over the marks,
+// which costs each wave about eleven instructions a mark of its busiest thread.
+MONO_DEV void sel_reg_place_ties(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
 #pragma unroll 1
   for (; m && index < SEL_K; m &= m - 1u) sm.list[index++] = first + mono_popc32((m & (~m + 1u)) - 1u);
+}
+
+// As sel_reg_place_ties for keys above T, which all lie below k. With 8 keys a thread, unrolled:
+// a few predicated instructions a key, which beat the loop (PERF.md run 18); with 16, the loop.
+MONO_DEV void sel_reg_place(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
+  if constexpr (SEL_REG_KEYS <= 8) {
+#pragma unroll
+    for (u32 j = 0; j < SEL_REG_KEYS; ++j)
+      if (m >> j & 1u) sm.list[index++] = first + j;
+  } else {
+    sel_reg_place_ties(sm, first, m, index);
+  }
 }
 
 // The list, every entry placed (a barrier since), written out in order: positions, or cache
@@ -403,7 +416,18 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   return true;
 }
 
-// The row on this CTA, its keys in registers. Block-wide.
+// The histograms zeroed, as sel_regs_task needs them: it touches no global memory, so an entry
+// can do it before it waits for the kernel before it. Block-wide, no barrier.
+MONO_DEV void sel_regs_clear(sel_reg_smem& sm) {
+  constexpr u32 hist_quads = sizeof(sm.hist) / 16;
+#pragma unroll
+  for (u32 i = 0; i < (hist_quads + SEL_REG_BLOCK - 1) / SEL_REG_BLOCK; ++i)
+    if (i * SEL_REG_BLOCK + mono_thread() < hist_quads)
+      *(mono_u32x4*)(sm.hist + 4 * (i * SEL_REG_BLOCK + mono_thread())) = mono_u32x4{0, 0, 0, 0};
+}
+
+// The row on this CTA, its keys in registers; sel_regs_clear before it (its first barrier
+// comes after the keys are loaded). Block-wide.
 MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   const u32 first = mono_thread() * SEL_REG_KEYS;
   u32 keys[SEL_REG_KEYS];
@@ -422,12 +446,6 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     return false;
   }
   const u32 valid = r.len > first ? (r.len - first < SEL_REG_KEYS ? r.len - first : SEL_REG_KEYS) : 0u;
-  // While the loads are in flight: the histograms zeroed.
-  constexpr u32 hist_quads = sizeof(sm.hist) / 16;
-#pragma unroll
-  for (u32 i = 0; i < (hist_quads + SEL_REG_BLOCK - 1) / SEL_REG_BLOCK; ++i)
-    if (i * SEL_REG_BLOCK + mono_thread() < hist_quads)
-      *(mono_u32x4*)(sm.hist + 4 * (i * SEL_REG_BLOCK + mono_thread())) = mono_u32x4{0, 0, 0, 0};
   // Scores to keys, flagging NaN. Past the row's end a key is 0, below every valid key, so it is
   // never counted in T's bins (a row here has more than k keys) nor placed; only a thread's quads
   // at or past the end need that, so whole quads take the short way.
@@ -517,7 +535,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   sel_mark(sm, SEL_PH_SCANNED);
   sel_reg_place(sm, first, ma, ab_before & 0xffffu);
   sel_reg_place(sm, first, mb, above_p + (ab_before >> 16));
-  sel_reg_place(sm, first, mc, above_t + c_before);
+  sel_reg_place_ties(sm, first, mc, above_t + c_before);
   mono_sync_block();
   sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);
