@@ -302,3 +302,69 @@ fn dynamic_shared_memory_beside_static_shared_memory() {
         );
     }
 }
+
+/// Each launch of a chain lets the next one in at its start, adds one to every word after
+/// `mono_wait_prior()` (or without waiting), and lingers between its load and its store, so a
+/// launch that loaded before the one before it had stored loses that one's add.
+const CHAIN_SOURCE: &str = r#"
+#include "prelude.h"
+MONO_DEV void chain_step(u32* words, u64 linger_ns, bool wait) {
+  mono_release_next();
+  if (wait) mono_wait_prior();
+  const u32 i = mono_block() * mono_block_dim() + mono_thread();
+  const u32 v = words[i];
+  const u64 until = mono_timer_ns() + linger_ns;
+  while (mono_timer_ns() < until) {
+  }
+  words[i] = v + 1;
+}
+MONO_KERNEL void chain_waits(u32* words, u64 linger_ns) { chain_step(words, linger_ns, true); }
+MONO_KERNEL void chain_races(u32* words, u64 linger_ns) { chain_step(words, linger_ns, false); }
+"#;
+
+#[test]
+#[ignore = "needs a GPU"]
+fn overlapping_launches_wait_for_the_one_before() {
+    const LAUNCHES: u32 = 40;
+    let dev = open();
+    let module = dev
+        .build(&device::KernelSource::new("chain.hip", CHAIN_SOURCE))
+        .unwrap();
+    let (grid, block) = (8, 64);
+    let launch = Launch::new(grid, block).overlap_prior();
+    let run = |name: &str, graph: bool| -> Vec<u32> {
+        let kernel = module.kernel(name).unwrap();
+        let words = dev.alloc_zeroed::<u32>((grid * block) as usize).unwrap();
+        let args = Args::new().buf(&words).u64(5_000);
+        let stream = dev.new_stream().unwrap();
+        if graph {
+            stream.begin_capture().unwrap();
+        }
+        for _ in 0..LAUNCHES {
+            stream.launch(&kernel, launch, &args).unwrap();
+        }
+        if graph {
+            stream.end_capture().unwrap().launch(&stream).unwrap();
+        }
+        stream.sync().unwrap();
+        words.download().unwrap()
+    };
+    for graph in [false, true] {
+        let words = run("chain_waits", graph);
+        assert!(
+            words.iter().all(|&w| w == LAUNCHES),
+            "graph {graph}: every launch must count, got {:?}",
+            &words[..8]
+        );
+    }
+    // The negative control: without the wait the launches overlap and lose adds, where the
+    // backend overlaps them at all (CUDA on sm_90 and later).
+    let sm = dev.info().arch.trim_start_matches("sm_").trim_end_matches(char::is_alphabetic);
+    if dev.info().backend == "CUDA" && sm.parse::<u32>().is_ok_and(|sm| sm >= 90) {
+        let words = run("chain_races", false);
+        assert!(
+            words.iter().any(|&w| w < LAUNCHES),
+            "launches that do not wait must have overlapped and lost adds"
+        );
+    }
+}
