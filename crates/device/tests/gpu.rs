@@ -359,7 +359,11 @@ fn overlapping_launches_wait_for_the_one_before() {
     }
     // The negative control: without the wait the launches overlap and lose adds, where the
     // backend overlaps them at all (CUDA on sm_90 and later).
-    let sm = dev.info().arch.trim_start_matches("sm_").trim_end_matches(char::is_alphabetic);
+    let sm = dev
+        .info()
+        .arch
+        .trim_start_matches("sm_")
+        .trim_end_matches(char::is_alphabetic);
     if dev.info().backend == "CUDA" && sm.parse::<u32>().is_ok_and(|sm| sm >= 90) {
         let words = run("chain_races", false);
         assert!(

@@ -6,14 +6,16 @@
 //! CTAs of 1024 and 512 threads; then the launch floor (rows of k keys); then the phases of
 //! one select as stamped by a `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows).
 //! The one-CTA and registers kernels are timed twice, "on/off": launches overlapping the one
-//! before them (`Selector::set_overlapping`, the default), then plain launches.
+//! before them (`Selector::set_overlapping`, their default), then plain launches; set
+//! `SELECT_BENCH_OVERLAP=all` to time the multi-slice kernel both ways too.
 //! Prints "skipped" without a GPU. torch.topk on the same shapes:
 //! `python3 tools/bench/select_torch.py`.
 //!
 //! `cargo bench -p select --bench gpu`. To time fewer cases, set comma lists:
 //! `SELECT_BENCH_PARTS` (multi-slice, one-cta, registers, short-rows, trace),
 //! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8),
-//! `SELECT_BENCH_ROUNDS` (first, fast); an unset variable takes every case.
+//! `SELECT_BENCH_ROUNDS` (first, fast); an unset variable takes every case. `SELECT_BENCH_OVERLAP`
+//! is described above.
 
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
@@ -40,6 +42,8 @@ struct Picked {
     keys: BenchFilter,
     rows: BenchFilter,
     rounds: BenchFilter,
+    /// `SELECT_BENCH_OVERLAP=all`: the multi-slice kernel timed overlapped too.
+    overlap_all: bool,
 }
 
 impl Picked {
@@ -57,6 +61,7 @@ impl Picked {
                 "SELECT_BENCH_ROUNDS",
                 &["first", "fast"].map(String::from),
             )?,
+            overlap_all: std::env::var("SELECT_BENCH_OVERLAP").is_ok_and(|v| v == "all"),
         })
     }
 
@@ -200,7 +205,10 @@ fn main() -> Result<(), String> {
                 ..Shape::for_rows_within(method, TopK::GLM5, len, shared).expect("shape")
             };
             match Selector::build(&dev, method, shape, Variant::default()) {
-                Ok(s) => built.push(s),
+                Ok(mut s) => {
+                    s.set_overlapping(s.overlapping() || picked.overlap_all);
+                    built.push(s)
+                }
                 Err(e) => println!(
                     "{} {len} fast={fast_rounds}: build failed: {e}",
                     method.name()
@@ -274,6 +282,7 @@ fn main() -> Result<(), String> {
         let shape = Shape::for_rows(method, TopK::GLM5, 8192).expect("shape");
         match Selector::build(&dev, method, shape, Variant::default()) {
             Ok(mut sel) => {
+                sel.set_overlapping(sel.overlapping() || picked.overlap_all);
                 for rows in ROWS
                     .into_iter()
                     .filter(|r| picked.rows.allows(&r.to_string()))

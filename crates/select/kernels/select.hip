@@ -3,9 +3,9 @@
 // int32 positions, or cache slots when a page table [rows, pages_stride] is given; flags is
 // [rows, SEL_FLAGS] error words, zeroed by the host; trace: 2 * SEL_TRACE_MARKS words, written
 // only by SEL_TRACE builds. Launch with SEL_BLOCK threads and SEL_LDS_WORDS * 4 bytes of dynamic
-// shared memory (select_in_registers: SEL_REG_BLOCK threads, no dynamic shared memory). The one-CTA
-// and registers entries may be launched to overlap the kernel before them (Launch::overlap_prior):
-// they let the next launch's CTAs in at once, and wait for the last one before any global access.
+// shared memory (select_in_registers: SEL_REG_BLOCK threads, no dynamic shared memory). Every
+// entry may be launched to overlap the kernel before it (Launch::overlap_prior): it lets the next
+// launch's CTAs in at once, and waits for the last one before any global access.
 #include "prelude.h"
 #include "mailbox.h"
 #include "select.h"
@@ -62,6 +62,8 @@ MONO_KERNEL void __launch_bounds__(SEL_BLOCK, 2)
                        u32 launch_index, u32 hist_offset, u32 cand_offset, u32 cand_stride, u32* diag,
                        u64* trace) {
   __shared__ sel_smem sm;
+  mono_release_next();
+  mono_wait_prior();
   const u32 task = mono_block();
   const u32 row = runs ? task / SEL_MAX_SLICES : task % rows;
   const u32 me = runs ? task % SEL_MAX_SLICES : task / rows;

@@ -291,11 +291,12 @@ impl Selector {
     }
 
     /// Whether launches may start while the kernel before them on the stream still runs (they
-    /// wait for it before touching memory: CUDA's programmatic dependent launch). On by default
-    /// for the one-CTA and registers methods; the multi-slice kernel's cooperative launches never
-    /// overlap. Off, every launch waits at the stream as usual (the benchmark's baseline).
+    /// wait for it before touching memory: CUDA's programmatic dependent launch; the multi-slice
+    /// kernel's launches stay cooperative). On by default for the one-CTA and registers methods;
+    /// off for the multi-slice one, whose long rows measured slower overlapped (PERF.md run 18).
+    /// Off, every launch waits at the stream as usual.
     pub fn set_overlapping(&mut self, on: bool) {
-        self.overlap_prior = on && self.method != Method::MultiSlice;
+        self.overlap_prior = on;
     }
 
     pub fn overlapping(&self) -> bool {
