@@ -129,6 +129,31 @@ MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) {
 #endif
 }
 MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
+// v plus lane l - d's v, where there is such a lane (the steps of a prefix scan); and v plus lane
+// l + d's (a suffix scan). On NVIDIA the shuffle's own in-range predicate guards the add: two
+// instructions a step, where a computed source lane and a select took five.
+MONO_DEV u32 mono_shfl_up_add(u32 v, u32 d) {
+#if MONO_AMD
+  const u32 lane = mono_lane(), o = mono_shfl(v, lane >= d ? lane - d : lane);
+  return lane >= d ? v + o : v;
+#else
+  u32 r;
+  asm volatile("{ .reg .pred p; .reg .u32 t; mov.u32 %0, %1; shfl.sync.up.b32 t|p, %1, %2, 0, 0xffffffff; @p add.u32 %0, %0, t; }"
+               : "=r"(r) : "r"(v), "r"(d));
+  return r;
+#endif
+}
+MONO_DEV u32 mono_shfl_down_add(u32 v, u32 d) {
+#if MONO_AMD
+  const u32 lane = mono_lane(), o = mono_shfl(v, lane + d < MONO_WAVE ? lane + d : lane);
+  return lane + d < MONO_WAVE ? v + o : v;
+#else
+  u32 r;
+  asm volatile("{ .reg .pred p; .reg .u32 t; mov.u32 %0, %1; shfl.sync.down.b32 t|p, %1, %2, 0x1f, 0xffffffff; @p add.u32 %0, %0, t; }"
+               : "=r"(r) : "r"(v), "r"(d));
+  return r;
+#endif
+}
 // Bit i is lane i's predicate; on NVIDIA the upper 32 bits are zero.
 MONO_DEV u64 mono_ballot(bool pred) {
 #if MONO_AMD

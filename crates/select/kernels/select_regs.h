@@ -102,12 +102,8 @@ struct sel_reg_smem {
 
 // Inclusive, from the last lane down: lane l gets the sum over lanes l.. of its wave.
 MONO_DEV u32 sel_wave_suffix(u32 v) {
-  const u32 lane = mono_lane();
 #pragma unroll
-  for (u32 d = 1; d < MONO_WAVE; d <<= 1) {
-    const u32 o = mono_shfl(v, lane + d < MONO_WAVE ? lane + d : lane);
-    if (lane + d < MONO_WAVE) v += o;
-  }
+  for (u32 d = 1; d < MONO_WAVE; d <<= 1) v = mono_shfl_down_add(v, d);
   return v;
 }
 

@@ -224,12 +224,8 @@ MONO_DEV void sel_trace_begin(Smem& sm, u64* trace, bool traced) {
 
 // ---- block scan ----------------------------------------------------------------------------------
 MONO_DEV u32 sel_wave_scan(u32 v) {  // inclusive, lane 0 first
-  const u32 lane = mono_lane();
 #pragma unroll
-  for (u32 d = 1; d < MONO_WAVE; d <<= 1) {
-    const u32 o = mono_shfl(v, lane >= d ? lane - d : lane);
-    if (lane >= d) v += o;
-  }
+  for (u32 d = 1; d < MONO_WAVE; d <<= 1) v = mono_shfl_up_add(v, d);
   return v;
 }
 

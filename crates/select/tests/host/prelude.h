@@ -73,6 +73,14 @@ MONO_DEV u32 mono_shfl(u32 v, u32 src_lane) {
   return r;
 }
 MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) { return mono_shfl(v, mono_lane() ^ mask); }
+MONO_DEV u32 mono_shfl_up_add(u32 v, u32 d) {
+  const u32 lane = mono_lane(), o = mono_shfl(v, lane >= d ? lane - d : lane);
+  return lane >= d ? v + o : v;
+}
+MONO_DEV u32 mono_shfl_down_add(u32 v, u32 d) {
+  const u32 lane = mono_lane(), o = mono_shfl(v, lane + d < MONO_WAVE ? lane + d : lane);
+  return lane + d < MONO_WAVE ? v + o : v;
+}
 MONO_DEV u64 mono_ballot(bool pred) {
   const u32 w = mono_wave();
   emu_exchange[w][mono_lane()] = pred;
