@@ -129,6 +129,19 @@ MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) {
 #endif
 }
 MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
+// The sum of v over the wave, in every lane: one `redux.sync` on NVIDIA (sm_80 and later), where
+// a butterfly of shuffles took ten instructions and five shuffle latencies.
+MONO_DEV u32 mono_wave_sum_u32(u32 v) {
+#if MONO_AMD
+#pragma unroll
+  for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) v += mono_shfl_xor(v, m);
+  return v;
+#else
+  u32 r;
+  asm volatile("redux.sync.add.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+  return r;
+#endif
+}
 // v plus lane l - d's v, where there is such a lane (the steps of a prefix scan); and v plus lane
 // l + d's (a suffix scan). On NVIDIA the shuffle's own in-range predicate guards the add: two
 // instructions a step, where a computed source lane and a select took five.

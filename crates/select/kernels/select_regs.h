@@ -163,7 +163,7 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 rank, sel_re
   mono_sync_block();
   u32 above = 0;
   if (counted)
-    above = sel_wave_sum(lane > wave && lane < SEL_REG_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
+    above = mono_wave_sum_u32(lane > wave && lane < SEL_REG_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
   if (counted && above < rank && rank <= above + mine) sm.digit = sel_reg_walk(h, t * SEL_REG_PER, above, rank);
   mono_sync_block();
   *d = sm.digit;
@@ -267,7 +267,7 @@ MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
   const u32 incl = sel_wave_scan(v), lane = mono_lane(), wave = mono_wave();
   if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = incl;
   mono_sync_block();
-  return sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - v;
+  return mono_wave_sum_u32(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - v;
 }
 
 // T among the n (at most SEL_REG_RANK_ROOM) keys at `ranked`, in any order and padded with zeros
@@ -404,7 +404,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     const u32 tie = next_tie + (k_before >> 16);
     if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
     if (c + SEL_REG_BLOCK < n) {
-      const u32 total = sel_wave_sum(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
+      const u32 total = mono_wave_sum_u32(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
       next_above += total & 0xffffu, next_tie += total >> 16;
     }
   }
@@ -526,8 +526,8 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   const u32 iab = sel_wave_scan(ab), ic = ties > 1 ? sel_wave_scan(c) : c;
   if (lane == MONO_WAVE - 1) sm.wave_total[0][wave] = iab, sm.wave_total[1][wave] = ic;
   mono_sync_block();
-  const u32 ab_before = sel_wave_sum(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
-  const u32 c_before = ties > 1 ? sel_wave_sum(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c : 0u;
+  const u32 ab_before = mono_wave_sum_u32(lane < wave ? sm.wave_total[0][lane] : 0u) + iab - ab;
+  const u32 c_before = ties > 1 ? mono_wave_sum_u32(lane < wave ? sm.wave_total[1][lane] : 0u) + ic - c : 0u;
   sel_mark(sm, SEL_PH_SCANNED);
   sel_reg_place(sm, first, ma, ab_before & 0xffffu);
   sel_reg_place(sm, first, mb, above_p + (ab_before >> 16));

@@ -227,12 +227,6 @@ MONO_DEV void sel_row_sums(sel_smem& sm, const u32* hist, u32 stride, const sel_
   if (x.c && part == 0 && row % 2 == 0) sel_put_relaxed(*x.c, sel_my_box(x, round, row / 2), s | (next_row << 16));
 }
 
-MONO_DEV u32 sel_wave_sum(u32 v) {
-#pragma unroll
-  for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) v += mono_shfl_xor(v, m);
-  return v;
-}
-
 // Like mbx_wait_all (box i by thread i % SEL_BLOCK), but a thread issues up to SEL_POLL_BATCH
 // loads before it looks at the first, and polls again all the boxes of its batch not yet ready
 // together: one L2 round trip per sweep, not one per box (bounded in debug builds, as mbx_poll).

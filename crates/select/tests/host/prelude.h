@@ -73,6 +73,10 @@ MONO_DEV u32 mono_shfl(u32 v, u32 src_lane) {
   return r;
 }
 MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) { return mono_shfl(v, mono_lane() ^ mask); }
+MONO_DEV u32 mono_wave_sum_u32(u32 v) {
+  for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) v += mono_shfl_xor(v, m);
+  return v;
+}
 MONO_DEV u32 mono_shfl_up_add(u32 v, u32 d) {
   const u32 lane = mono_lane(), o = mono_shfl(v, lane >= d ? lane - d : lane);
   return lane >= d ? v + o : v;
