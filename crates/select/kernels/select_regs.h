@@ -270,6 +270,16 @@ MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
   return mono_wave_sum_u32(lane < wave ? sm.wave_total[0][lane] : 0u) + incl - v;
 }
 
+// As sel_reg_scan of a | b << 16 for two flags, a thread's wave counted by ballots rather than a
+// scan of shuffles (a few instructions and no chain of shuffle latencies).
+MONO_DEV u32 sel_reg_scan_kinds(sel_reg_smem& sm, bool a, bool b) {
+  const u64 in_a = mono_ballot(a), in_b = mono_ballot(b), below = (1ull << mono_lane()) - 1u;
+  const u32 lane = mono_lane(), wave = mono_wave();
+  if (lane == 0) sm.wave_total[0][wave] = mono_popc64(in_a) | mono_popc64(in_b) << 16;
+  mono_sync_block();
+  return mono_wave_sum_u32(lane < wave ? sm.wave_total[0][lane] : 0u) + (mono_popc64(in_a & below) | mono_popc64(in_b & below) << 16);
+}
+
 // T among the n (at most SEL_REG_RANK_ROOM) keys at `ranked`, in any order and padded with zeros
 // to SEL_REG_RANK_SPAN: the key with fewer than `rank` of them above it and at least `rank` at or
 // above it. SEL_REG_RANK_PARTS neighbouring lanes split a key's compares (four keys a load, so a
@@ -399,7 +409,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
     if (c > 0) mono_sync_block();  // every thread has read the last round's totals
     const u32 i = c + t, key = i < n ? staged[i] : 0u;
     const u32 kind = i < n && key > bits ? 1u : (i < n && key == bits ? 1u << 16 : 0u);
-    const u32 k_before = sel_reg_scan(sm, kind);
+    const u32 k_before = sel_reg_scan_kinds(sm, kind == 1u, kind == 1u << 16);
     if (kind == 1u) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
     const u32 tie = next_tie + (k_before >> 16);
     if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
