@@ -81,9 +81,9 @@ struct sel_reg_digit {
 };
 
 struct sel_reg_smem {
-  // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together). Once a
-  // digit is chosen its words are free: the first's take the staged keys and positions, the
-  // second's the ranked keys.
+  // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together). Once the
+  // first is chosen its words take the staged keys and positions; on that way the second's words
+  // hold the 8-bit bins' buckets, then the gathered keys to rank or, cleared, the last 12 bits.
   alignas(16) u32 hist[2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS];
   u32 wave_sum[SEL_REG_WAVES];
   sel_reg_digit digit;  // the digit being chosen

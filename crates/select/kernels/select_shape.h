@@ -106,7 +106,7 @@
 #define SEL_PH_GATHERED 9 // a fast round's boxes from every slice of the row received
 #define SEL_PH_SUMMED 10  // a fast round's counts summed over the slices (wave 0)
 #define SEL_PH_DECIDED 11 // a fast round's digit chosen (wave 0, before the block hears of it)
-#define SEL_PH_RANKED 12  // T found by the ranks of the keys sharing its 24-bit prefix (registers kernel)
+#define SEL_PH_RANKED 12  // T found by the ranks of the keys sharing its 20-bit prefix (registers kernel)
 
 // Per-row error words (flags[row * SEL_FLAGS + i], zeroed by the host).
 #define SEL_FLAGS 4

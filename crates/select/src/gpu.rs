@@ -113,9 +113,9 @@ pub enum Method {
 
 impl Method {
     /// The fastest kernel measured on the H200 for rows of at most `max_len` keys
-    /// (BENCHMARKS.md, commit `96fa320`): the registers kernel while it holds the rows (7.3 us at
-    /// 8K x 4, where the others take 9.9 and 13.7), the multi-slice kernel past that (13.9 us at
-    /// 32K x 4, where the one CTA takes 20.5).
+    /// (BENCHMARKS.md, commit `fb39b3c`): the registers kernel while it holds the rows (4.40 us
+    /// at 8K x 4, where the multi-slice kernel takes 11.59 and the one CTA 9.50), the multi-slice
+    /// kernel past that (11.37 us at 32K x 4, where the one CTA takes 20.39).
     pub fn fastest_for(max_len: u32) -> Method {
         if max_len <= crate::layout::REG_MAX_ROW {
             Method::Registers
