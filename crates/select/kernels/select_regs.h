@@ -170,21 +170,30 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 rank, sel_re
   return d->bin != SEL_NONE;
 }
 
-// The bin of the last digit's SEL_REG_LAST_BINS (counts done, a barrier since) holding the
-// rank-th key from the top, as sel_reg_choose, but chosen by wave 0 alone: its lanes hold every bin
-// (SEL_REG_LAST_PER each), so one suffix scan finds it and one block barrier tells the others.
-// Block-wide; false when the counts lost the rank.
+// The bin of an 8-bit digit's SEL_REG_LAST_BINS (counts done, a barrier since) holding the rank-th
+// key from the top, as wave 0 sees it: its lanes hold every bin (SEL_REG_LAST_PER each), so one
+// suffix scan finds it, and every lane gets it (bin SEL_NONE when the counts lost the rank).
 #define SEL_REG_LAST_PER (SEL_REG_LAST_BINS / MONO_WAVE)
+MONO_DEV sel_reg_digit sel_reg_wave_choose(const u32* hist, u32 rank) {
+  const u32 lane = mono_lane();
+  u32 h[SEL_REG_LAST_PER];
+  const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h, 0u);
+  const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
+  const bool holds = above < rank && rank <= suffix;
+  sel_reg_digit d{SEL_NONE, 0, 0};
+  if (holds) d = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
+  const u64 who = mono_ballot(holds);
+  if (who == 0) return d;
+  const u32 holder = mono_popc64(who ^ (who - 1)) - 1;  // the lowest set bit's lane
+  return sel_reg_digit{mono_shfl(d.bin, holder), mono_shfl(d.above, holder), mono_shfl(d.count, holder)};
+}
+
+// The last digit's bin, as sel_reg_choose, but chosen by wave 0 alone (sel_reg_wave_choose), so
+// one block barrier tells the others. Block-wide; false when the counts lost the rank.
 MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, sel_reg_digit* d) {
   if (mono_wave() == 0) {
-    const u32 lane = mono_lane();
-    u32 h[SEL_REG_LAST_PER];
-    const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h, 0u);
-    const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
-    const bool holds = above < rank && rank <= suffix;
-    if (holds) sm.digit = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
-    const bool found = mono_ballot(holds) != 0;
-    if (lane == 0 && !found) sm.digit.bin = SEL_NONE;
+    const sel_reg_digit w = sel_reg_wave_choose(hist, rank);
+    if (mono_lane() == 0) sm.digit = w;
   }
   mono_sync_block();
   *d = sm.digit;
@@ -198,21 +207,9 @@ MONO_DEV bool sel_reg_choose_last(sel_reg_smem& sm, const u32* hist, u32 rank, s
 // barrier tells the block.
 MONO_DEV void sel_reg_choose_bucket(sel_reg_smem& sm, const u32* hist, const u32* buckets, u32 rank) {
   const u32 lane = mono_lane();
-  u32 h[SEL_REG_LAST_PER];
-  const u32 mine = sel_reg_bins(hist + lane * SEL_REG_LAST_PER, h, 0u);
-  const u32 suffix = sel_wave_suffix(mine), above = suffix - mine;
-  const bool holds = above < rank && rank <= suffix;
-  sel_reg_digit d{SEL_NONE, 0, 0};
-  if (holds) d = sel_reg_walk(h, lane * SEL_REG_LAST_PER, above, rank);
-  const u64 who = mono_ballot(holds);
-  if (who == 0) {
-    if (lane == 0) sm.digit.bin = SEL_NONE;
-    return;
-  }
-  const u32 holder = mono_popc64(who ^ (who - 1)) - 1;  // the lowest set bit's lane
-  d = sel_reg_digit{mono_shfl(d.bin, holder), mono_shfl(d.above, holder), mono_shfl(d.count, holder)};
+  const sel_reg_digit d = sel_reg_wave_choose(hist, rank);
   if (lane == 0) sm.digit = d;
-  if (d.count > SEL_REG_BUCKET) return;
+  if (d.bin == SEL_NONE || d.count > SEL_REG_BUCKET) return;
   const u32 x = lane < d.count ? buckets[d.bin * SEL_REG_BUCKET + lane] : 0u, in_bin = rank - d.above;
   u32 over = 0, at_or_over = 0;
   for (u32 j = 0; j < d.count; ++j) {
@@ -273,8 +270,8 @@ MONO_DEV u32 sel_reg_scan(sel_reg_smem& sm, u32 v) {
 // As sel_reg_scan of a | b << 16 for two flags, a thread's wave counted by ballots rather than a
 // scan of shuffles (a few instructions and no chain of shuffle latencies).
 MONO_DEV u32 sel_reg_scan_kinds(sel_reg_smem& sm, bool a, bool b) {
-  const u64 in_a = mono_ballot(a), in_b = mono_ballot(b), below = (1ull << mono_lane()) - 1u;
   const u32 lane = mono_lane(), wave = mono_wave();
+  const u64 in_a = mono_ballot(a), in_b = mono_ballot(b), below = (1ull << lane) - 1u;
   if (lane == 0) sm.wave_total[0][wave] = mono_popc64(in_a) | mono_popc64(in_b) << 16;
   mono_sync_block();
   return mono_wave_sum_u32(lane < wave ? sm.wave_total[0][lane] : 0u) + (mono_popc64(in_a & below) | mono_popc64(in_b & below) << 16);
@@ -408,11 +405,11 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   for (u32 c = 0; c < n; c += SEL_REG_BLOCK) {
     if (c > 0) mono_sync_block();  // every thread has read the last round's totals
     const u32 i = c + t, key = i < n ? staged[i] : 0u;
-    const u32 kind = i < n && key > bits ? 1u : (i < n && key == bits ? 1u << 16 : 0u);
-    const u32 k_before = sel_reg_scan_kinds(sm, kind == 1u, kind == 1u << 16);
-    if (kind == 1u) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
+    const bool above = i < n && key > bits, tied = i < n && key == bits;
+    const u32 k_before = sel_reg_scan_kinds(sm, above, tied);
+    if (above) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
     const u32 tie = next_tie + (k_before >> 16);
-    if (kind == 1u << 16 && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
+    if (tied && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
     if (c + SEL_REG_BLOCK < n) {
       const u32 total = mono_wave_sum_u32(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
       next_above += total & 0xffffu, next_tie += total >> 16;
