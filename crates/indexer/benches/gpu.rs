@@ -4,7 +4,9 @@
 //! requests must read, once, over the copy bandwidth measured in the same run. Every case runs
 //! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS), fp8 (FP8 queries
 //! against the keys as cached, on mma.sync) and wgmma (the same numbers on wgmma, keys copied
-//! into an LDS ring by the copy engine). Beside the floor, "copy us" is the copy kernel moving the same
+//! into an LDS ring by the copy engine); wgmma-pdl is wgmma with each scoring launch overlapping the
+//! kernel before it (programmatic dependent launch), which only the graph figure can show: a single
+//! launch follows a memset. Beside the floor, "copy us" is the copy kernel moving the same
 //! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
 //! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
 //! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
@@ -36,7 +38,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-const METHODS: [&str; 3] = ["f16", "fp8", "wgmma"];
+const METHODS: [&str; 4] = ["f16", "fp8", "wgmma", "wgmma-pdl"];
 
 fn main() -> Result<(), Error> {
     let names = |values: &[u32]| values.iter().map(u32::to_string).collect::<Vec<_>>();
@@ -80,10 +82,13 @@ fn main() -> Result<(), Error> {
         ring,
         ..fp8
     };
+    let mut overlapped = Stage::new(Device::open(0)?, wgmma)?;
+    overlapped.kernels.set_overlapping(true);
     let stages = [
         (METHODS[0], Stage::new(dev, config)?),
         (METHODS[1], Stage::new(Device::open(0)?, fp8)?),
         (METHODS[2], Stage::new(Device::open(0)?, wgmma)?),
+        (METHODS[3], overlapped),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
@@ -226,7 +231,7 @@ fn main() -> Result<(), Error> {
 
     println!("\nindexer scoring, GLM-5 (32 heads x 128), median of {TIMED} launches, L2 flushed before each");
     println!(
-        "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10} {:>10} {:>8} {:>9} {:>8} {:>9} {:>13}",
+        "{:>7} {:>4} {:>9} {:>9} {:>5} {:>10} {:>10} {:>8} {:>9} {:>8} {:>9} {:>13}",
         "keys",
         "rows",
         "requests",
@@ -246,7 +251,7 @@ fn main() -> Result<(), Error> {
             .find(|l| l.0 == keys && l.1 == 1 && l.3 == method)
             .map_or(f64::NAN, |l| l.5);
         println!(
-            "{:>7} {:>4} {:>9} {:>6} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>13.2}",
+            "{:>7} {:>4} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>13.2}",
             keys,
             rows,
             if chain { "1 (chain)" } else { "separate" },

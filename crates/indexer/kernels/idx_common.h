@@ -55,6 +55,17 @@
 #ifndef IDX_PATCH_GROUP_ONLY
 #define IDX_PATCH_GROUP_ONLY 0
 #endif
+// Test only: 1 lets an overlapped scoring launch write scores without waiting for the kernel
+// before it (the negative control of the overlap check).
+#ifndef IDX_SKIP_PRIOR_WAIT
+#define IDX_SKIP_PRIOR_WAIT 0
+#endif
+// Waits for the kernel before an overlapped launch (indexer_score under Launch::overlap_prior).
+MONO_DEV void idx_wait_prior() {
+#if !IDX_SKIP_PRIOR_WAIT
+  mono_wait_prior();
+#endif
+}
 
 #define IDX_PAGE_TOKENS 64
 #define IDX_PAGE_KEY_BYTES (IDX_PAGE_TOKENS * IDX_HEAD_DIM)

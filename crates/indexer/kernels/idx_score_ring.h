@@ -192,6 +192,8 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, const mbx_ctx& c, u32 run_i
   if (!idx_ring_queries(a, c, boxes, ring)) return;
   idx_lds_written();  // the B tile, for the tensor units: both warpgroups' writes, before either reads
   mono_sync_block();
+  // An overlapped launch (indexer_score) writes scores the kernel before it may still read.
+  idx_wait_prior();
   // Not a switch: its jump table is a constant-bank load, a cache miss at the start of every CTA
   // (seen on the H200 as 13% of the stalls of a 1-row launch).
   if (grp.n_rows == 1)

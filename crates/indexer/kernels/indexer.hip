@@ -15,7 +15,8 @@ extern __shared__ __attribute__((aligned(16))) u8 idx_lds[];
 #define IDX_SCORE(a, c, run) idx_score_ring_task(a, c, run, idx_lds)
 #else
 #define IDX_SCORE_SMEM __shared__ idx_score_smem sm
-#define IDX_SCORE(a, c, run) idx_score_task(a, c, run, sm)
+// The mma.sync scorers wait for an overlapped launch's prior kernel before anything.
+#define IDX_SCORE(a, c, run) (idx_wait_prior(), idx_score_task(a, c, run, sm))
 #endif
 
 // One launch of the stage: block b < rows writes row b's key, the next `rows` blocks the rows'
@@ -34,8 +35,12 @@ MONO_KERNEL void __launch_bounds__(IDX_BLOCK, 2) indexer_launch(idx_args a) {
 
 // Scoring alone (one run a block), for benchmarks: the queries and new keys must already be in
 // the scratch under this launch's tag, from an indexer_launch with the same epoch and launch index.
+// It may overlap the kernel before it (Launch::overlap_prior): it reads its task, the cached pages
+// and the tagged pairs before waiting for that kernel, and waits before it writes a score (the
+// scores may still be read by that kernel, as select reads them).
 MONO_KERNEL void __launch_bounds__(IDX_BLOCK, 2) indexer_score(idx_args a) {
   IDX_SCORE_SMEM;
+  mono_release_next();
   const mbx_ctx c = mbx_begin(a.scratch, mbx_launch_tag(a.epoch, a.launches_per_step, a.launch_index), a.diag);
   if (mono_block() < a.n_runs) IDX_SCORE(a, c, mono_block());
 }

@@ -55,6 +55,9 @@ pub struct KernelConfig {
     pub ring: u32,
     /// Test only: scorers patch only their own group's new keys (the poison check's negative control).
     pub patch_group_only: bool,
+    /// Test only: an overlapped scoring launch writes scores without waiting for the kernel before
+    /// it (the overlap check's negative control).
+    pub skip_prior_wait: bool,
     pub mailbox: Variant,
 }
 
@@ -79,6 +82,7 @@ impl KernelConfig {
             wgmma: false,
             ring: RING,
             patch_group_only: false,
+            skip_prior_wait: false,
             mailbox: Variant::default(),
         })
     }
@@ -156,6 +160,7 @@ impl KernelConfig {
             .define("IDX_TASK_PAGES", TASK_PAGES)
             .define("IDX_SCORE_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
+            .define("IDX_SKIP_PRIOR_WAIT", u32::from(self.skip_prior_wait))
     }
 }
 
@@ -400,6 +405,7 @@ pub struct IndexerKernels {
     _module: Module,
     dims: IndexerDims,
     lds_bytes: u32,
+    overlap_prior: bool,
 }
 
 impl IndexerKernels {
@@ -412,7 +418,22 @@ impl IndexerKernels {
             _module: module,
             dims: config.dims,
             lds_bytes: config.score_lds_bytes(),
+            overlap_prior: false,
         })
+    }
+
+    /// Whether [`IndexerKernels::score`] launches may start while the kernel before them on the
+    /// stream still runs (CUDA's programmatic dependent launch; HIP launches as usual). Such a
+    /// launch reads its tasks, page lists and cached pages, and waits on the tagged pairs, before
+    /// that kernel has finished, and waits for it only before writing scores: so the kernel right
+    /// before must not write the plan or the pages this launch reads, other than this launch's
+    /// own new keys (the pairs replace those). Off by default.
+    pub fn set_overlapping(&mut self, on: bool) {
+        self.overlap_prior = on;
+    }
+
+    pub fn overlapping(&self) -> bool {
+        self.overlap_prior
     }
 
     /// The most runs a whole-stage launch of `rows` rows may plan: its grid (keys, queries,
@@ -446,12 +467,12 @@ impl IndexerKernels {
     /// earlier [`IndexerKernels::launch`] with the same tag).
     pub fn score(&self, stream: &Stream, buffers: &StageBuffers) -> Result<()> {
         let args = buffers.args(&self.dims)?;
+        let mut launch = Launch::new(args.n_runs, BLOCK).shared(self.lds_bytes);
+        if self.overlap_prior {
+            launch = launch.overlap_prior();
+        }
         stream
-            .launch(
-                &self.score,
-                Launch::new(args.n_runs, BLOCK).shared(self.lds_bytes),
-                &Args::new().value(&args),
-            )
+            .launch(&self.score, launch, &Args::new().value(&args))
             .map_err(IndexerError::from)
     }
 }

@@ -47,6 +47,7 @@ fn configs(fp8: bool) -> Vec<KernelConfig> {
                 rope: RopeStyle::HalfSplit,
                 hadamard: false,
                 patch_group_only: true,
+                skip_prior_wait: true,
                 ..base
             });
         }

@@ -1,20 +1,22 @@
 //! The indexer on a GPU against the CPU reference: issue 5's check matrix (caches x row sets x
-//! positions), the poison check and its negative control, the checkers' own negative controls, and
-//! the tiny preset and the variant switches; each for both scoring methods (bf16 queries on f16
+//! positions), the poison check and its negative control, the checkers' own negative controls,
+//! overlapped scoring launches and their negative control, and the tiny preset and the variant
+//! switches; each for both scoring methods (bf16 queries on f16
 //! matrix ops, and FP8 queries on FP8 ones).
 //!
 //! `cargo test -p indexer --release --test gpu -- --ignored --nocapture --test-threads 1`
 
 mod support;
 
-use device::{Buffer, Device};
+use device::{Args, Buffer, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
 use mailbox::gpu::{DebugBound, Variant};
 use model::numerics::RopeStyle;
 use model::ModelConfig;
 use support::{
-    check_rows, check_scores, check_stored, CacheKind, Inputs, Launched, Request, Scene, Stage,
+    check_rows, check_scores, check_stored, CacheKind, Inputs, LaunchBuffers, Launched, Request,
+    Scene, Stage,
 };
 
 const POSITIONS: [u32; 4] = [8447, 131_071, 262_143, 524_287];
@@ -353,5 +355,118 @@ fn tiny_preset_and_variant_switches() {
                 println!("{name} at {p}, {set_name}: error {:.2e}", stats.worst);
             }
         }
+    }
+}
+
+/// Between two overlapped scoring launches: lets the next launch in at its start, waits for the
+/// one before, then copies the scores a block of words at a time, lingering between its loads and
+/// its stores, so that a next launch that does not wait writes into what it copies.
+const READER_SOURCE: &str = r#"
+#include "prelude.h"
+MONO_KERNEL void read_slowly(const u32* from, u32* to, u32 words, u64 linger_ns) {
+  mono_release_next();
+  mono_wait_prior();
+  for (u32 i = mono_thread(); i < words; i += mono_block_dim()) {
+    const u32 v = from[i];
+    const u64 until = mono_timer_ns() + linger_ns;
+    while (mono_timer_ns() < until) {
+    }
+    to[i] = v;
+  }
+}
+"#;
+
+/// Scoring launches that overlap the kernel before them (`IndexerKernels::set_overlapping`, as
+/// the bench's wgmma-pdl times them): score cache A, a slow reader copies the scores, score cache
+/// B (A with every scale doubled). The second scorer starts during the reader but must not write
+/// until the reader is done: the copy must hold A's scores and the buffer B's, bit for bit as
+/// plain launches give them. Negative control: scorers that skip the wait write into the copy.
+#[test]
+#[ignore = "needs a GPU"]
+fn overlapped_scoring_waits_for_the_kernel_before() {
+    let scene = Scene::new(dims("glm-5"), requests(131_071), CacheKind::Random, 17);
+    let mut doubled = scene.bytes.clone();
+    for page in 0..(doubled.len() as u64 / scene.cache.page_bytes()) as u32 {
+        for slot in 0..indexer::layout::PAGE_TOKENS {
+            let at = scene.cache.scale_offset(page, slot) as usize;
+            let scale = f32::from_le_bytes(doubled[at..at + 4].try_into().unwrap());
+            doubled[at..at + 4].copy_from_slice(&(2.0 * scale).to_le_bytes());
+        }
+    }
+    for ((method, config), skip_prior_wait) in methods("glm-5")
+        .into_iter()
+        .flat_map(|m| [(m, false), (m, true)])
+    {
+        let mut stage = stage(KernelConfig {
+            skip_prior_wait,
+            ..config
+        });
+        let verdict = score_around_a_reader(&mut stage, &scene, &doubled);
+        println!("{method}, skip the wait = {skip_prior_wait}: {verdict:?}");
+        let overlaps = stage.dev.info().backend == "CUDA";
+        if !skip_prior_wait || overlaps {
+            assert_eq!(verdict.is_err(), skip_prior_wait, "{method}: {verdict:?}");
+        }
+    }
+}
+
+fn score_around_a_reader(stage: &mut Stage, scene: &Scene, doubled: &[u8]) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| e.to_string();
+    let dev = &stage.dev;
+    let module = dev
+        .build(&device::KernelSource::new("reader.hip", READER_SOURCE))
+        .map_err(|e| fail(&e))?;
+    let reader = module.kernel("read_slowly").map_err(|e| fail(&e))?;
+    let plan = stage.plan(scene, SETS[3].1).map_err(|e| fail(&e))?;
+    let inputs = Inputs::random(&scene.dims, plan.rows.len(), 3);
+    let buffers = LaunchBuffers::new(stage, scene, &plan, &inputs).map_err(|e| fail(&e))?;
+    let a = dev.upload(&scene.bytes).map_err(|e| fail(&e))?;
+    let b = dev.upload(doubled).map_err(|e| fail(&e))?;
+    let copy = dev
+        .alloc_zeroed::<u32>(buffers.scores.len())
+        .map_err(|e| fail(&e))?;
+    let stream = dev.new_stream().map_err(|e| fail(&e))?;
+    let bits = |scores: &[f32]| scores.iter().map(|s| s.to_bits()).collect::<Vec<u32>>();
+    // The whole stage publishes the queries and new keys under this launch's tag.
+    stage.next_tag().map_err(|e| fail(&e))?;
+    stage
+        .kernels
+        .launch(&stream, &buffers.stage(stage, &a, &a))
+        .map_err(|e| fail(&e))?;
+    let mut plain = Vec::new();
+    for cache in [&a, &b] {
+        stage
+            .kernels
+            .score(&stream, &buffers.stage(stage, cache, cache))
+            .map_err(|e| fail(&e))?;
+        stream.sync().map_err(|e| fail(&e))?;
+        plain.push(bits(&buffers.scores.download().map_err(|e| fail(&e))?));
+    }
+    if plain[0] == plain[1] {
+        return Err("caches A and B gave the same scores: the check could not fail".into());
+    }
+    buffers.scores.zero().map_err(|e| fail(&e))?;
+    stage.kernels.set_overlapping(true);
+    let read = Args::new()
+        .buf(&buffers.scores)
+        .buf(&copy)
+        .u32(buffers.scores.len() as u32)
+        .u64(200);
+    let run = stage
+        .kernels
+        .score(&stream, &buffers.stage(stage, &a, &a))
+        .and_then(|()| Ok(stream.launch(&reader, Launch::new(1, 1024), &read)?))
+        .and_then(|()| stage.kernels.score(&stream, &buffers.stage(stage, &b, &b)))
+        .and_then(|()| Ok(stream.sync()?));
+    stage.kernels.set_overlapping(false);
+    run.map_err(|e| fail(&e))?;
+    let copied = copy.download().map_err(|e| fail(&e))?;
+    let last = bits(&buffers.scores.download().map_err(|e| fail(&e))?);
+    let differ = |got: &[u32], want: &[u32]| got.iter().zip(want).filter(|(g, w)| g != w).count();
+    match (differ(&copied, &plain[0]), differ(&last, &plain[1])) {
+        (0, 0) => Ok(()),
+        (c, l) => Err(format!(
+            "{c} words of the reader's copy differ from cache A's scores, {l} of the last scores from cache B's"
+        )),
     }
 }
