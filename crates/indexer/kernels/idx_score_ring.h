@@ -84,38 +84,53 @@ MONO_DEV bool idx_wg_agree(u32 w, bool ok) {
   return all != 0;
 }
 
-// The group's query boxes: every box of a full group in one round of loads a thread. The loads miss
-// the cache, and each further round would add a round trip to the start of every scoring CTA.
-#define IDX_RING_QUERY_LOADS ((IDX_GROUP_ROWS * IDX_QUERY_WORDS + IDX_BLOCK - 1) / IDX_BLOCK)
+// The group's query boxes, row by row: each thread loads words t, t + BLOCK, ... of every row in
+// one round (the loads miss the cache, and a further round would add a round trip to the start
+// of every scoring CTA), at addresses without a division (a flat index over the group's words
+// took a magic-number division a load, several hundred instructions before the first load).
+#define IDX_RING_ROW_LOADS ((IDX_QUERY_WORDS + IDX_BLOCK - 1) / IDX_BLOCK)
 struct idx_query_boxes {
-  u32 first, n;  // the group's first box, and its count
-  u64 w[IDX_RING_QUERY_LOADS];
+  u64 w[IDX_GROUP_ROWS][IDX_RING_ROW_LOADS];
 };
+// Box of word `word` of the group's row r.
+MONO_DEV u32 idx_ring_query_box(const idx_args& a, const idx_group& grp, u32 r, u32 word) {
+  return idx_query_box(a, grp.first_row + r, word);
+}
 MONO_DEV void idx_ring_query_loads(const idx_args& a, const mbx_ctx& c, const idx_group& grp, idx_query_boxes& q) {
-  q.first = idx_query_box(a, grp.first_row, 0);
-  q.n = grp.n_rows * IDX_QUERY_WORDS;
-  idx_slots_load(c, q.first, a.query_box_stride, IDX_QUERY_WORDS, q.n, mono_thread(), q.w);
+#pragma unroll
+  for (u32 r = 0; r < IDX_GROUP_ROWS; ++r)
+#pragma unroll
+    for (u32 k = 0; k < IDX_RING_ROW_LOADS; ++k) {
+      const u32 word = mono_thread() + k * IDX_BLOCK;
+      q.w[r][k] = r < grp.n_rows && word < IDX_QUERY_WORDS ? mbx_load(c.scratch + idx_ring_query_box(a, grp, r, word)) : 0;
+    }
 }
 
 // The loaded boxes (waiting for any not published yet) widened to f16 into the B tile, and the head
 // weights beside it. Block-wide.
-MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_query_boxes& boxes,
-                               const idx_ring& ring) {
-  u8* query = ring.query;
-  float* weights = ring.weights;
+MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_group& grp,
+                               const idx_query_boxes& boxes, const idx_ring& ring) {
   bool ok = true;
-  idx_slots_put(c, boxes.first, a.query_box_stride, IDX_QUERY_WORDS, boxes.n, mono_thread(), boxes.w, ok,
-                [query, weights](u32 i, u32 value) {
-                  const u32 r = i / IDX_QUERY_WORDS, w = i % IDX_QUERY_WORDS;
-                  if (w >= IDX_QUERY_VALUE_WORDS) {
-                    weights[r * IDX_HEADS + w - IDX_QUERY_VALUE_WORDS] = mono_bits_f32(value);
-                    return;
-                  }
-                  const u32 n = r * IDX_HEADS + w / (IDX_HEAD_DIM / 4);
-                  const u32 k = idx_wg_k_of_dim(4u * (w % (IDX_HEAD_DIM / 4)));
-                  idx_e4m3x4_to_f16_exact(value, (u32*)(query + idx_wg_offset(n, k)),
-                                          (u32*)(query + idx_wg_offset(n, k + 8u)));
-                });
+#pragma unroll
+  for (u32 r = 0; r < IDX_GROUP_ROWS; ++r)
+#pragma unroll
+    for (u32 k = 0; k < IDX_RING_ROW_LOADS; ++k) {
+      const u32 word = mono_thread() + k * IDX_BLOCK;
+      if (r >= grp.n_rows || word >= IDX_QUERY_WORDS) continue;
+      u32 value = mbx_value_of(boxes.w[r][k]);
+      if (mbx_tag_of(boxes.w[r][k]) != c.tag) {
+        ok = ok && mbx_poll(c, idx_ring_query_box(a, grp, r, word), &value);
+        if (!ok) continue;
+      }
+      if (word >= IDX_QUERY_VALUE_WORDS) {
+        ring.weights[r * IDX_HEADS + word - IDX_QUERY_VALUE_WORDS] = mono_bits_f32(value);
+        continue;
+      }
+      const u32 n = r * IDX_HEADS + word / (IDX_HEAD_DIM / 4);
+      const u32 kk = idx_wg_k_of_dim(4u * (word % (IDX_HEAD_DIM / 4)));
+      idx_e4m3x4_to_f16_exact(value, (u32*)(ring.query + idx_wg_offset(n, kk)),
+                              (u32*)(ring.query + idx_wg_offset(n, kk + 8u)));
+    }
   return mbx_block_agree(c, ok);
 }
 
@@ -169,27 +184,34 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
   }
 }
 
-// Block-wide: run `run_index` of the launch. lds: IDX_SCORE_LDS_BYTES of dynamic shared memory.
-MONO_DEV void idx_score_ring_task(const idx_args& a, const mbx_ctx& c, u32 run_index, u8* lds) {
-  const idx_run_task& task = a.tasks[run_index];
+// Block-wide: one run of the launch. lds: IDX_SCORE_LDS_BYTES of dynamic shared memory.
+//
+// The loads go out in the order the start needs them, each before anything waits: the task and
+// the first pages' ids (in the task), the mailbox's epoch (the code waits for the tag as soon as
+// it is loaded: before the task's loads, it made them a second round trip), the queries' boxes,
+// then the first copies. Loads issued behind the copies queued behind them (on the H200 a CTA
+// then had its queries 4.8 us after it started); the tag after the copies made groups of 4 rows
+// 0.5 us slower.
+MONO_DEV void idx_score_ring_task(const idx_args& a, const idx_run_task& task, u8* lds) {
   const idx_run run = task.run;
   const idx_group grp = task.group;
   const idx_request q = task.request;
-  const idx_ring ring = idx_ring_of(lds);
   const u32 w = mono_thread() / IDX_WG_THREADS;
+  u32 first[IDX_RING];
+#pragma unroll
+  for (u32 j = 0; j < IDX_RING; ++j) first[j] = task.first_pages[2u * j + w];
+  const mbx_ctx c = mbx_begin(a.scratch, mbx_launch_tag(a.epoch, a.launches_per_step, a.launch_index), a.diag);
+  const idx_ring ring = idx_ring_of(lds);
   if (mono_thread() == 0)
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + s);
-  // The queries' loads go out first, then the first pages' copies (their page ids came with the
-  // task), and only then does anyone wait. Loads issued behind the copies queued behind them: on the
-  // H200 a CTA then had its queries 4.8 us after it started.
   idx_query_boxes boxes;
   idx_ring_query_loads(a, c, grp, boxes);
   mono_sync_block();
   const u32 pages = idx_wg_pages(run, w);
 #pragma unroll
-  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, pages, task.first_pages[2u * j + w]);
-  const u32 next = task.first_pages[2u * (IDX_RING - 1u) + w];
-  if (!idx_ring_queries(a, c, boxes, ring)) return;
+  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, pages, first[j]);
+  const u32 next = first[IDX_RING - 1];
+  if (!idx_ring_queries(a, c, grp, boxes, ring)) return;
   idx_lds_written();  // the B tile, for the tensor units: both warpgroups' writes, before either reads
   mono_sync_block();
   // An overlapped launch (indexer_score) writes scores the kernel before it may still read.

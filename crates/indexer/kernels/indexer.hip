@@ -12,7 +12,8 @@
 // The ring of IDX_SCORE_LDS_BYTES (idx_score_ring.h) lives in dynamic shared memory.
 extern __shared__ __attribute__((aligned(16))) u8 idx_lds[];
 #define IDX_SCORE_SMEM
-#define IDX_SCORE(a, c, run) idx_score_ring_task(a, c, run, idx_lds)
+// The wgmma scorer makes its own mailbox context, after its task's loads (idx_score_ring.h).
+#define IDX_SCORE(a, c, index) ((void)(c), idx_score_ring_task(a, a.tasks[index], idx_lds))
 #else
 #define IDX_SCORE_SMEM __shared__ idx_score_smem sm
 // The mma.sync scorers wait for an overlapped launch's prior kernel before anything.
@@ -41,6 +42,11 @@ MONO_KERNEL void __launch_bounds__(IDX_BLOCK, 2) indexer_launch(idx_args a) {
 MONO_KERNEL void __launch_bounds__(IDX_BLOCK, 2) indexer_score(idx_args a) {
   IDX_SCORE_SMEM;
   mono_release_next();
+  if (mono_block() >= a.n_runs) return;
+#if IDX_WGMMA
+  idx_score_ring_task(a, a.tasks[mono_block()], idx_lds);
+#else
   const mbx_ctx c = mbx_begin(a.scratch, mbx_launch_tag(a.epoch, a.launches_per_step, a.launch_index), a.diag);
-  if (mono_block() < a.n_runs) IDX_SCORE(a, c, mono_block());
+  IDX_SCORE(a, c, mono_block());
+#endif
 }
