@@ -17,6 +17,10 @@
 //! fewer cases (e.g. under a profiler), set comma lists: `INDEXER_BENCH_METHODS=wgmma`,
 //! `INDEXER_BENCH_KEYS=131072`, `INDEXER_BENCH_ROWS=1,4`; an unset variable takes every case.
 //! `INDEXER_BENCH_RING=3` sizes the wgmma scorer's LDS ring (default `indexer::gpu::RING`).
+//! `INDEXER_BENCH_TRACE=1` adds, per wgmma case, where a trace build's launches spend their time:
+//! one graph of COPIES traced launches (`KernelConfig::trace`), and for its middle launch each
+//! phase's p10 / p50 / p90 in us since the CTA's start (`indexer::trace`), then how far apart the
+//! launches start. The traced builds are timed nowhere else: their stamps cost time.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -84,6 +88,22 @@ fn main() -> Result<(), Error> {
     };
     let mut overlapped = Stage::new(Device::open(0)?, wgmma)?;
     overlapped.kernels.set_overlapping(true);
+    let traced = match std::env::var("INDEXER_BENCH_TRACE").as_deref() {
+        Ok("1") => {
+            let config = KernelConfig {
+                trace: true,
+                ..wgmma
+            };
+            let mut overlapped = Stage::new(Device::open(0)?, config)?;
+            overlapped.kernels.set_overlapping(true);
+            vec![
+                (METHODS[2], Stage::new(Device::open(0)?, config)?),
+                (METHODS[3], overlapped),
+            ]
+        }
+        Ok(v) if v != "0" => return Err(format!("INDEXER_BENCH_TRACE={v}: 1 or 0").into()),
+        _ => Vec::new(),
+    };
     let stages = [
         (METHODS[0], Stage::new(dev, config)?),
         (METHODS[1], Stage::new(Device::open(0)?, fp8)?),
@@ -209,6 +229,21 @@ fn main() -> Result<(), Error> {
                         each.iter()
                             .try_for_each(|a| Ok(stage.kernels.score(&stream, a)?))
                     })?;
+                    if let Some((_, traced)) = traced.iter().find(|(m, _)| m == method) {
+                        let clock_mhz = f64::from(dev.info().clock_khz) / 1e3;
+                        println!(
+                            "{}",
+                            trace(traced, &stream, &flush, &buffers, &caches, clock_mhz)?
+                                .lines()
+                                .fold(
+                                    format!(
+                                        "trace: {keys} keys, {rows} rows ({}), {method}",
+                                        if chain { "one request" } else { "separate" }
+                                    ),
+                                    |text, line| text + "\n  " + line
+                                )
+                        );
+                    }
                     let requests = if chain { 1.0 } else { f64::from(rows) };
                     let floor_bytes = requests * f64::from(pages_through(keys - 1)) * page_bytes;
                     let (copy, copy_graph) = copy_us(floor_bytes)?;
@@ -267,4 +302,58 @@ fn main() -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// One graph of COPIES traced scoring launches (each on its own copy of the cache), replayed
+/// twice after an L2 flush: the second replay's middle launch, phase by phase, and how far apart
+/// the launches start.
+fn trace(
+    stage: &Stage,
+    stream: &device::Stream,
+    flush: &device::Buffer<u8>,
+    buffers: &LaunchBuffers,
+    caches: &[device::Buffer<u8>],
+    clock_mhz: f64,
+) -> Result<String, Error> {
+    let runs = buffers.plan.n_runs;
+    let marks = (0..COPIES)
+        .map(|_| stage.dev.alloc_zeroed::<u64>(indexer::trace::words(runs)))
+        .collect::<Result<Vec<_>, _>>()?;
+    stage.next_tag()?;
+    stage
+        .kernels
+        .launch(stream, &buffers.stage(stage, &caches[0], &caches[0]))?;
+    stream.begin_capture()?;
+    for (cache, marks) in caches.iter().zip(&marks) {
+        let mut args = buffers.stage(stage, cache, cache);
+        args.trace = Some(marks);
+        stage.kernels.score(stream, &args)?;
+    }
+    let graph = stream.end_capture()?;
+    graph.upload(stream)?;
+    for i in 0..2u8 {
+        stream.memset(flush.device_ptr(), i, flush.bytes())?;
+        graph.launch(stream)?;
+    }
+    stream.sync()?;
+    let launches = marks
+        .iter()
+        .map(|m| Ok(indexer::trace::parse(&m.download()?, runs)))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let middle = COPIES / 2;
+    let mut text = format!("launch {middle} of {COPIES}, us since each CTA's start (p10 p50 p90):");
+    for (phase, [p10, p50, p90]) in indexer::trace::phases(&launches[middle], clock_mhz) {
+        text += &format!("\n{phase:<16} {p10:>6.2} {p50:>6.2} {p90:>6.2}");
+    }
+    let first_start = |l: &[indexer::trace::Warpgroup]| l.iter().map(|m| m.start_ns).min();
+    let starts: Vec<u64> = launches.iter().filter_map(|l| first_start(l)).collect();
+    let apart: Vec<String> = starts
+        .windows(2)
+        .map(|w| format!("{:.2}", (w[1] as f64 - w[0] as f64) / 1e3))
+        .collect();
+    text += &format!(
+        "\nlaunches' first CTAs start apart (us): {}",
+        apart.join(" ")
+    );
+    Ok(text)
 }

@@ -55,6 +55,10 @@
 #ifndef IDX_PATCH_GROUP_ONLY
 #define IDX_PATCH_GROUP_ONLY 0
 #endif
+// 1: the wgmma scorer stamps its phases into the launch's trace buffer (idx_score_ring.h idx_mark).
+#ifndef IDX_TRACE
+#define IDX_TRACE 0
+#endif
 // Test only: 1 lets an overlapped scoring launch write scores without waiting for the kernel
 // before it (the negative control of the overlap check).
 #ifndef IDX_SKIP_PRIOR_WAIT
@@ -139,6 +143,7 @@ struct idx_args {
   u64* scratch;
   const u32* epoch;
   u32* diag;
+  u64* trace;  // a trace build's marks (idx_score_ring.h idx_mark), or null
   u32 launches_per_step;
   u32 launch_index;
   u32 n_rows;

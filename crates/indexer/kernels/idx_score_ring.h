@@ -72,6 +72,43 @@ MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 
   }
 }
 
+// A trace build's marks (src/trace.rs): IDX_TRACE_WORDS words per (run, warpgroup), run-major;
+// only the standalone entry (indexer_score) stamps, so the whole-stage kernel keeps its registers.
+// Thread 0 of the warpgroup stamps the SM's cycle counter when a phase ends (comparable within a
+// CTA), and the global timer at the start and the end (comparable across CTAs and launches). A
+// mark after a load is taken once the loaded value is in a register (`after`).
+#define IDX_TRACE_WORDS 32
+#define IDX_MARK_START_NS 0
+#define IDX_MARK_SM 1
+#define IDX_MARK_START 2
+#define IDX_MARK_TASK 3     // the task's group is loaded
+#define IDX_MARK_QUERIES 4  // the queries are in the B tile
+#define IDX_MARK_PRIOR 5    // the kernel before has finished (an overlapped launch)
+#define IDX_MARK_PAGES 6    // page j landed at 6 + 2j, scored at 7 + 2j, for j < IDX_MARK_MAX_PAGES
+#define IDX_MARK_MAX_PAGES 12
+#define IDX_MARK_END 30
+#define IDX_MARK_END_NS 31
+static_assert(IDX_MARK_PAGES + 2 * IDX_MARK_MAX_PAGES <= IDX_MARK_END, "the page marks fit before the end");
+template <bool TRACED>
+MONO_DEV void idx_mark(const idx_args& a, u32 run, u32 slot, u64 value) {
+#if IDX_TRACE
+  if (TRACED && a.trace && mono_thread() % IDX_WG_THREADS == 0)
+    a.trace[((u64)run * IDX_BATCH_PAGES + mono_thread() / IDX_WG_THREADS) * IDX_TRACE_WORDS + slot] = value;
+#else
+  (void)a, (void)run, (void)slot, (void)value;
+#endif
+}
+template <bool TRACED>
+MONO_DEV void idx_mark_cycles(const idx_args& a, u32 run, u32 slot, u32 after = 0) {
+#if IDX_TRACE
+  if (!TRACED) return;
+  asm volatile("" ::"r"(after));
+  idx_mark<TRACED>(a, run, slot, mono_clock_cycles());
+#else
+  (void)a, (void)run, (void)slot, (void)after;
+#endif
+}
+
 // Barrier of warpgroup w's 128 threads alone (named barrier 1 + w; 0 is the block's).
 MONO_DEV void idx_wg_sync(u32 w) { asm volatile("bar.sync %0, %1;" ::"r"(1u + w), "n"(IDX_WG_THREADS) : "memory"); }
 // The same, returning whether `ok` holds in every thread of the warpgroup.
@@ -162,12 +199,13 @@ MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_r
 // load. The copy and the load go out while the tensor units work on the page: issued before the
 // MMAs, they held the whole warpgroup's MMAs behind its first thread (about 250 ns a page on the
 // H200).
-template <u32 R>
+template <u32 R, bool TRACED>
 MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
-                           const idx_run& run, const idx_ring& ring, u32 w, u32 next) {
+                           const idx_run& run, u32 run_index, const idx_ring& ring, u32 w, u32 next) {
   const u32 pages = idx_wg_pages(run, w);
   for (u32 j = 0; j < pages; ++j) {
     mono_lds_barrier_wait(idx_slot_landed(ring, w, j), (j / IDX_RING) & 1u);
+    if (j < IDX_MARK_MAX_PAGES) idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_PAGES + 2u * j);
     idx_wg_sync(w);  // page j - 1 is scored, so its slot is free
     const u32 t0 = (run.first_page + 2u * j + w) * IDX_PAGE_TOKENS;
     u8* keys = idx_slot_keys(ring, w, j);
@@ -181,10 +219,12 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
       if (mono_thread() % IDX_WG_THREADS == 0 && ahead < run.n_pages)
         next = a.page_list[q.page_offset + run.first_page + ahead];
     });
+    if (j < IDX_MARK_MAX_PAGES) idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_PAGES + 2u * j + 1u);
   }
 }
 
-// Block-wide: one run of the launch. lds: IDX_SCORE_LDS_BYTES of dynamic shared memory.
+// Block-wide: run `run_index` of the launch. lds: IDX_SCORE_LDS_BYTES of dynamic shared memory.
+// TRACED: stamp the phases in a trace build.
 //
 // The loads go out in the order the start needs them, each before anything waits: the task and
 // the first pages' ids (in the task), the mailbox's epoch (the code waits for the tag as soon as
@@ -192,7 +232,12 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
 // then the first copies. Loads issued behind the copies queued behind them (on the H200 a CTA
 // then had its queries 4.8 us after it started); the tag after the copies made groups of 4 rows
 // 0.5 us slower.
-MONO_DEV void idx_score_ring_task(const idx_args& a, const idx_run_task& task, u8* lds) {
+template <bool TRACED>
+MONO_DEV void idx_score_ring_task(const idx_args& a, u32 run_index, u8* lds) {
+  idx_mark<TRACED>(a, run_index, IDX_MARK_START_NS, mono_timer_ns());
+  idx_mark<TRACED>(a, run_index, IDX_MARK_SM, mono_sm_id());
+  idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_START);
+  const idx_run_task& task = a.tasks[run_index];
   const idx_run run = task.run;
   const idx_group grp = task.group;
   const idx_request q = task.request;
@@ -201,6 +246,7 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, const idx_run_task& task, u
 #pragma unroll
   for (u32 j = 0; j < IDX_RING; ++j) first[j] = task.first_pages[2u * j + w];
   const mbx_ctx c = mbx_begin(a.scratch, mbx_launch_tag(a.epoch, a.launches_per_step, a.launch_index), a.diag);
+  idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_TASK, grp.first_row);
   const idx_ring ring = idx_ring_of(lds);
   if (mono_thread() == 0)
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + s);
@@ -214,18 +260,22 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, const idx_run_task& task, u
   if (!idx_ring_queries(a, c, grp, boxes, ring)) return;
   idx_lds_written();  // the B tile, for the tensor units: both warpgroups' writes, before either reads
   mono_sync_block();
+  idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_QUERIES);
   // An overlapped launch (indexer_score) writes scores the kernel before it may still read.
   idx_wait_prior();
+  idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_PRIOR);
   // Not a switch: its jump table is a constant-bank load, a cache miss at the start of every CTA
   // (seen on the H200 as 13% of the stalls of a 1-row launch).
   if (grp.n_rows == 1)
-    idx_ring_run<1>(a, c, q, grp, run, ring, w, next);
+    idx_ring_run<1, TRACED>(a, c, q, grp, run, run_index, ring, w, next);
   else if (grp.n_rows == 2)
-    idx_ring_run<2>(a, c, q, grp, run, ring, w, next);
+    idx_ring_run<2, TRACED>(a, c, q, grp, run, run_index, ring, w, next);
   else if (grp.n_rows == 3)
-    idx_ring_run<3>(a, c, q, grp, run, ring, w, next);
+    idx_ring_run<3, TRACED>(a, c, q, grp, run, run_index, ring, w, next);
   else
-    idx_ring_run<IDX_GROUP_ROWS>(a, c, q, grp, run, ring, w, next);
+    idx_ring_run<IDX_GROUP_ROWS, TRACED>(a, c, q, grp, run, run_index, ring, w, next);
   idx_write_tail(a, grp, run);
+  idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_END);
+  idx_mark<TRACED>(a, run_index, IDX_MARK_END_NS, mono_timer_ns());
 }
 #endif

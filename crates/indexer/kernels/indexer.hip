@@ -13,7 +13,7 @@
 extern __shared__ __attribute__((aligned(16))) u8 idx_lds[];
 #define IDX_SCORE_SMEM
 // The wgmma scorer makes its own mailbox context, after its task's loads (idx_score_ring.h).
-#define IDX_SCORE(a, c, index) ((void)(c), idx_score_ring_task(a, a.tasks[index], idx_lds))
+#define IDX_SCORE(a, c, index) ((void)(c), idx_score_ring_task<false>(a, index, idx_lds))
 #else
 #define IDX_SCORE_SMEM __shared__ idx_score_smem sm
 // The mma.sync scorers wait for an overlapped launch's prior kernel before anything.
@@ -44,7 +44,7 @@ MONO_KERNEL void __launch_bounds__(IDX_BLOCK, 2) indexer_score(idx_args a) {
   mono_release_next();
   if (mono_block() >= a.n_runs) return;
 #if IDX_WGMMA
-  idx_score_ring_task(a, a.tasks[mono_block()], idx_lds);
+  idx_score_ring_task<true>(a, mono_block(), idx_lds);
 #else
   const mbx_ctx c = mbx_begin(a.scratch, mbx_launch_tag(a.epoch, a.launches_per_step, a.launch_index), a.diag);
   IDX_SCORE(a, c, mono_block());

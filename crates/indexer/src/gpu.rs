@@ -58,6 +58,9 @@ pub struct KernelConfig {
     /// Test only: an overlapped scoring launch writes scores without waiting for the kernel before
     /// it (the overlap check's negative control).
     pub skip_prior_wait: bool,
+    /// The wgmma scorer stamps its phases into [`StageBuffers::trace`] (`IDX_TRACE`; read with
+    /// [`crate::trace`]). Off outside benchmarks: the stamps cost time and move code.
+    pub trace: bool,
     pub mailbox: Variant,
 }
 
@@ -83,6 +86,7 @@ impl KernelConfig {
             ring: RING,
             patch_group_only: false,
             skip_prior_wait: false,
+            trace: false,
             mailbox: Variant::default(),
         })
     }
@@ -161,6 +165,7 @@ impl KernelConfig {
             .define("IDX_SCORE_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
             .define("IDX_SKIP_PRIOR_WAIT", u32::from(self.skip_prior_wait))
+            .define("IDX_TRACE", u32::from(self.trace))
     }
 }
 
@@ -220,7 +225,7 @@ impl RunTask {
     }
 }
 
-/// `idx_args` of `kernels/idx_common.h`, field for field: 16 addresses then 10 words, no padding.
+/// `idx_args` of `kernels/idx_common.h`, field for field: 17 addresses then 10 words, no padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct LaunchArgs {
@@ -240,6 +245,7 @@ pub struct LaunchArgs {
     pub scratch: u64,
     pub epoch: u64,
     pub diag: u64,
+    pub trace: u64,
     pub launches_per_step: u32,
     pub launch_index: u32,
     pub n_rows: u32,
@@ -306,6 +312,9 @@ pub struct StageBuffers<'a> {
     pub epoch: &'a Buffer<u32>,
     /// `mailbox::DIAG_WORDS` words, zeroed.
     pub diag: &'a Buffer<u32>,
+    /// Where a trace build's scorer writes its marks ([`crate::trace::words`] for the plan's runs);
+    /// `None` writes none.
+    pub trace: Option<&'a Buffer<u64>>,
     pub tags: Tags,
     pub launch_index: u32,
     pub boxes: IndexerBoxes,
@@ -345,6 +354,9 @@ impl StageBuffers<'_> {
             rows * self.plan.stride as usize,
         )?;
         need("diag", self.diag.len(), mailbox::DIAG_WORDS)?;
+        if let Some(trace) = self.trace {
+            need("trace", trace.len(), crate::trace::words(self.plan.n_runs))?;
+        }
         need("epoch", self.epoch.len(), 1)?;
         if self.cache_read.len() != self.cache_write.len() {
             return Err(shape(
@@ -383,6 +395,7 @@ impl StageBuffers<'_> {
             scratch: self.scratch.device_ptr(),
             epoch: self.epoch.device_ptr(),
             diag: self.diag.device_ptr(),
+            trace: self.trace.map_or(0, |t| t.device_ptr()),
             launches_per_step: self.tags.launches_per_step(),
             launch_index: self.launch_index,
             n_rows: self.plan.n_rows,

@@ -4,10 +4,12 @@
 //! - [`reference`](mod@reference): the CPU oracle (f64 sums), with switches for the variants engines differ on.
 //! - [`layout`]: cache pages, row groups and runs of pages, used by kernels, reference and executor.
 //! - [`gpu`]: host side of the standalone kernels (`kernels/*.hip`).
+//! - [`trace`]: the phase marks of a trace build's scorer, and their summary.
 
 mod error;
 pub mod gpu;
 pub mod layout;
 pub mod reference;
+pub mod trace;
 
 pub use error::{IndexerError, Result};

@@ -42,6 +42,10 @@ fn configs(fp8: bool) -> Vec<KernelConfig> {
             };
             if wgmma.check().is_ok() {
                 out.push(wgmma);
+                out.push(KernelConfig {
+                    trace: true,
+                    ..wgmma
+                });
             }
             out.push(KernelConfig {
                 rope: RopeStyle::HalfSplit,

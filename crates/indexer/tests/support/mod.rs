@@ -339,6 +339,7 @@ impl LaunchBuffers {
             scratch: &stage.scratch,
             epoch: &stage.epoch,
             diag: &stage.diag,
+            trace: None,
             tags: stage.tags,
             launch_index: 0,
             boxes: stage.boxes,

@@ -1,0 +1,195 @@
+//! The phase marks of a trace build's wgmma scorer ([`crate::gpu::KernelConfig::trace`]), as
+//! `kernels/idx_score_ring.h` (`idx_mark`) writes them: [`WORDS_PER_WARPGROUP`] words per (run,
+//! warpgroup), run-major. Each warpgroup's first thread stamps its SM's cycle counter when a phase
+//! ends, which compares only within a CTA, and the global timer (ns) at its start and end, which
+//! compares across CTAs and launches. [`phases`] turns a launch's marks into percentiles per phase.
+
+/// Words per warpgroup (`IDX_TRACE_WORDS`).
+pub const WORDS_PER_WARPGROUP: usize = 32;
+/// Warpgroups per scoring CTA (`IDX_BATCH_PAGES`).
+pub const WARPGROUPS: usize = 2;
+/// Pages per warpgroup with marks (`IDX_MARK_MAX_PAGES`).
+pub const MARKED_PAGES: usize = 12;
+
+const START_NS: usize = 0;
+const SM: usize = 1;
+const START: usize = 2;
+const TASK: usize = 3;
+const QUERIES: usize = 4;
+const PRIOR: usize = 5;
+const PAGES: usize = 6;
+const END: usize = 30;
+const END_NS: usize = 31;
+
+/// Words a trace buffer needs for `runs` runs.
+pub fn words(runs: u32) -> usize {
+    runs as usize * WARPGROUPS * WORDS_PER_WARPGROUP
+}
+
+/// One warpgroup's marks: cycles since its CTA's start for each phase, in the order they end.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Warpgroup {
+    pub sm: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The task's group loaded, the queries in the B tile, the kernel before done.
+    pub task: u64,
+    pub queries: u64,
+    pub prior: u64,
+    /// Per page of the warpgroup (up to [`MARKED_PAGES`]): landed in LDS, scored.
+    pub pages: Vec<(u64, u64)>,
+    pub end: u64,
+}
+
+/// The warpgroups of a launch's `runs` runs that left marks (a warpgroup with no pages leaves
+/// only its start and end).
+pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
+    words
+        .chunks_exact(WORDS_PER_WARPGROUP)
+        .take(runs as usize * WARPGROUPS)
+        .filter(|w| w[START_NS] != 0 && w[END_NS] != 0)
+        .map(|w| {
+            let since = |slot: usize| w[slot].saturating_sub(w[START]);
+            let pages = (0..MARKED_PAGES)
+                .map(|j| (w[PAGES + 2 * j], w[PAGES + 2 * j + 1]))
+                .take_while(|&(landed, scored)| landed != 0 && scored != 0)
+                .map(|(landed, scored)| (landed - w[START], scored - w[START]))
+                .collect();
+            Warpgroup {
+                sm: w[SM] as u32,
+                start_ns: w[START_NS],
+                end_ns: w[END_NS],
+                task: since(TASK),
+                queries: since(QUERIES),
+                prior: since(PRIOR),
+                pages,
+                end: since(END),
+            }
+        })
+        .collect()
+}
+
+/// The p10, p50 and p90 of `values` (nearest rank), or `None` when there are none.
+pub fn percentiles(values: &[f64]) -> Option<[f64; 3]> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Some([at(0.1), at(0.5), at(0.9)])
+}
+
+/// Per phase, p10 / p50 / p90 over the warpgroups in us since their CTA's start (`mhz`: the SM
+/// clock), then the spread of the CTAs' starts and the launch's span (first start to last end)
+/// from the global timer.
+pub fn phases(marks: &[Warpgroup], mhz: f64) -> Vec<(String, [f64; 3])> {
+    let us = |cycles: u64| cycles as f64 / mhz;
+    let mut out = Vec::new();
+    let mut add = |name: String, values: Vec<f64>| {
+        if let Some(p) = percentiles(&values) {
+            out.push((name, p));
+        }
+    };
+    add("task".into(), marks.iter().map(|m| us(m.task)).collect());
+    add(
+        "queries".into(),
+        marks.iter().map(|m| us(m.queries)).collect(),
+    );
+    add("prior".into(), marks.iter().map(|m| us(m.prior)).collect());
+    let most = marks.iter().map(|m| m.pages.len()).max().unwrap_or(0);
+    for j in 0..most {
+        let landed = marks.iter().filter_map(|m| m.pages.get(j)).map(|p| us(p.0));
+        add(format!("page {j} landed"), landed.collect());
+        let scored = marks.iter().filter_map(|m| m.pages.get(j)).map(|p| us(p.1));
+        add(format!("page {j} scored"), scored.collect());
+    }
+    add("end".into(), marks.iter().map(|m| us(m.end)).collect());
+    if let Some(first) = marks.iter().map(|m| m.start_ns).min() {
+        let ns = |t: u64| (t - first) as f64 / 1e3;
+        add(
+            "start (launch)".into(),
+            marks.iter().map(|m| ns(m.start_ns)).collect(),
+        );
+        add(
+            "end (launch)".into(),
+            marks.iter().map(|m| ns(m.end_ns)).collect(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Marks as the kernel writes them: warpgroup g starts at 1000 g cycles and g * 100 ns.
+    fn written(runs: u32, pages: usize) -> Vec<u64> {
+        let mut w = vec![0u64; words(runs)];
+        for (g, m) in w.chunks_exact_mut(WORDS_PER_WARPGROUP).enumerate() {
+            let start = 1000 * g as u64 + 5;
+            m[START_NS] = 100 * g as u64 + 7;
+            m[SM] = g as u64 / 2;
+            m[START] = start;
+            m[TASK] = start + 10;
+            m[QUERIES] = start + 20;
+            m[PRIOR] = start + 30;
+            for j in 0..pages {
+                m[PAGES + 2 * j] = start + 40 + 20 * j as u64;
+                m[PAGES + 2 * j + 1] = start + 50 + 20 * j as u64;
+            }
+            m[END] = start + 500;
+            m[END_NS] = 100 * g as u64 + 907;
+        }
+        w
+    }
+
+    #[test]
+    fn marks_parse_relative_to_each_ctas_start() {
+        let marks = parse(&written(3, 2), 3);
+        assert_eq!(marks.len(), 6);
+        assert_eq!(marks[4].sm, 2);
+        assert_eq!(
+            (marks[4].task, marks[4].queries, marks[4].prior),
+            (10, 20, 30)
+        );
+        assert_eq!(marks[4].pages, vec![(40, 50), (60, 70)]);
+        assert_eq!(marks[4].end, 500);
+        assert_eq!((marks[4].start_ns, marks[4].end_ns), (407, 1307));
+    }
+
+    #[test]
+    fn unmarked_warpgroups_and_pages_are_left_out() {
+        let mut w = written(2, 3);
+        w[WORDS_PER_WARPGROUP + START_NS] = 0; // warpgroup 1 never ran
+        w[PAGES + 2 * 2] = 0; // warpgroup 0's page 2 did not land
+        let marks = parse(&w, 2);
+        assert_eq!(marks.len(), 3);
+        assert_eq!(marks[0].pages.len(), 2);
+        // Marks past the plan's runs are not read.
+        assert_eq!(parse(&w, 1).len(), 1);
+    }
+
+    #[test]
+    fn phases_report_percentiles_in_us() {
+        let marks = parse(&written(5, 1), 5);
+        let table = phases(&marks, 10.0);
+        let row = |name: &str| table.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(row("task"), [1.0, 1.0, 1.0]);
+        assert_eq!(row("page 0 scored"), [5.0, 5.0, 5.0]);
+        assert_eq!(row("end"), [50.0, 50.0, 50.0]);
+        // Ten warpgroups starting 0.1 us apart: p10 0.1, p50 0.5 (rank 4.5 rounds to 5), p90 0.8.
+        let starts = row("start (launch)");
+        assert!(
+            (starts[0] - 0.1).abs() < 1e-9 && (starts[2] - 0.8).abs() < 1e-9,
+            "{starts:?}"
+        );
+        assert!(table.iter().all(|(n, _)| n != "page 1 landed"));
+    }
+
+    #[test]
+    fn percentiles_of_nothing_are_none() {
+        assert_eq!(percentiles(&[]), None);
+        assert_eq!(percentiles(&[3.0]), Some([3.0; 3]));
+    }
+}
