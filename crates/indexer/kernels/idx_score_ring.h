@@ -125,7 +125,7 @@ MONO_DEV bool idx_wg_agree(u32 w, bool ok) {
 // one round (the loads miss the cache, and a further round would add a round trip to the start
 // of every scoring CTA), at addresses without a division (a flat index over the group's words
 // took a magic-number division a load, several hundred instructions before the first load).
-#define IDX_RING_ROW_LOADS ((IDX_QUERY_WORDS + IDX_BLOCK - 1) / IDX_BLOCK)
+#define IDX_RING_ROW_LOADS (IDX_QUERY_VALUE_WORDS / IDX_BLOCK + 1)
 struct idx_query_boxes {
   u64 w[IDX_GROUP_ROWS][IDX_RING_ROW_LOADS];
 };
@@ -134,40 +134,54 @@ MONO_DEV u32 idx_ring_query_box(const idx_args& a, const idx_group& grp, u32 r, 
   return idx_query_box(a, grp.first_row + r, word);
 }
 MONO_DEV void idx_ring_query_loads(const idx_args& a, const mbx_ctx& c, const idx_group& grp, idx_query_boxes& q) {
+  const u32 t = mono_thread();
 #pragma unroll
   for (u32 r = 0; r < IDX_GROUP_ROWS; ++r)
 #pragma unroll
     for (u32 k = 0; k < IDX_RING_ROW_LOADS; ++k) {
-      const u32 word = mono_thread() + k * IDX_BLOCK;
-      q.w[r][k] = r < grp.n_rows && word < IDX_QUERY_WORDS ? mbx_load(c.scratch + idx_ring_query_box(a, grp, r, word)) : 0;
+      // Every thread has a word of each block of values; the last load is the weights'.
+      const bool word = k + 1 < IDX_RING_ROW_LOADS || t + k * IDX_BLOCK < IDX_QUERY_WORDS;
+      q.w[r][k] = r < grp.n_rows && word ? mbx_load(c.scratch + idx_ring_query_box(a, grp, r, t + k * IDX_BLOCK)) : 0;
     }
 }
 
 // The loaded boxes (waiting for any not published yet) widened to f16 into the B tile, and the head
-// weights beside it. Block-wide.
+// weights beside it. Block-wide. A thread's words, t + BLOCK k of each row, are all word t % 32 of
+// a head (BLOCK is a multiple of a head's 32 words), of heads t / 32 + 8 k: their B-tile columns
+// differ by multiples of 8, which the swizzle does not see, so each word's place is the thread's
+// first place plus a constant. Computed word by word, the places took most of the 0.8 us the
+// widening took at every CTA's start (H200, 1 row; every warp of the SM does it at once).
+static_assert(IDX_BLOCK % (IDX_HEAD_DIM / 4) == 0 && IDX_QUERY_VALUE_WORDS % IDX_BLOCK == 0,
+              "a thread's words are one word of a head, in whole blocks");
+static_assert(IDX_QUERY_WORDS - IDX_QUERY_VALUE_WORDS <= IDX_BLOCK, "a row's weights take one load a thread");
 MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_group& grp,
                                const idx_query_boxes& boxes, const idx_ring& ring) {
+  constexpr u32 head_words = IDX_HEAD_DIM / 4, heads_per_block = IDX_BLOCK / head_words;
+  constexpr u32 value_loads = IDX_QUERY_VALUE_WORDS / IDX_BLOCK;
+  const u32 t = mono_thread();
+  const u32 kk = idx_wg_k_of_dim(4u * (t % head_words));
+  u8* const lo = ring.query + idx_wg_offset(t / head_words, kk);
+  u8* const hi = ring.query + idx_wg_offset(t / head_words, kk + 8u);
   bool ok = true;
+  // The box's value, polling for it if it was loaded before it was published.
+  auto value_of = [&](u32 r, u32 k, u32& value) {
+    value = mbx_value_of(boxes.w[r][k]);
+    if (mbx_tag_of(boxes.w[r][k]) != c.tag) ok = ok && mbx_poll(c, idx_ring_query_box(a, grp, r, t + k * IDX_BLOCK), &value);
+    return ok;
+  };
 #pragma unroll
-  for (u32 r = 0; r < IDX_GROUP_ROWS; ++r)
+  for (u32 r = 0; r < IDX_GROUP_ROWS; ++r) {
+    if (r >= grp.n_rows) break;
+    u32 value;
 #pragma unroll
-    for (u32 k = 0; k < IDX_RING_ROW_LOADS; ++k) {
-      const u32 word = mono_thread() + k * IDX_BLOCK;
-      if (r >= grp.n_rows || word >= IDX_QUERY_WORDS) continue;
-      u32 value = mbx_value_of(boxes.w[r][k]);
-      if (mbx_tag_of(boxes.w[r][k]) != c.tag) {
-        ok = ok && mbx_poll(c, idx_ring_query_box(a, grp, r, word), &value);
-        if (!ok) continue;
-      }
-      if (word >= IDX_QUERY_VALUE_WORDS) {
-        ring.weights[r * IDX_HEADS + word - IDX_QUERY_VALUE_WORDS] = mono_bits_f32(value);
-        continue;
-      }
-      const u32 n = r * IDX_HEADS + word / (IDX_HEAD_DIM / 4);
-      const u32 kk = idx_wg_k_of_dim(4u * (word % (IDX_HEAD_DIM / 4)));
-      idx_e4m3x4_to_f16_exact(value, (u32*)(ring.query + idx_wg_offset(n, kk)),
-                              (u32*)(ring.query + idx_wg_offset(n, kk + 8u)));
+    for (u32 k = 0; k < value_loads; ++k) {
+      if (!value_of(r, k, value)) continue;
+      const u32 columns = (r * IDX_HEADS + k * heads_per_block) * 128u;
+      idx_e4m3x4_to_f16_exact(value, (u32*)(lo + columns), (u32*)(hi + columns));
     }
+    if (t < IDX_QUERY_WORDS - IDX_QUERY_VALUE_WORDS && value_of(r, value_loads, value))
+      ring.weights[r * IDX_HEADS + t] = mono_bits_f32(value);
+  }
   return mbx_block_agree(c, ok);
 }
 
