@@ -305,50 +305,31 @@ MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LAN
 // ---- block-wide waits on many boxes -------------------------------------------------------------------
 #define IDX_POLL_BATCH 8
 // Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`), box
-// i = slot * words + word by thread i % BLOCK, each value to put(i, value). Each thread loads
-// BATCH boxes before looking at any, so boxes already ready cost one round trip per batch
-// rather than one each; a box not ready yet is polled alone (mbx_poll, bounded in debug builds).
-// Only the boxes' own values are read, so no acquire is needed. Ends with a block barrier.
-//
-// The two halves of a round, for callers that start other loads in between: idx_slots_load loads
-// the boxes i = base + k * BLOCK (k < BATCH) of the n, idx_slots_put looks at them, polling those
-// not ready while ok holds, and clears ok when a debug wait gives up.
-template <u32 BATCH>
-MONO_DEV void idx_slots_load(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 n, u32 base, u64 (&w)[BATCH]) {
-#pragma unroll
-  for (u32 k = 0; k < BATCH; ++k) {
-    const u32 i = base + k * IDX_BLOCK;
-    w[k] = i < n ? mbx_load(c.scratch + first + (i / words) * stride + i % words) : 0;
-  }
-}
-template <u32 BATCH, class Put>
-MONO_DEV void idx_slots_put(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 n, u32 base,
-                            const u64 (&w)[BATCH], bool& ok, Put put) {
-#pragma unroll
-  for (u32 k = 0; k < BATCH; ++k) {
-    const u32 i = base + k * IDX_BLOCK;
-    if (i >= n) continue;
-    u32 value = mbx_value_of(w[k]);
-    if (mbx_tag_of(w[k]) != c.tag) {
-      ok = ok && mbx_poll(c, first + (i / words) * stride + i % words, &value);
-      if (!ok) continue;
-    }
-    put(i, value);
-  }
-}
-template <u32 BATCH = IDX_POLL_BATCH, class Put>
-MONO_DEV bool idx_wait_slots_to(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, Put put) {
+// i = slot * words + word by thread i % BLOCK, into dst[i]. Each thread loads BATCH boxes before
+// looking at any, so boxes already ready cost one round trip per batch rather than one each; a box
+// not ready yet is polled alone (mbx_poll, bounded in debug builds). Only the boxes' own values are
+// read, so no acquire is needed. Ends with a block barrier; false when a debug wait gave up.
+MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
   const u32 n = slots * words;
   bool ok = true;
-  for (u32 base = mono_thread(); base < n; base += BATCH * IDX_BLOCK) {
-    u64 w[BATCH];
-    idx_slots_load(c, first, stride, words, n, base, w);
-    idx_slots_put(c, first, stride, words, n, base, w, ok, put);
+  for (u32 base = mono_thread(); base < n; base += IDX_POLL_BATCH * IDX_BLOCK) {
+    u64 w[IDX_POLL_BATCH];
+#pragma unroll
+    for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
+      const u32 i = base + k * IDX_BLOCK;
+      w[k] = i < n ? mbx_load(c.scratch + first + (i / words) * stride + i % words) : 0;
+    }
+#pragma unroll
+    for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
+      const u32 i = base + k * IDX_BLOCK;
+      if (i >= n) continue;
+      u32 value = mbx_value_of(w[k]);
+      if (mbx_tag_of(w[k]) != c.tag) {
+        ok = ok && mbx_poll(c, first + (i / words) * stride + i % words, &value);
+        if (!ok) continue;
+      }
+      dst[i] = value;
+    }
   }
   return mbx_block_agree(c, ok);
-}
-
-// The same into dst[slot * words + word].
-MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
-  return idx_wait_slots_to(c, first, stride, words, slots, [dst](u32 i, u32 value) { dst[i] = value; });
 }
