@@ -86,19 +86,20 @@ fn main() -> Result<(), Error> {
         ring,
         ..fp8
     };
-    let mut overlapped = Stage::new(Device::open(0)?, wgmma)?;
-    overlapped.kernels.set_overlapping(true);
+    let stage_of = |config, overlapping| -> Result<Stage, Error> {
+        let mut stage = Stage::new(Device::open(0)?, config)?;
+        stage.kernels.set_overlapping(overlapping);
+        Ok(stage)
+    };
     let traced = match std::env::var("INDEXER_BENCH_TRACE").as_deref() {
         Ok("1") => {
             let config = KernelConfig {
                 trace: true,
                 ..wgmma
             };
-            let mut overlapped = Stage::new(Device::open(0)?, config)?;
-            overlapped.kernels.set_overlapping(true);
             vec![
-                (METHODS[2], Stage::new(Device::open(0)?, config)?),
-                (METHODS[3], overlapped),
+                (METHODS[2], stage_of(config, false)?),
+                (METHODS[3], stage_of(config, true)?),
             ]
         }
         Ok(v) if v != "0" => return Err(format!("INDEXER_BENCH_TRACE={v}: 1 or 0").into()),
@@ -107,8 +108,8 @@ fn main() -> Result<(), Error> {
     let stages = [
         (METHODS[0], Stage::new(dev, config)?),
         (METHODS[1], Stage::new(Device::open(0)?, fp8)?),
-        (METHODS[2], Stage::new(Device::open(0)?, wgmma)?),
-        (METHODS[3], overlapped),
+        (METHODS[2], stage_of(wgmma, false)?),
+        (METHODS[3], stage_of(wgmma, true)?),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
@@ -208,10 +209,8 @@ fn main() -> Result<(), Error> {
                     let inputs = Inputs::random(&dims, plan.rows.len(), 1);
                     let buffers = LaunchBuffers::new(stage, &scene, &plan, &inputs)?;
                     let args = buffers.stage(stage, cache, cache);
-                    // One whole-stage launch publishes the queries and new keys under this tag; the
-                    // timed scoring launches then find them ready.
-                    stage.next_tag()?;
-                    stage.kernels.launch(&stream, &args)?;
+                    // The timed scoring launches find the published queries and new keys ready.
+                    stage.publish(&stream, &buffers, cache, cache)?;
                     stream.sync()?;
                     let mut times = Vec::new();
                     for i in 0..=TIMED {
@@ -319,10 +318,7 @@ fn trace(
     let marks = (0..COPIES)
         .map(|_| stage.dev.alloc_zeroed::<u64>(indexer::trace::words(runs)))
         .collect::<Result<Vec<_>, _>>()?;
-    stage.next_tag()?;
-    stage
-        .kernels
-        .launch(stream, &buffers.stage(stage, &caches[0], &caches[0]))?;
+    stage.publish(stream, buffers, &caches[0], &caches[0])?;
     stream.begin_capture()?;
     for (cache, marks) in caches.iter().zip(&marks) {
         let mut args = buffers.stage(stage, cache, cache);

@@ -427,11 +427,8 @@ fn score_around_a_reader(stage: &mut Stage, scene: &Scene, doubled: &[u8]) -> Re
         .map_err(|e| fail(&e))?;
     let stream = dev.new_stream().map_err(|e| fail(&e))?;
     let bits = |scores: &[f32]| scores.iter().map(|s| s.to_bits()).collect::<Vec<u32>>();
-    // The whole stage publishes the queries and new keys under this launch's tag.
-    stage.next_tag().map_err(|e| fail(&e))?;
     stage
-        .kernels
-        .launch(&stream, &buffers.stage(stage, &a, &a))
+        .publish(&stream, &buffers, &a, &a)
         .map_err(|e| fail(&e))?;
     let mut plain = Vec::new();
     for cache in [&a, &b] {

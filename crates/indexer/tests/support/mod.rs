@@ -2,7 +2,7 @@
 //! rows' random inputs, the device side of a launch, and the checks against the reference.
 #![allow(dead_code)] // each user (tests/gpu.rs, benches/gpu.rs) takes the part it needs
 
-use device::{Buffer, Device};
+use device::{Buffer, Device, Stream};
 use indexer::gpu::{inv_freq, IndexerKernels, KernelConfig, PlanBuffers, StageBuffers};
 use indexer::layout::{
     pages_through, CacheLayout, IndexerBoxes, Limits, PageTable, Row, ScorePlan, MAX_RUNS,
@@ -356,6 +356,22 @@ impl Stage {
         Ok(())
     }
 
+    /// One whole-stage launch of `buffers` on `stream` under a fresh tag (key tasks store into
+    /// `cache_write`, scorers read `cache_read`): it also publishes the rows' queries and new keys
+    /// for scoring launches with the same tag (`IndexerKernels::score`).
+    pub fn publish(
+        &self,
+        stream: &Stream,
+        buffers: &LaunchBuffers,
+        cache_read: &Buffer<u8>,
+        cache_write: &Buffer<u8>,
+    ) -> Result<(), Error> {
+        self.next_tag()?;
+        self.kernels
+            .launch(stream, &buffers.stage(self, cache_read, cache_write))?;
+        Ok(())
+    }
+
     /// The whole stage once, on `plan`'s rows, then everything read back. `cache_write` is where
     /// key tasks store; scorers read `cache_read`.
     pub fn launch(
@@ -367,10 +383,8 @@ impl Stage {
         cache_write: &Buffer<u8>,
     ) -> Result<Launched, Error> {
         let buffers = LaunchBuffers::new(self, scene, plan, inputs)?;
-        self.next_tag()?;
         let stream = self.dev.stream();
-        self.kernels
-            .launch(stream, &buffers.stage(self, cache_read, cache_write))?;
+        self.publish(stream, &buffers, cache_read, cache_write)?;
         stream.sync()?;
         let diag = self.diag.download()?;
         if let Some((stall, count)) = Stall::from_diag(&diag, self.poll_limit()) {
