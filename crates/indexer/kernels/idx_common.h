@@ -111,7 +111,6 @@ struct idx_run {
   u32 group;
   u32 first_page;
   u32 n_pages;
-  u32 tail_pages;
 };
 #ifndef IDX_TASK_PAGES
 #define IDX_TASK_PAGES 8

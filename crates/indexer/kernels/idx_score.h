@@ -175,10 +175,11 @@ MONO_DEV void idx_combine(const idx_args& a, const idx_group& grp, const idx_sco
 // The group's last run also fills the rows' scores past the group's pages, up to the stride.
 MONO_DEV void idx_write_tail(const idx_args& a, const idx_group& grp, const idx_run& run) {
   const float minus_inf = mono_bits_f32(0xff800000u);
-  const u32 begin = (run.first_page + run.n_pages) * IDX_PAGE_TOKENS;
-  const u32 n = run.tail_pages * IDX_PAGE_TOKENS;
+  const u32 end = grp.last_position / IDX_PAGE_TOKENS + 1u;
+  if (run.first_page + run.n_pages != end) return;
+  const u32 begin = end * IDX_PAGE_TOKENS;
   for (u32 r = 0; r < grp.n_rows; ++r)
-    for (u32 i = mono_thread(); i < n; i += IDX_BLOCK) a.scores[(u64)(grp.first_row + r) * a.stride + begin + i] = minus_inf;
+    for (u32 i = begin + mono_thread(); i < a.stride; i += IDX_BLOCK) a.scores[(u64)(grp.first_row + r) * a.stride + i] = minus_inf;
 }
 
 // Block-wide: run `run_index` of the launch.

@@ -186,25 +186,22 @@ MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_gr
 }
 
 // One page (keys, scales: its slot; first token t0), scored by this warpgroup for the group's R
-// rows and written out; meanwhile() runs while the tensor units work.
+// rows and written out, a row by each lane of a quad; meanwhile() runs while the tensor units work.
 template <u32 R, class Meanwhile>
 MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_ring& ring, const u8* keys,
                             const float* scales, u32 t0, Meanwhile meanwhile) {
-  float s[R][2];
+  float s[2];
   idx_wg_page<R>(keys, ring.query, ring.weights, s, meanwhile);
+  const u32 r = mono_lane() & 3u;
+  if (r >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
-  const u32 quad = mono_lane() & 3u;
   const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + mono_lane() / 4u;
+  const u32 position = grp.last_position - (grp.n_rows - 1u - r);
+  float* out = a.scores + (u64)(grp.first_row + r) * a.stride + t0;
 #pragma unroll
-  for (u32 r = 0; r < R; ++r) {
-    if (quad != r) continue;
-    const u32 position = grp.last_position - (grp.n_rows - 1u - r);
-    float* out = a.scores + (u64)(grp.first_row + r) * a.stride + t0;
-#pragma unroll
-    for (u32 h = 0; h < 2; ++h) {
-      const u32 n = token + 8u * h;
-      out[n] = t0 + n <= position ? s[r][h] * scales[n] : minus_inf;
-    }
+  for (u32 h = 0; h < 2; ++h) {
+    const u32 n = token + 8u * h;
+    out[n] = t0 + n <= position ? s[h] * scales[n] : minus_inf;
   }
 }
 

@@ -469,13 +469,64 @@ MONO_DEV void idx_wg_mma<4>(float (&d)[4][16], const u32 (&a)[4], u64 b, bool ac
 // LDS written by ordinary stores becomes visible to the tensor units' reads.
 MONO_DEV void idx_lds_written() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// Row r's sums over this thread's heads of ReLU(score) times the head's weight, for tokens g (x)
+// and g + 8 (y); the other heads of the row are in the quad's other lanes.
+template <u32 G>
+MONO_DEV void idx_wg_head_sums(const float (&d)[G][16], const float* weights, u32 quad, float (&x)[G], float (&y)[G]) {
+#pragma unroll
+  for (u32 r = 0; r < G; ++r) {
+    x[r] = 0.0f;
+    y[r] = 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) {
+      // Heads 8i + 2 quad and the next one: adjacent weights, one 8-byte load.
+      const u64 pair = *(const u64*)(weights + r * IDX_HEADS + 8u * i + 2u * quad);
+#pragma unroll
+      for (u32 e = 0; e < 2; ++e) {
+        const float wt = mono_bits_f32((u32)(pair >> (32u * e)));
+        x[r] += wt * mono_fmaxf(d[r][4 * i + e], 0.0f);
+        y[r] += wt * mono_fmaxf(d[r][4 * i + 2 + e], 0.0f);
+      }
+    }
+  }
+}
+
+// The quad's head sums of G rows, added up: lane q gets row q's (q < G; with one row, every lane
+// gets it), for both tokens. Each step trades the rows a lane does not keep for its partner's
+// share of the ones it keeps: 6 shuffles at 4 rows, where summing every row in every lane took 16.
+template <u32 G>
+MONO_DEV void idx_wg_quad_sum(const float (&x)[G], const float (&y)[G], u32 quad, float& sx, float& sy) {
+  static_assert(G >= 1 && G <= 4, "a row a lane of the quad");
+  const bool odd = quad & 1u, high = quad & 2u;
+  if constexpr (G == 1) {
+    sx = x[0] + mono_shfl_xor_f32(x[0], 1u);
+    sy = y[0] + mono_shfl_xor_f32(y[0], 1u);
+  } else if constexpr (G == 2) {
+    sx = (odd ? x[1] : x[0]) + mono_shfl_xor_f32(odd ? x[0] : x[1], 1u);
+    sy = (odd ? y[1] : y[0]) + mono_shfl_xor_f32(odd ? y[0] : y[1], 1u);
+  } else {
+    // Rows odd and odd + 2 (a missing fourth row is 0), then the one of them that is the lane's.
+    auto row = [](const float (&v)[G], u32 r) { return r < G ? v[r] : 0.0f; };
+    float kx[2], ky[2];
+#pragma unroll
+    for (u32 p = 0; p < 2; ++p) {
+      kx[p] = (odd ? row(x, 2 * p + 1) : row(x, 2 * p)) + mono_shfl_xor_f32(odd ? row(x, 2 * p) : row(x, 2 * p + 1), 1u);
+      ky[p] = (odd ? row(y, 2 * p + 1) : row(y, 2 * p)) + mono_shfl_xor_f32(odd ? row(y, 2 * p) : row(y, 2 * p + 1), 1u);
+    }
+    sx = (high ? kx[1] : kx[0]) + mono_shfl_xor_f32(high ? kx[0] : kx[1], 2u);
+    sy = (high ? ky[1] : ky[0]) + mono_shfl_xor_f32(high ? ky[0] : ky[1], 2u);
+    return;
+  }
+  sx += mono_shfl_xor_f32(sx, 2u);
+  sy += mono_shfl_xor_f32(sy, 2u);
+}
+
 // The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
-// lane l) returns s[r][0] for token 16v + l / 4 and s[r][1] for token 16v + l / 4 + 8, in every lane
-// of the quad. keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
+// lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and 16v + l / 4 + 8
+// (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
 // meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[R][2],
-                          Meanwhile meanwhile) {
+MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
   const u32 g = mono_lane() / 4u, quad = mono_lane() % 4u;
   const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + g;
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
@@ -509,24 +560,9 @@ MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights,
   for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
 #pragma unroll
   for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_hold(a[j]);
-#pragma unroll
-  for (u32 r = 0; r < R; ++r) {
-    float x = 0.0f, y = 0.0f;
-#pragma unroll
-    for (u32 i = 0; i < 4; ++i)
-#pragma unroll
-      for (u32 e = 0; e < 2; ++e) {
-        const float wt = weights[r * IDX_HEADS + 8u * i + 2u * quad + e];
-        x += wt * mono_fmaxf(d[r][4 * i + e], 0.0f);
-        y += wt * mono_fmaxf(d[r][4 * i + 2 + e], 0.0f);
-      }
-    x += mono_shfl_xor_f32(x, 1u);
-    x += mono_shfl_xor_f32(x, 2u);
-    y += mono_shfl_xor_f32(y, 1u);
-    y += mono_shfl_xor_f32(y, 2u);
-    s[r][0] = x;
-    s[r][1] = y;
-  }
+  float x[R], y[R];
+  idx_wg_head_sums<R>(d, weights, quad, x, y);
+  idx_wg_quad_sum<R>(x, y, quad, s[0], s[1]);
 }
 #else
 MONO_DEV void idx_lds_written() {}

@@ -153,15 +153,15 @@ pub struct GroupDesc {
     pub last_position: u32,
 }
 
-/// What one scoring CTA does: logical pages first_page..first_page + n_pages of its group, then,
-/// for the group's last run only, `tail_pages` more pages of −inf up to the score stride.
+/// What one scoring CTA does: logical pages first_page..first_page + n_pages of its group; the
+/// group's last run (the one that ends at the group's last page) also writes −inf past the
+/// group's pages, up to the score stride.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct RunDesc {
     pub group: u32,
     pub first_page: u32,
     pub n_pages: u32,
-    pub tail_pages: u32,
 }
 
 /// Bounds the planner keeps.
@@ -213,7 +213,7 @@ impl ScorePlan {
             .map(|r| pages_through(r.position))
             .max()
             .ok_or_else(|| shape("score plan", "a launch needs at least one row"))?;
-        let runs = runs_of(&groups, stride_pages, limits.max_runs)?;
+        let runs = runs_of(&groups, limits.max_runs)?;
         Ok(ScorePlan {
             rows: rows.to_vec(),
             requests,
@@ -327,7 +327,7 @@ fn run_count(pages: u32, length: u32) -> u32 {
 }
 
 /// The shortest run length whose runs fit in `max_runs`, then each group's runs of near-equal size.
-fn runs_of(groups: &[GroupDesc], stride_pages: u32, max_runs: u32) -> Result<Vec<RunDesc>> {
+fn runs_of(groups: &[GroupDesc], max_runs: u32) -> Result<Vec<RunDesc>> {
     if groups.len() as u64 > u64::from(max_runs) {
         return Err(shape(
             "score plan",
@@ -360,12 +360,10 @@ fn runs_of(groups: &[GroupDesc], stride_pages: u32, max_runs: u32) -> Result<Vec
         let mut first_page = 0;
         for r in 0..count {
             let n_pages = pages / count + u32::from(r < pages % count);
-            let last = r + 1 == count;
             runs.push(RunDesc {
                 group: index as u32,
                 first_page,
                 n_pages,
-                tail_pages: if last { stride_pages - pages } else { 0 },
             });
             first_page += n_pages;
         }

@@ -111,18 +111,25 @@ fn plan_or_too_many_groups(rows: &[Row], table: &PageTable, limits: Limits) -> O
     Some(plan.unwrap())
 }
 
-/// What the kernels write for each (row, t): run pages give a score (t <= position) or −inf, tail
-/// pages give −inf. Returns, per output entry, how often it is written and how often scored.
+/// What the kernels write for each (row, t): run pages give a score (t <= position) or −inf, and
+/// the run that ends at its group's last page writes −inf past it, up to the stride. Returns, per
+/// output entry, how often it is written and how often scored.
 fn simulate(plan: &ScorePlan) -> (Vec<u8>, Vec<u8>) {
     let stride = plan.stride as usize;
     let mut writes = vec![0u8; plan.rows.len() * stride];
     let mut scored = vec![0u8; plan.rows.len() * stride];
     for run in &plan.runs {
         let group = plan.groups[run.group as usize];
+        let run_end = (run.first_page + run.n_pages) * PAGE_TOKENS;
+        let group_end = pages_through(group.last_position) * PAGE_TOKENS;
+        let end = if run_end == group_end {
+            plan.stride
+        } else {
+            run_end
+        };
         for r in group.first_row..group.first_row + group.n_rows {
             let position = plan.rows[r as usize].position;
-            let run_end = (run.first_page + run.n_pages) * PAGE_TOKENS;
-            for t in run.first_page * PAGE_TOKENS..run_end + run.tail_pages * PAGE_TOKENS {
+            for t in run.first_page * PAGE_TOKENS..end {
                 let entry = r as usize * stride + t as usize;
                 writes[entry] = writes[entry].saturating_add(1);
                 if t < run_end && t <= position {
