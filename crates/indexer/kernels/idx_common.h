@@ -107,6 +107,8 @@ struct idx_group {
   u32 n_rows;
   u32 last_position;
 };
+// Position of the group's row r: its rows are at consecutive positions, ending at last_position.
+MONO_DEV u32 idx_row_position(const idx_group& grp, u32 r) { return grp.last_position - (grp.n_rows - 1u - r); }
 struct idx_run {
   u32 group;
   u32 first_page;

@@ -167,7 +167,7 @@ MONO_DEV void idx_combine(const idx_args& a, const idx_group& grp, const idx_sco
     float s = 0.0f;
 #pragma unroll
     for (u32 hg = 0; hg < IDX_HEAD_GROUPS; ++hg) s += sm.partial[buf][hg][r][n];
-    const u32 position = grp.last_position - (grp.n_rows - 1u - r);
+    const u32 position = idx_row_position(grp, r);
     a.scores[(u64)(grp.first_row + r) * a.stride + t0 + n] = t0 + n <= position ? s : minus_inf;
   }
 }

@@ -195,8 +195,8 @@ MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_r
   const u32 r = mono_lane() & 3u;
   if (r >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
-  const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + mono_lane() / 4u;
-  const u32 position = grp.last_position - (grp.n_rows - 1u - r);
+  const u32 token = idx_wg_token();
+  const u32 position = idx_row_position(grp, r);
   float* out = a.scores + (u64)(grp.first_row + r) * a.stride + t0;
 #pragma unroll
   for (u32 h = 0; h < 2; ++h) {

@@ -521,14 +521,16 @@ MONO_DEV void idx_wg_quad_sum(const float (&x)[G], const float (&y)[G], u32 quad
   sy += mono_shfl_xor_f32(sy, 2u);
 }
 
+// Thread (wave v, lane l) of a warpgroup holds the page's tokens 16v + l / 4 and 8 more: A's rows.
+MONO_DEV u32 idx_wg_token() { return 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + mono_lane() / 4u; }
+
 // The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
 // lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and 16v + l / 4 + 8
 // (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
 // meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
 template <u32 R, class Meanwhile>
 MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
-  const u32 g = mono_lane() / 4u, quad = mono_lane() % 4u;
-  const u32 token = 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + g;
+  const u32 quad = mono_lane() % 4u, token = idx_wg_token();
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
 #pragma unroll
   for (u32 t = 0; t < 2; ++t)
