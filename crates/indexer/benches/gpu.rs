@@ -312,7 +312,7 @@ fn trace(
     flush: &device::Buffer<u8>,
     buffers: &LaunchBuffers,
     caches: &[device::Buffer<u8>],
-    clock_mhz: f64,
+    nominal_mhz: f64,
 ) -> Result<String, Error> {
     let runs = buffers.plan.n_runs;
     let marks = (0..COPIES)
@@ -337,8 +337,14 @@ fn trace(
         .map(|m| Ok(indexer::trace::parse(&m.download()?, runs)))
         .collect::<Result<Vec<_>, Error>>()?;
     let middle = COPIES / 2;
-    let mut text = format!("launch {middle} of {COPIES}, us since each CTA's start (p10 p50 p90):");
-    for (phase, [p10, p50, p90]) in indexer::trace::phases(&launches[middle], clock_mhz) {
+    // Phases in us at the clock the SMs had (the nominal one is the highest boost).
+    let clock = indexer::trace::percentiles(&indexer::trace::clock_mhz(&launches[middle]));
+    let [c10, c50, c90] = clock.unwrap_or([nominal_mhz; 3]);
+    let mut text = format!(
+        "launch {middle} of {COPIES}, us since each CTA's start (p10 p50 p90) at {c50:.0} MHz:\n\
+         SM clock (MHz)   {c10:>6.0} {c50:>6.0} {c90:>6.0} (nominal {nominal_mhz:.0})"
+    );
+    for (phase, [p10, p50, p90]) in indexer::trace::phases(&launches[middle], c50) {
         text += &format!("\n{phase:<16} {p10:>6.2} {p50:>6.2} {p90:>6.2}");
     }
     let first_start = |l: &[indexer::trace::Warpgroup]| l.iter().map(|m| m.start_ns).min();

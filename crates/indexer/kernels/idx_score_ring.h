@@ -34,6 +34,7 @@ static_assert(IDX_RING_LDS_BYTES <= IDX_SCORE_LDS_BYTES, "the host's LDS size (g
 
 struct idx_ring {
   u8* query;       // the B tile: every head of every row in f16 (idx_wg_offset)
+  u32 query_start;  // its descriptors' start field (idx_wg_start)
   float* weights;  // [GROUP_ROWS][HEADS]
   u64* landed;     // [2][RING] LDS barriers: a slot's copies have landed
   u8* slots;       // [2][RING] pages as cached
@@ -44,31 +45,32 @@ static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_BATCH_PAGES * IDX_RING * 8 <=
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
   u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
   u8* weights = query + IDX_RING_QUERY_BYTES;
-  return idx_ring{query, (float*)weights, (u64*)(weights + IDX_GROUP_ROWS * IDX_HEADS * 4),
+  return idx_ring{query, idx_wg_start(query), (float*)weights, (u64*)(weights + IDX_GROUP_ROWS * IDX_HEADS * 4),
                   weights + IDX_RING_WEIGHT_BYTES};
 }
 
-// Warpgroup w's j-th page of the run: its slot, its barrier.
-MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 j) {
-  return ring.slots + (w * IDX_RING + j % IDX_RING) * IDX_RING_PAGE_BYTES;
+// Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page, its barrier.
+MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) {
+  return ring.slots + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
 }
-MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 j) {
-  return (float*)(idx_slot_keys(ring, w, j) + IDX_PAGE_KEY_BYTES);
+MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 s) {
+  return (float*)(idx_slot_keys(ring, w, s) + IDX_PAGE_KEY_BYTES);
 }
-MONO_DEV u64* idx_slot_landed(const idx_ring& ring, u32 w, u32 j) { return ring.landed + w * IDX_RING + j % IDX_RING; }
+MONO_DEV u64* idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return ring.landed + w * IDX_RING + s; }
 
 // Pages of the run that warpgroup w scores.
 MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u - w) / 2u; }
 
-// The warpgroup's first thread arms its j-th page's barrier and starts the copies of the page
-// (physical id phys), keys and scales, into its slot; nothing past the warpgroup's last page.
-MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 j, u32 pages, u32 phys) {
-  if (mono_thread() % IDX_WG_THREADS == 0 && j < pages) {
-    u64* landed = idx_slot_landed(ring, w, j);
+// The warpgroup's first thread arms slot s's barrier and starts the copies of a page (physical
+// id phys), keys and scales, into the slot; nothing when the page is past the warpgroup's last
+// (!live).
+MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 s, bool live, u32 phys) {
+  if (mono_thread() % IDX_WG_THREADS == 0 && live) {
+    u64* landed = idx_slot_landed(ring, w, s);
     const u8* src = a.cache_read + (u64)phys * IDX_PAGE_BYTES;
     mono_lds_barrier_expect(landed, IDX_RING_PAGE_BYTES);
-    mono_copy_bulk(idx_slot_keys(ring, w, j), src, IDX_PAGE_KEY_BYTES, landed);
-    mono_copy_bulk(idx_slot_scales(ring, w, j), src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
+    mono_copy_bulk(idx_slot_keys(ring, w, s), src, IDX_PAGE_KEY_BYTES, landed);
+    mono_copy_bulk(idx_slot_scales(ring, w, s), src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
   }
 }
 
@@ -77,18 +79,24 @@ MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 
 // Thread 0 of the warpgroup stamps the SM's cycle counter when a phase ends (comparable within a
 // CTA), and the global timer at the start and the end (comparable across CTAs and launches). A
 // mark after a load is taken once the loaded value is in a register (`after`).
-#define IDX_TRACE_WORDS 32
+#define IDX_TRACE_WORDS 64
 #define IDX_MARK_START_NS 0
 #define IDX_MARK_SM 1
 #define IDX_MARK_START 2
 #define IDX_MARK_TASK 3     // the task's group is loaded
 #define IDX_MARK_QUERIES 4  // the queries are in the B tile
 #define IDX_MARK_PRIOR 5    // the kernel before has finished (an overlapped launch)
-#define IDX_MARK_PAGES 6    // page j landed at 6 + 2j, scored at 7 + 2j, for j < IDX_MARK_MAX_PAGES
-#define IDX_MARK_MAX_PAGES 12
-#define IDX_MARK_END 30
-#define IDX_MARK_END_NS 31
-static_assert(IDX_MARK_PAGES + 2 * IDX_MARK_MAX_PAGES <= IDX_MARK_END, "the page marks fit before the end");
+// Page j's marks, IDX_MARK_PAGES + IDX_MARKS_A_PAGE j + one of the four below, for j < IDX_MARK_MAX_PAGES.
+#define IDX_MARK_PAGES 6
+#define IDX_MARKS_A_PAGE 4
+#define IDX_MARK_WAITING 0  // the warpgroup starts waiting for the page's bytes
+#define IDX_MARK_LANDED 1   // they have landed
+#define IDX_MARK_ISSUED 2   // the page's MMAs are issued
+#define IDX_MARK_SCORED 3   // its scores are written
+#define IDX_MARK_MAX_PAGES 14
+#define IDX_MARK_END 62
+#define IDX_MARK_END_NS 63
+static_assert(IDX_MARK_PAGES + IDX_MARKS_A_PAGE * IDX_MARK_MAX_PAGES <= IDX_MARK_END, "the page marks fit before the end");
 template <bool TRACED>
 MONO_DEV void idx_mark(const idx_args& a, u32 run, u32 slot, u64 value) {
 #if IDX_TRACE
@@ -107,6 +115,11 @@ MONO_DEV void idx_mark_cycles(const idx_args& a, u32 run, u32 slot, u32 after = 
 #else
   (void)a, (void)run, (void)slot, (void)after;
 #endif
+}
+// Mark `which` (IDX_MARK_WAITING ..) of the warpgroup's j-th page.
+template <bool TRACED>
+MONO_DEV void idx_mark_page(const idx_args& a, u32 run, u32 j, u32 which) {
+  if (j < IDX_MARK_MAX_PAGES) idx_mark_cycles<TRACED>(a, run, IDX_MARK_PAGES + IDX_MARKS_A_PAGE * j + which);
 }
 
 // Barrier of warpgroup w's 128 threads alone (named barrier 1 + w; 0 is the block's).
@@ -191,7 +204,7 @@ template <u32 R, class Meanwhile>
 MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_ring& ring, const u8* keys,
                             const float* scales, u32 t0, Meanwhile meanwhile) {
   float s[2];
-  idx_wg_page<R>(keys, ring.query, ring.weights, s, meanwhile);
+  idx_wg_page<R>(keys, ring.query_start, ring.weights, s, meanwhile);
   const u32 r = mono_lane() & 3u;
   if (r >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
@@ -214,23 +227,33 @@ template <u32 R, bool TRACED>
 MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
                            const idx_run& run, u32 run_index, const idx_ring& ring, u32 w, u32 next) {
   const u32 pages = idx_wg_pages(run, w);
+  // Page j's slot, j % RING, and its barrier's phase parity, (j / RING) % 2, kept as j goes up
+  // (computed from j, they were two divisions a page).
+  u32 slot = 0, parity = 0;
   for (u32 j = 0; j < pages; ++j) {
-    mono_lds_barrier_wait(idx_slot_landed(ring, w, j), (j / IDX_RING) & 1u);
-    if (j < IDX_MARK_MAX_PAGES) idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_PAGES + 2u * j);
+    idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_WAITING);
+    mono_lds_barrier_wait(idx_slot_landed(ring, w, slot), parity);
+    idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_LANDED);
     idx_wg_sync(w);  // page j - 1 is scored, so its slot is free
     const u32 t0 = (run.first_page + 2u * j + w) * IDX_PAGE_TOKENS;
-    u8* keys = idx_slot_keys(ring, w, j);
-    float* scales = idx_slot_scales(ring, w, j);
+    u8* keys = idx_slot_keys(ring, w, slot);
+    float* scales = idx_slot_scales(ring, w, slot);
     if (!idx_patch_tokens(a, c, q, grp, t0, IDX_PAGE_TOKENS, keys, scales, mono_thread() % IDX_WG_THREADS,
                           IDX_WG_THREADS, [w](bool ok) { return idx_wg_agree(w, ok); }))
       return;
     idx_ring_page<R>(a, grp, ring, keys, scales, t0, [&] {
-      idx_ring_load(a, ring, w, j + IDX_RING - 1, pages, next);
+      idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_ISSUED);
+      // Page j + RING - 1 takes the slot page j - 1 left.
+      idx_ring_load(a, ring, w, slot == 0 ? IDX_RING - 1 : slot - 1, j + IDX_RING - 1 < pages, next);
       const u32 ahead = 2u * (j + IDX_RING) + w;
       if (mono_thread() % IDX_WG_THREADS == 0 && ahead < run.n_pages)
         next = a.page_list[q.page_offset + run.first_page + ahead];
     });
-    if (j < IDX_MARK_MAX_PAGES) idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_PAGES + 2u * j + 1u);
+    idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_SCORED);
+    if (++slot == IDX_RING) {
+      slot = 0;
+      parity ^= 1u;
+    }
   }
 }
 
@@ -266,7 +289,7 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, u32 run_index, u8* lds) {
   mono_sync_block();
   const u32 pages = idx_wg_pages(run, w);
 #pragma unroll
-  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, pages, first[j]);
+  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, j < pages, first[j]);
   const u32 next = first[IDX_RING - 1];
   if (!idx_ring_queries(a, c, grp, boxes, ring)) return;
   idx_lds_written();  // the B tile, for the tensor units: both warpgroups' writes, before either reads

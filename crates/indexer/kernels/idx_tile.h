@@ -363,11 +363,14 @@ MONO_DEV void idx_e4m3x4_to_f16_exact(u32 w, u32* lo, u32* hi) {
       : "r"(w));
 }
 
-// Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading-dimension offset
-// (unused for swizzled K-major), stride offset 1024 bytes (8 rows of 128 bytes), 128-byte swizzle.
-MONO_DEV u64 idx_wg_desc(const void* lds) {
-  return (u64)((mono_lds_address(lds) & 0x3ffffu) >> 4) | ((u64)(1024u >> 4) << 32) | (1ull << 62);
-}
+// Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of an LDS tile whose start-address field
+// (its LDS byte address / 16, idx_wg_start) is `start`: leading-dimension offset unused (swizzled
+// K-major), stride offset 1024 bytes (8 rows of 128 bytes), 128-byte swizzle. The start field is
+// the descriptor's low word alone, so a tile at a known offset from another is a 32-bit add: the
+// page loop once rebuilt all eight k steps' descriptors from the tile's pointer, about 60
+// instructions a warp a page.
+MONO_DEV u64 idx_wg_desc(u32 start) { return (u64)start | ((u64)(1024u >> 4) << 32) | (1ull << 62); }
+MONO_DEV u32 idx_wg_start(const void* lds) { return (mono_lds_address(lds) & 0x3ffffu) >> 4; }
 
 // Keeps the compiler from moving register reads or writes across the asynchronous region.
 MONO_DEV void idx_wg_hold(float (&d)[16]) {
@@ -526,10 +529,11 @@ MONO_DEV u32 idx_wg_token() { return 16u * (mono_wave() % (IDX_WG_THREADS / MONO
 
 // The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
 // lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and 16v + l / 4 + 8
-// (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile; weights: [R][HEADS].
+// (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile's start field
+// (idx_wg_start); weights: [R][HEADS].
 // meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
+MONO_DEV void idx_wg_page(const u8* keys, u32 query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
   const u32 quad = mono_lane() % 4u, token = idx_wg_token();
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
 #pragma unroll
@@ -554,7 +558,7 @@ MONO_DEV void idx_wg_page(const u8* keys, const u8* query, const float* weights,
   for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_mma<R>(d, a[j], idx_wg_desc(query + idx_wg_offset(0, 16u * j)), j > 0);
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_mma<R>(d, a[j], idx_wg_desc(query + idx_wg_offset(0, 16u * j) / 16u), j > 0);
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   meanwhile();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");

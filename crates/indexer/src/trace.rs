@@ -5,11 +5,11 @@
 //! compares across CTAs and launches. [`phases`] turns a launch's marks into percentiles per phase.
 
 /// Words per warpgroup (`IDX_TRACE_WORDS`).
-pub const WORDS_PER_WARPGROUP: usize = 32;
+pub const WORDS_PER_WARPGROUP: usize = 64;
 /// Warpgroups per scoring CTA (`IDX_BATCH_PAGES`).
 pub const WARPGROUPS: usize = 2;
 /// Pages per warpgroup with marks (`IDX_MARK_MAX_PAGES`).
-pub const MARKED_PAGES: usize = 12;
+pub const MARKED_PAGES: usize = 14;
 
 const START_NS: usize = 0;
 const SM: usize = 1;
@@ -18,8 +18,9 @@ const TASK: usize = 3;
 const QUERIES: usize = 4;
 const PRIOR: usize = 5;
 const PAGES: usize = 6;
-const END: usize = 30;
-const END_NS: usize = 31;
+const MARKS_A_PAGE: usize = 4;
+const END: usize = 62;
+const END_NS: usize = 63;
 
 /// Words a trace buffer needs for `runs` runs.
 pub fn words(runs: u32) -> usize {
@@ -36,9 +37,22 @@ pub struct Warpgroup {
     pub task: u64,
     pub queries: u64,
     pub prior: u64,
-    /// Per page of the warpgroup (up to [`MARKED_PAGES`]): landed in LDS, scored.
-    pub pages: Vec<(u64, u64)>,
+    /// Per page of the warpgroup (up to [`MARKED_PAGES`]).
+    pub pages: Vec<Page>,
     pub end: u64,
+}
+
+/// A page's marks (`IDX_MARK_WAITING` ..), cycles since the CTA's start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Page {
+    /// The warpgroup starts waiting for the page's bytes.
+    pub waiting: u64,
+    /// They have landed in LDS.
+    pub landed: u64,
+    /// The page's MMAs are issued.
+    pub issued: u64,
+    /// Its scores are written.
+    pub scored: u64,
 }
 
 /// The warpgroups of a launch's `runs` runs that left marks (a warpgroup with no pages leaves
@@ -51,9 +65,14 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
         .map(|w| {
             let since = |slot: usize| w[slot].saturating_sub(w[START]);
             let pages = (0..MARKED_PAGES)
-                .map(|j| (w[PAGES + 2 * j], w[PAGES + 2 * j + 1]))
-                .take_while(|&(landed, scored)| landed != 0 && scored != 0)
-                .map(|(landed, scored)| (landed - w[START], scored - w[START]))
+                .map(|j| &w[PAGES + MARKS_A_PAGE * j..][..MARKS_A_PAGE])
+                .take_while(|m| m.iter().all(|&t| t != 0))
+                .map(|m| Page {
+                    waiting: m[0] - w[START],
+                    landed: m[1] - w[START],
+                    issued: m[2] - w[START],
+                    scored: m[3] - w[START],
+                })
                 .collect();
             Warpgroup {
                 sm: w[SM] as u32,
@@ -80,9 +99,21 @@ pub fn percentiles(values: &[f64]) -> Option<[f64; 3]> {
     Some([at(0.1), at(0.5), at(0.9)])
 }
 
+/// Each warpgroup's SM clock in MHz while it ran: its cycles from start to end over the global
+/// timer's ns between the same marks. The device's nominal clock is its highest boost; under load
+/// the SM may run slower, and phases in us are only right at the clock the SM had.
+pub fn clock_mhz(marks: &[Warpgroup]) -> Vec<f64> {
+    marks
+        .iter()
+        .filter(|m| m.end_ns > m.start_ns)
+        .map(|m| m.end as f64 * 1e3 / (m.end_ns - m.start_ns) as f64)
+        .collect()
+}
+
 /// Per phase, p10 / p50 / p90 over the warpgroups in us since their CTA's start (`mhz`: the SM
-/// clock), then the spread of the CTAs' starts and the launch's span (first start to last end)
-/// from the global timer.
+/// clock), then how long the steps of a page take (over every page but each warpgroup's first,
+/// whose wait holds the CTA's start), then the spread of the CTAs' starts and the launch's span
+/// (first start to last end) from the global timer.
 pub fn phases(marks: &[Warpgroup], mhz: f64) -> Vec<(String, [f64; 3])> {
     let us = |cycles: u64| cycles as f64 / mhz;
     let mut out = Vec::new();
@@ -97,14 +128,33 @@ pub fn phases(marks: &[Warpgroup], mhz: f64) -> Vec<(String, [f64; 3])> {
         marks.iter().map(|m| us(m.queries)).collect(),
     );
     add("prior".into(), marks.iter().map(|m| us(m.prior)).collect());
+    add(
+        "page 0 landed".into(),
+        marks
+            .iter()
+            .filter_map(|m| m.pages.first())
+            .map(|p| us(p.landed))
+            .collect(),
+    );
     let most = marks.iter().map(|m| m.pages.len()).max().unwrap_or(0);
     for j in 0..most {
-        let landed = marks.iter().filter_map(|m| m.pages.get(j)).map(|p| us(p.0));
-        add(format!("page {j} landed"), landed.collect());
-        let scored = marks.iter().filter_map(|m| m.pages.get(j)).map(|p| us(p.1));
+        let scored = marks
+            .iter()
+            .filter_map(|m| m.pages.get(j))
+            .map(|p| us(p.scored));
         add(format!("page {j} scored"), scored.collect());
     }
     add("end".into(), marks.iter().map(|m| us(m.end)).collect());
+    let later = || marks.iter().flat_map(|m| m.pages.iter().skip(1));
+    let step = |f: fn(&Page) -> u64| later().map(|p| us(f(p))).collect::<Vec<_>>();
+    add("a page: waits".into(), step(|p| p.landed - p.waiting));
+    add("  landed..issued".into(), step(|p| p.issued - p.landed));
+    add("  issued..scored".into(), step(|p| p.scored - p.issued));
+    let gaps = marks
+        .iter()
+        .flat_map(|m| m.pages.windows(2).map(|w| us(w[1].waiting - w[0].scored)))
+        .collect();
+    add("  scored..next".into(), gaps);
     if let Some(first) = marks.iter().map(|m| m.start_ns).min() {
         let ns = |t: u64| (t - first) as f64 / 1e3;
         add(
@@ -135,8 +185,9 @@ mod tests {
             m[QUERIES] = start + 20;
             m[PRIOR] = start + 30;
             for j in 0..pages {
-                m[PAGES + 2 * j] = start + 40 + 20 * j as u64;
-                m[PAGES + 2 * j + 1] = start + 50 + 20 * j as u64;
+                for (k, at) in [40, 43, 46, 50].into_iter().enumerate() {
+                    m[PAGES + MARKS_A_PAGE * j + k] = start + at + 20 * j as u64;
+                }
             }
             m[END] = start + 500;
             m[END_NS] = 100 * g as u64 + 907;
@@ -153,7 +204,13 @@ mod tests {
             (marks[4].task, marks[4].queries, marks[4].prior),
             (10, 20, 30)
         );
-        assert_eq!(marks[4].pages, vec![(40, 50), (60, 70)]);
+        let page = |t: u64| Page {
+            waiting: t,
+            landed: t + 3,
+            issued: t + 6,
+            scored: t + 10,
+        };
+        assert_eq!(marks[4].pages, vec![page(40), page(60)]);
         assert_eq!(marks[4].end, 500);
         assert_eq!((marks[4].start_ns, marks[4].end_ns), (407, 1307));
     }
@@ -162,7 +219,7 @@ mod tests {
     fn unmarked_warpgroups_and_pages_are_left_out() {
         let mut w = written(2, 3);
         w[WORDS_PER_WARPGROUP + START_NS] = 0; // warpgroup 1 never ran
-        w[PAGES + 2 * 2] = 0; // warpgroup 0's page 2 did not land
+        w[PAGES + MARKS_A_PAGE * 2 + 1] = 0; // warpgroup 0's page 2 did not land
         let marks = parse(&w, 2);
         assert_eq!(marks.len(), 3);
         assert_eq!(marks[0].pages.len(), 2);
@@ -172,19 +229,37 @@ mod tests {
 
     #[test]
     fn phases_report_percentiles_in_us() {
-        let marks = parse(&written(5, 1), 5);
+        let marks = parse(&written(5, 2), 5);
         let table = phases(&marks, 10.0);
         let row = |name: &str| table.iter().find(|(n, _)| n == name).unwrap().1;
         assert_eq!(row("task"), [1.0, 1.0, 1.0]);
+        assert_eq!(row("page 0 landed"), [4.3, 4.3, 4.3]);
         assert_eq!(row("page 0 scored"), [5.0, 5.0, 5.0]);
         assert_eq!(row("end"), [50.0, 50.0, 50.0]);
+        // Page 1 of each warpgroup: waits 3 cycles, issues 3 later, is scored 4 after; page 0's
+        // scores to page 1's wait: 10.
+        assert_eq!(row("a page: waits"), [0.3; 3]);
+        assert_eq!(row("  landed..issued"), [0.3; 3]);
+        assert_eq!(row("  issued..scored"), [0.4; 3]);
+        assert_eq!(row("  scored..next"), [1.0; 3]);
         // Ten warpgroups starting 0.1 us apart: p10 0.1, p50 0.5 (rank 4.5 rounds to 5), p90 0.8.
         let starts = row("start (launch)");
         assert!(
             (starts[0] - 0.1).abs() < 1e-9 && (starts[2] - 0.8).abs() < 1e-9,
             "{starts:?}"
         );
-        assert!(table.iter().all(|(n, _)| n != "page 1 landed"));
+        assert!(table.iter().all(|(n, _)| n != "page 2 scored"));
+    }
+
+    #[test]
+    fn the_clock_is_cycles_over_elapsed_time() {
+        let mut w = written(2, 1);
+        // Warpgroup 1 ran 500 cycles in 250 ns: 2 GHz; warpgroup 0 in 900 ns.
+        w[WORDS_PER_WARPGROUP + END_NS] = w[WORDS_PER_WARPGROUP + START_NS] + 250;
+        let mhz = clock_mhz(&parse(&w, 1));
+        assert_eq!(mhz.len(), 2);
+        assert!((mhz[0] - 500.0 / 0.9).abs() < 1e-9, "{mhz:?}");
+        assert!((mhz[1] - 2000.0).abs() < 1e-9, "{mhz:?}");
     }
 
     #[test]
