@@ -36,8 +36,9 @@ struct idx_ring {
   u8* query;       // the B tile: every head of every row in f16 (idx_wg_offset)
   u32 query_start;  // its descriptors' start field (idx_wg_start)
   float* weights;  // [GROUP_ROWS][HEADS]
-  u64* landed;     // [2][RING] LDS barriers: a slot's copies have landed
+  u32 landed;      // LDS address of [2][RING] barriers: a slot's copies have landed
   u8* slots;       // [2][RING] pages as cached
+  u32 slots_lds;   // their LDS address, for the copies
 };
 static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_BATCH_PAGES * IDX_RING * 8 <= IDX_RING_WEIGHT_BYTES,
               "the barriers follow the weights");
@@ -45,8 +46,9 @@ static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_BATCH_PAGES * IDX_RING * 8 <=
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
   u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
   u8* weights = query + IDX_RING_QUERY_BYTES;
-  return idx_ring{query, idx_wg_start(query), (float*)weights, (u64*)(weights + IDX_GROUP_ROWS * IDX_HEADS * 4),
-                  weights + IDX_RING_WEIGHT_BYTES};
+  u8* slots = weights + IDX_RING_WEIGHT_BYTES;
+  return idx_ring{query, idx_wg_start(query), (float*)weights,
+                  mono_lds_address(weights + IDX_GROUP_ROWS * IDX_HEADS * 4), slots, mono_lds_address(slots)};
 }
 
 // Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page, its barrier.
@@ -56,7 +58,10 @@ MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) {
 MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 s) {
   return (float*)(idx_slot_keys(ring, w, s) + IDX_PAGE_KEY_BYTES);
 }
-MONO_DEV u64* idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return ring.landed + w * IDX_RING + s; }
+MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) {
+  return ring.slots_lds + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
+}
+MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return ring.landed + 8u * (w * IDX_RING + s); }
 
 // Pages of the run that warpgroup w scores.
 MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u - w) / 2u; }
@@ -66,11 +71,11 @@ MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u 
 // (!live).
 MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 s, bool live, u32 phys) {
   if (mono_thread() % IDX_WG_THREADS == 0 && live) {
-    u64* landed = idx_slot_landed(ring, w, s);
+    const u32 landed = idx_slot_landed(ring, w, s), slot = idx_slot_lds(ring, w, s);
     const u8* src = a.cache_read + (u64)phys * IDX_PAGE_BYTES;
     mono_lds_barrier_expect(landed, IDX_RING_PAGE_BYTES);
-    mono_copy_bulk(idx_slot_keys(ring, w, s), src, IDX_PAGE_KEY_BYTES, landed);
-    mono_copy_bulk(idx_slot_scales(ring, w, s), src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
+    mono_copy_bulk(slot, src, IDX_PAGE_KEY_BYTES, landed);
+    mono_copy_bulk(slot + IDX_PAGE_KEY_BYTES, src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
   }
 }
 
@@ -283,7 +288,7 @@ MONO_DEV void idx_score_ring_task(const idx_args& a, u32 run_index, u8* lds) {
   idx_mark_cycles<TRACED>(a, run_index, IDX_MARK_TASK, grp.first_row);
   const idx_ring ring = idx_ring_of(lds);
   if (mono_thread() == 0)
-    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + s);
+    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + 8u * s);
   idx_query_boxes boxes;
   idx_ring_query_loads(a, c, grp, boxes);
   mono_sync_block();
