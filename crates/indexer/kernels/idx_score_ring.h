@@ -205,9 +205,10 @@ MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_gr
 
 // One page (keys, scales: its slot; first token t0), scored by this warpgroup for the group's R
 // rows and written out, a row by each lane of a quad; meanwhile() runs while the tensor units work.
+// out: the lane's row's scores at the page's first token (unused when the lane has no row).
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_ring& ring, const u8* keys,
-                            const float* scales, u32 t0, Meanwhile meanwhile) {
+MONO_DEV void idx_ring_page(const idx_group& grp, const idx_ring& ring, const u8* keys, const float* scales, u32 t0,
+                            float* out, Meanwhile meanwhile) {
   float s[2];
   idx_wg_page<R>(keys, ring.query_start, ring.weights, s, meanwhile);
   const u32 r = mono_lane() & 3u;
@@ -215,7 +216,6 @@ MONO_DEV void idx_ring_page(const idx_args& a, const idx_group& grp, const idx_r
   const float minus_inf = mono_bits_f32(0xff800000u);
   const u32 token = idx_wg_token();
   const u32 position = idx_row_position(grp, r);
-  float* out = a.scores + (u64)(grp.first_row + r) * a.stride + t0;
 #pragma unroll
   for (u32 h = 0; h < 2; ++h) {
     const u32 n = token + 8u * h;
@@ -232,6 +232,9 @@ template <u32 R, bool TRACED>
 MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
                            const idx_run& run, u32 run_index, const idx_ring& ring, u32 w, u32 next) {
   const u32 pages = idx_wg_pages(run, w);
+  // The lane's row's scores at page j's first token, advanced a page pair at a time: computed
+  // from the row every page, its 64-bit address took about a dozen instructions a page.
+  float* out = a.scores + (u64)(grp.first_row + (mono_lane() & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS;
   // Page j's slot, j % RING, and its barrier's phase parity, (j / RING) % 2, kept as j goes up
   // (computed from j, they were two divisions a page).
   u32 slot = 0, parity = 0;
@@ -246,7 +249,7 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
     if (!idx_patch_tokens(a, c, q, grp, t0, IDX_PAGE_TOKENS, keys, scales, mono_thread() % IDX_WG_THREADS,
                           IDX_WG_THREADS, [w](bool ok) { return idx_wg_agree(w, ok); }))
       return;
-    idx_ring_page<R>(a, grp, ring, keys, scales, t0, [&] {
+    idx_ring_page<R>(grp, ring, keys, scales, t0, out, [&] {
       idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_ISSUED);
       // Page j + RING - 1 takes the slot page j - 1 left.
       idx_ring_load(a, ring, w, slot == 0 ? IDX_RING - 1 : slot - 1, j + IDX_RING - 1 < pages, next);
@@ -255,6 +258,7 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
         next = a.page_list[q.page_offset + run.first_page + ahead];
     });
     idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_SCORED);
+    out += IDX_BATCH_PAGES * IDX_PAGE_TOKENS;
     if (++slot == IDX_RING) {
       slot = 0;
       parity ^= 1u;
