@@ -20,7 +20,11 @@
 //! `INDEXER_BENCH_TRACE=1` adds, per wgmma case, where a trace build's launches spend their time:
 //! one graph of COPIES traced launches (`KernelConfig::trace`), and for its middle launch each
 //! phase's p10 / p50 / p90 in us since the CTA's start (`indexer::trace`), then how far apart the
-//! launches start. The traced builds are timed nowhere else: their stamps cost time.
+//! launches start. The phases are in us at the SM clock the trace measured (cycles over the global
+//! timer), and each page's steps (waiting, landed, issued, scored) get their own percentiles.
+//! `INDEXER_BENCH_TRACE_DIR=dir` also writes each traced case's middle launch as
+//! `dir/trace-<keys>-<rows>-<chain|separate>-<method>.csv`, a line a warpgroup
+//! (`indexer::trace::csv`). The traced builds are timed nowhere else: their stamps cost time.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -230,9 +234,13 @@ fn main() -> Result<(), Error> {
                     })?;
                     if let Some((_, traced)) = traced.iter().find(|(m, _)| m == method) {
                         let clock_mhz = f64::from(dev.info().clock_khz) / 1e3;
+                        let name = format!(
+                            "trace-{keys}-{rows}-{}-{method}",
+                            if chain { "chain" } else { "separate" }
+                        );
                         println!(
                             "{}",
-                            trace(traced, &stream, &flush, &buffers, &caches, clock_mhz)?
+                            trace(traced, &stream, &flush, &buffers, &caches, clock_mhz, &name)?
                                 .lines()
                                 .fold(
                                     format!(
@@ -313,6 +321,7 @@ fn trace(
     buffers: &LaunchBuffers,
     caches: &[device::Buffer<u8>],
     nominal_mhz: f64,
+    name: &str,
 ) -> Result<String, Error> {
     let runs = buffers.plan.n_runs;
     let marks = (0..COPIES)
@@ -346,6 +355,11 @@ fn trace(
     );
     for (phase, [p10, p50, p90]) in indexer::trace::phases(&launches[middle], c50) {
         text += &format!("\n{phase:<16} {p10:>6.2} {p50:>6.2} {p90:>6.2}");
+    }
+    if let Ok(dir) = std::env::var("INDEXER_BENCH_TRACE_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.csv"));
+        std::fs::write(&path, indexer::trace::csv(&launches[middle], c50))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let first_start = |l: &[indexer::trace::Warpgroup]| l.iter().map(|m| m.start_ns).min();
     let starts: Vec<u64> = launches.iter().filter_map(|l| first_start(l)).collect();

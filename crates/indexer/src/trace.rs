@@ -30,6 +30,9 @@ pub fn words(runs: u32) -> usize {
 /// One warpgroup's marks: cycles since its CTA's start for each phase, in the order they end.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Warpgroup {
+    /// The run (CTA) and its warpgroup.
+    pub run: u32,
+    pub warpgroup: u32,
     pub sm: u32,
     pub start_ns: u64,
     pub end_ns: u64,
@@ -61,8 +64,9 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
     words
         .chunks_exact(WORDS_PER_WARPGROUP)
         .take(runs as usize * WARPGROUPS)
-        .filter(|w| w[START_NS] != 0 && w[END_NS] != 0)
-        .map(|w| {
+        .enumerate()
+        .filter(|(_, w)| w[START_NS] != 0 && w[END_NS] != 0)
+        .map(|(i, w)| {
             let since = |slot: usize| w[slot].saturating_sub(w[START]);
             let pages = (0..MARKED_PAGES)
                 .map(|j| &w[PAGES + MARKS_A_PAGE * j..][..MARKS_A_PAGE])
@@ -75,6 +79,8 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
                 })
                 .collect();
             Warpgroup {
+                run: (i / WARPGROUPS) as u32,
+                warpgroup: (i % WARPGROUPS) as u32,
                 sm: w[SM] as u32,
                 start_ns: w[START_NS],
                 end_ns: w[END_NS],
@@ -86,6 +92,30 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
             }
         })
         .collect()
+}
+
+/// One line a warpgroup, for plotting or joining against the SM ids: the run, the warpgroup, the
+/// SM, the global timer at the start and the end (ns), then the phases in us since the CTA's start
+/// at `mhz` (the task, the queries, the end) and the pages marked.
+pub fn csv(marks: &[Warpgroup], mhz: f64) -> String {
+    let us = |cycles: u64| cycles as f64 / mhz;
+    let mut text =
+        String::from("run,warpgroup,sm,start_ns,end_ns,task_us,queries_us,end_us,pages\n");
+    for m in marks {
+        text += &format!(
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{}\n",
+            m.run,
+            m.warpgroup,
+            m.sm,
+            m.start_ns,
+            m.end_ns,
+            us(m.task),
+            us(m.queries),
+            us(m.end),
+            m.pages.len()
+        );
+    }
+    text
 }
 
 /// The p10, p50 and p90 of `values` (nearest rank), or `None` when there are none.
@@ -199,6 +229,10 @@ mod tests {
     fn marks_parse_relative_to_each_ctas_start() {
         let marks = parse(&written(3, 2), 3);
         assert_eq!(marks.len(), 6);
+        assert_eq!(
+            (marks[4].run, marks[4].warpgroup, marks[5].warpgroup),
+            (2, 0, 1)
+        );
         assert_eq!(marks[4].sm, 2);
         assert_eq!(
             (marks[4].task, marks[4].queries, marks[4].prior),
@@ -222,6 +256,7 @@ mod tests {
         w[PAGES + MARKS_A_PAGE * 2 + 1] = 0; // warpgroup 0's page 2 did not land
         let marks = parse(&w, 2);
         assert_eq!(marks.len(), 3);
+        assert_eq!((marks[1].run, marks[1].warpgroup), (1, 0));
         assert_eq!(marks[0].pages.len(), 2);
         // Marks past the plan's runs are not read.
         assert_eq!(parse(&w, 1).len(), 1);
@@ -260,6 +295,14 @@ mod tests {
         assert_eq!(mhz.len(), 2);
         assert!((mhz[0] - 500.0 / 0.9).abs() < 1e-9, "{mhz:?}");
         assert!((mhz[1] - 2000.0).abs() < 1e-9, "{mhz:?}");
+    }
+
+    #[test]
+    fn csv_has_a_line_a_warpgroup() {
+        let text = csv(&parse(&written(1, 2), 1), 10.0);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[2], "0,1,0,107,1007,1.000,2.000,50.000,2");
     }
 
     #[test]
