@@ -233,22 +233,30 @@ fn main() -> Result<(), Error> {
                             .try_for_each(|a| Ok(stage.kernels.score(&stream, a)?))
                     })?;
                     if let Some((_, traced)) = traced.iter().find(|(m, _)| m == method) {
-                        let clock_mhz = f64::from(dev.info().clock_khz) / 1e3;
+                        let nominal_mhz = f64::from(dev.info().clock_khz) / 1e3;
                         let name = format!(
                             "trace-{keys}-{rows}-{}-{method}",
                             if chain { "chain" } else { "separate" }
                         );
                         println!(
                             "{}",
-                            trace(traced, &stream, &flush, &buffers, &caches, clock_mhz, &name)?
-                                .lines()
-                                .fold(
-                                    format!(
-                                        "trace: {keys} keys, {rows} rows ({}), {method}",
-                                        if chain { "one request" } else { "separate" }
-                                    ),
-                                    |text, line| text + "\n  " + line
-                                )
+                            trace(
+                                traced,
+                                &stream,
+                                &flush,
+                                &buffers,
+                                &caches,
+                                nominal_mhz,
+                                &name
+                            )?
+                            .lines()
+                            .fold(
+                                format!(
+                                    "trace: {keys} keys, {rows} rows ({}), {method}",
+                                    if chain { "one request" } else { "separate" }
+                                ),
+                                |text, line| text + "\n  " + line
+                            )
                         );
                     }
                     let requests = if chain { 1.0 } else { f64::from(rows) };

@@ -51,16 +51,14 @@ MONO_DEV idx_ring idx_ring_of(u8* lds) {
                   mono_lds_address(weights + IDX_GROUP_ROWS * IDX_HEADS * 4), slots, mono_lds_address(slots)};
 }
 
-// Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page, its barrier.
-MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) {
-  return ring.slots + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
-}
+// Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page (to read, and as an
+// LDS address for the copies), its barrier.
+MONO_DEV u32 idx_slot_offset(u32 w, u32 s) { return (w * IDX_RING + s) * IDX_RING_PAGE_BYTES; }
+MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) { return ring.slots + idx_slot_offset(w, s); }
 MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 s) {
   return (float*)(idx_slot_keys(ring, w, s) + IDX_PAGE_KEY_BYTES);
 }
-MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) {
-  return ring.slots_lds + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
-}
+MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) { return ring.slots_lds + idx_slot_offset(w, s); }
 MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return ring.landed + 8u * (w * IDX_RING + s); }
 
 // Pages of the run that warpgroup w scores.
@@ -71,11 +69,11 @@ MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u 
 // (!live).
 MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 s, bool live, u32 phys) {
   if (mono_thread() % IDX_WG_THREADS == 0 && live) {
-    const u32 landed = idx_slot_landed(ring, w, s), slot = idx_slot_lds(ring, w, s);
+    const u32 landed = idx_slot_landed(ring, w, s), dst = idx_slot_lds(ring, w, s);
     const u8* src = a.cache_read + (u64)phys * IDX_PAGE_BYTES;
     mono_lds_barrier_expect(landed, IDX_RING_PAGE_BYTES);
-    mono_copy_bulk(slot, src, IDX_PAGE_KEY_BYTES, landed);
-    mono_copy_bulk(slot + IDX_PAGE_KEY_BYTES, src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
+    mono_copy_bulk(dst, src, IDX_PAGE_KEY_BYTES, landed);
+    mono_copy_bulk(dst + IDX_PAGE_KEY_BYTES, src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
   }
 }
 
