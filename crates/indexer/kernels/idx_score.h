@@ -93,19 +93,26 @@ MONO_DEV void idx_store_batch(idx_score_smem& sm, const idx_prefetch& f, u32 pag
   if (thread < IDX_BATCH_TOKENS && thread / IDX_PAGE_TOKENS < pages) idx_scales(sm)[thread] = f.scale;
 }
 
+// The first token whose key this launch writes and the group reads from its published pairs:
+// the request's first row's (the group's own first row's, under PATCH_GROUP_ONLY).
+MONO_DEV u32 idx_patch_lowest(const idx_request& q, const idx_group& grp) {
+#if IDX_PATCH_GROUP_ONLY
+  return q.first_position + (grp.first_row - q.first_row);
+#else
+  (void)grp;
+  return q.first_position;
+#endif
+}
+
 // Overwrites the copies of keys this launch writes with their published pairs: the keys of the
-// request's rows (of the group's own rows only, under PATCH_GROUP_ONLY) that lie in [t0, t0 +
-// tokens) and at or before the group's last position. Thread `thread` of a team of `threads`
-// (the block, or a warpgroup) takes every threads-th word; agree(ok) ends it with the team past a
-// barrier and returns whether every thread's waits succeeded (false only when a debug wait gave up).
+// request's rows (idx_patch_lowest on) that lie in [t0, t0 + tokens) and at or before the group's
+// last position. Thread `thread` of a team of `threads` (the block, or a warpgroup) takes every
+// threads-th word; agree(ok) ends it with the team past a barrier and returns whether every
+// thread's waits succeeded (false only when a debug wait gave up).
 template <class Agree>
 MONO_DEV bool idx_patch_tokens(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
                                u32 t0, u32 tokens, u8* keys, float* scales, u32 thread, u32 threads, Agree agree) {
-#if IDX_PATCH_GROUP_ONLY
-  const u32 lowest = q.first_position + (grp.first_row - q.first_row);
-#else
-  const u32 lowest = q.first_position;
-#endif
+  const u32 lowest = idx_patch_lowest(q, grp);
   const u32 first = lowest > t0 ? lowest : t0;
   const u32 last = grp.last_position < t0 + tokens - 1u ? grp.last_position : t0 + tokens - 1u;
   if (first > last) return true;

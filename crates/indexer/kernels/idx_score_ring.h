@@ -203,7 +203,8 @@ MONO_DEV bool idx_ring_queries(const idx_args& a, const mbx_ctx& c, const idx_gr
 
 // One page (keys, scales: its slot; first token t0), scored by this warpgroup for the group's R
 // rows and written out, a row by each lane of a quad; meanwhile() runs while the tensor units work.
-// out: the lane's row's scores at the page's first token (unused when the lane has no row).
+// out: the lane's row's score of its first token, idx_wg_token() into the page (unused when the
+// lane has no row).
 template <u32 R, class Meanwhile>
 MONO_DEV void idx_ring_page(const idx_group& grp, const idx_ring& ring, const u8* keys, const float* scales, u32 t0,
                             float* out, Meanwhile meanwhile) {
@@ -217,7 +218,7 @@ MONO_DEV void idx_ring_page(const idx_group& grp, const idx_ring& ring, const u8
 #pragma unroll
   for (u32 h = 0; h < 2; ++h) {
     const u32 n = token + 8u * h;
-    out[n] = t0 + n <= position ? s[h] * scales[n] : minus_inf;
+    out[8u * h] = t0 + n <= position ? s[h] * scales[n] : minus_inf;
   }
 }
 
@@ -230,12 +231,16 @@ template <u32 R, bool TRACED>
 MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_request& q, const idx_group& grp,
                            const idx_run& run, u32 run_index, const idx_ring& ring, u32 w, u32 next) {
   const u32 pages = idx_wg_pages(run, w);
-  // The lane's row's scores at page j's first token, advanced a page pair at a time: computed
+  // The lane's row's score of its first token of page j, advanced a page pair at a time: computed
   // from the row every page, its 64-bit address took about a dozen instructions a page.
-  float* out = a.scores + (u64)(grp.first_row + (mono_lane() & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS;
+  float* out = a.scores + (u64)(grp.first_row + (mono_lane() & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS +
+               idx_wg_token();
   // Page j's slot, j % RING, and its barrier's phase parity, (j / RING) % 2, kept as j goes up
   // (computed from j, they were two divisions a page).
   u32 slot = 0, parity = 0;
+  // Only pages that reach the launch's new keys are patched: tested once a page, the patch's own
+  // bounds took about ten instructions a page on every page.
+  const u32 lowest = idx_patch_lowest(q, grp);
   for (u32 j = 0; j < pages; ++j) {
     idx_mark_page<TRACED>(a, run_index, j, IDX_MARK_WAITING);
     mono_lds_barrier_wait(idx_slot_landed(ring, w, slot), parity);
@@ -244,7 +249,8 @@ MONO_DEV void idx_ring_run(const idx_args& a, const mbx_ctx& c, const idx_reques
     const u32 t0 = (run.first_page + 2u * j + w) * IDX_PAGE_TOKENS;
     u8* keys = idx_slot_keys(ring, w, slot);
     float* scales = idx_slot_scales(ring, w, slot);
-    if (!idx_patch_tokens(a, c, q, grp, t0, IDX_PAGE_TOKENS, keys, scales, mono_thread() % IDX_WG_THREADS,
+    if (t0 + IDX_PAGE_TOKENS > lowest &&
+        !idx_patch_tokens(a, c, q, grp, t0, IDX_PAGE_TOKENS, keys, scales, mono_thread() % IDX_WG_THREADS,
                           IDX_WG_THREADS, [w](bool ok) { return idx_wg_agree(w, ok); }))
       return;
     idx_ring_page<R>(grp, ring, keys, scales, t0, out, [&] {
