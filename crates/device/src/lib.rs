@@ -23,4 +23,4 @@ pub use compile::{
 pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Module, Stream};
 pub use error::{DeviceError, Result};
 pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};
-pub use source::{KernelSource, NUMERICS, PRELUDE};
+pub use source::{KernelSource, NUMERICS, OPS, PRELUDE};

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const PRELUDE: (&str, &str) = ("prelude.h", include_str!("../../../kernels/prelude.h"));
 /// bf16/FP8 conversions and wave reductions, included by the prelude.
 pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels/numerics.h"));
+/// The ops layer, by scope: teams and their barriers (`ops/team.h`).
+pub const OPS: &[(&str, &str)] = &[("ops/team.h", include_str!("../../../kernels/ops/team.h"))];
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.
 #[derive(Clone, Debug)]
@@ -19,10 +21,11 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
-    /// A source that may include the prelude (and its numerics) by name.
+    /// A source that may include the prelude (and its numerics) and the ops layer by name.
     pub fn new(name: impl Into<String>, text: impl Into<String>) -> Self {
         let headers = [PRELUDE, NUMERICS]
             .into_iter()
+            .chain(OPS.iter().copied())
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
         KernelSource {
