@@ -197,6 +197,84 @@ MONO_DEV u32 mono_popc32(u32 v) {
 #endif
 }
 
+// A block barrier that returns whether `ok` holds in every thread of the block.
+MONO_DEV bool mono_block_all(bool ok) {
+#if MONO_AMD
+  __shared__ u32 failed;
+  if (mono_thread() == 0) failed = 0;
+  mono_sync_block();
+  if (!ok) failed = 1;
+  mono_sync_block();
+  const bool all_ok = *(volatile u32*)&failed == 0;
+  mono_sync_block();
+  return all_ok;
+#else
+  return __syncthreads_and(ok) != 0;
+#endif
+}
+
+// ---- named barriers: a part of the CTA syncs alone (the teams of ops/team.h) ----------------------
+// Syncs the `threads` threads (whole waves) that use barrier id `id` in 1..15 (0 is the block's
+// barrier, mono_sync_block). NVIDIA: the hardware's named barriers. AMD (gfx950) has none: a
+// sense-reversing barrier on a pair of LDS words per id (arrivals, generation), which the kernel's
+// first block barrier after mono_named_barriers_init() makes ready.
+#define MONO_BARRIERS 16
+#if MONO_AMD
+__shared__ u32 mono_named_lds[2 * MONO_BARRIERS];
+#endif
+// Block-wide, once before any named barrier is used; a block barrier must follow.
+MONO_DEV void mono_named_barriers_init() {
+#if MONO_AMD
+  if (mono_thread() < 2 * MONO_BARRIERS) mono_named_lds[mono_thread()] = 0;
+#endif
+}
+MONO_DEV void mono_named_sync(u32 id, u32 threads) {
+#if MONO_AMD
+  u32* arrivals = &mono_named_lds[2 * id];
+  u32* generation = arrivals + 1;
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  if (mono_lane() == 0) {
+    const u32 gen = __hip_atomic_load(generation, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+    if (__hip_atomic_fetch_add(arrivals, 1u, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_WORKGROUP) == threads / MONO_WAVE - 1) {
+      __hip_atomic_store(arrivals, 0u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+      __hip_atomic_store(generation, gen + 1u, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_WORKGROUP);
+    } else {
+      while (__hip_atomic_load(generation, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_WORKGROUP) == gen)
+        __builtin_amdgcn_s_sleep(1);
+    }
+  }
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#else
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+// The same barrier, returning whether `ok` holds in every one of its threads.
+MONO_DEV bool mono_named_all(u32 id, u32 threads, bool ok) {
+#if MONO_AMD
+  // A wave's verdict by ballot, the team's through an LDS word per id, cleared before the
+  // barrier's first crossing and read between its second and third.
+  __shared__ u32 failed[MONO_BARRIERS];
+  const bool wave_ok = mono_ballot(!ok) == 0;
+  if (mono_thread() % threads == 0) failed[id] = 0;
+  mono_named_sync(id, threads);
+  if (!wave_ok && mono_lane() == 0) failed[id] = 1;
+  mono_named_sync(id, threads);
+  const bool all_ok = *(volatile u32*)&failed[id] == 0;
+  mono_named_sync(id, threads);
+  return all_ok;
+#else
+  u32 all;
+  asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.and.pred q, %2, %3, p; selp.u32 %0, 1, 0, q; }"
+               : "=r"(all)
+               : "r"((u32)ok), "r"(id), "r"(threads)
+               : "memory");
+  return all != 0;
+#endif
+}
+// Whether `ok` holds in every lane of the wave (the whole wave active).
+MONO_DEV bool mono_wave_all(bool ok) { return mono_ballot(!ok) == 0; }
+
 // ---- device-scope memory ordering ------------------------------------------------------------------
 // Hand-offs between CTAs go through these: relaxed/acquire loads that bypass the non-coherent L1,
 // relaxed/release stores, and device-scope fences.

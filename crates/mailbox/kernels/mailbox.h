@@ -53,6 +53,20 @@ struct mbx_task {
 };
 static_assert(sizeof(mbx_task) == 64, "mbx_task must match the Rust Task");
 
+// A task's kind names its stage in the high bits and the stage's own kind in the low 8
+// (src/task.rs `Stage`, `Task::kind_of`): the fused kernel's switch goes by stage, each stage's
+// decoder by its own kinds.
+#define MBX_STAGE_SHIFT 8u
+#define MBX_STAGE_SYNTHETIC 0u
+#define MBX_STAGE_INDEXER 1u
+#define MBX_STAGE_SELECT 2u
+#define MBX_STAGE_LINEAR 3u
+#define MBX_STAGE_MOE 4u
+#define MBX_STAGE_MLA 5u
+#define MBX_STAGE_HEAD 6u
+MONO_DEV u32 mbx_stage_of(u32 kind) { return kind >> MBX_STAGE_SHIFT; }
+MONO_DEV u32 mbx_own_kind(u32 kind) { return kind & ((1u << MBX_STAGE_SHIFT) - 1u); }
+
 // ---- box words and tags --------------------------------------------------------------------------
 MONO_DEV u64 mbx_pack(u32 tag, u32 value) { return ((u64)tag << 32) | (u64)value; }
 MONO_DEV u32 mbx_tag_of(u64 word) { return (u32)(word >> 32); }
@@ -226,6 +240,20 @@ MONO_DEV bool mbx_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
 }
 
 // ---- the persistent task loop --------------------------------------------------------------------
+// What every task-list launch takes besides its stages' arguments (src/gpu.rs `LaunchTable`): the
+// placement's table, the scratch, where the tag comes from, and the diagnostics area.
+struct mbx_launch {
+  const mbx_task* tasks;
+  const u32* offsets;  // CTA c runs tasks[offsets[c] .. offsets[c + 1])
+  u64* scratch;
+  const u32* epoch;
+  u32* diag;
+  u32 n_ctas;
+  u32 launches_per_step;
+  u32 launch_index;
+  u32 pad;
+};
+
 // Runs this CTA's list: tasks[offsets[cta] .. offsets[cta+1]) in order (src/placement.rs
 // TaskTable). body(c, task) is called by every thread and returns false to stop the CTA (a debug
 // wait gave up). A block barrier separates tasks, so a task may reuse the shared memory of the last.
@@ -242,4 +270,11 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
     if (!body(c, task)) return;
     mono_sync_block();
   }
+}
+
+// The same, from a launch's arguments: every thread of the CTA calls it once.
+template <class Body>
+MONO_DEV void mbx_run_launch(const mbx_launch& l, Body body) {
+  mbx_ctx c = mbx_begin(l.scratch, mbx_launch_tag(l.epoch, l.launches_per_step, l.launch_index), l.diag);
+  mbx_run_list(c, l.tasks, l.offsets, l.n_ctas, body);
 }

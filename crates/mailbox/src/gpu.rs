@@ -152,6 +152,52 @@ impl DeviceTable {
     }
 }
 
+/// What every task-list launch takes besides its stages' arguments, in the byte layout of
+/// `struct mbx_launch` (`kernels/mailbox.h`): passed by value as the kernel's first argument.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LaunchTable {
+    pub tasks: u64,
+    pub offsets: u64,
+    pub scratch: u64,
+    pub epoch: u64,
+    pub diag: u64,
+    pub n_ctas: u32,
+    pub launches_per_step: u32,
+    pub launch_index: u32,
+    pub pad: u32,
+}
+
+impl LaunchTable {
+    /// Launch `launch_index` of a step of `tags`, running `table` over `scratch`; `diag` holds
+    /// [`DIAG_WORDS`] zeroed words.
+    pub fn new(
+        table: &DeviceTable,
+        scratch: &Buffer<u64>,
+        epoch: &Buffer<u32>,
+        diag: &Buffer<u32>,
+        tags: Tags,
+        launch_index: u32,
+    ) -> Result<Self> {
+        if diag.len() < DIAG_WORDS {
+            return Err(GpuError::Shape(format!(
+                "diagnostics need {DIAG_WORDS} words"
+            )));
+        }
+        Ok(LaunchTable {
+            tasks: table.tasks.device_ptr(),
+            offsets: table.offsets.device_ptr(),
+            scratch: scratch.device_ptr(),
+            epoch: epoch.device_ptr(),
+            diag: diag.device_ptr(),
+            n_ctas: table.ctas,
+            launches_per_step: tags.launches_per_step(),
+            launch_index,
+            pad: 0,
+        })
+    }
+}
+
 /// The synthetic persistent kernel and the step counter of its test graphs.
 pub struct SyntheticKernel {
     kernel: Kernel,

@@ -20,4 +20,4 @@ pub use emulator::{EmuConfig, EmuError, Scratch, TaskFailed, TaskFn};
 pub use layout::{pack, tag_of, value_of, BoxRange, BoxValue, Region, ScratchLayout, Tags};
 pub use placement::{Limits, Placement, PlacementError, TaskTable, ValidPlacement};
 pub use protocol::{BoxWord, Patience, PollMode};
-pub use task::{Task, MAX_INPUTS};
+pub use task::{Stage, Task, MAX_INPUTS, STAGE_SHIFT};

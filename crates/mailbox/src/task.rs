@@ -3,6 +3,24 @@
 
 use crate::layout::BoxRange;
 
+/// The stage a task kind belongs to: the high bits of [`Task::kind`] (`MBX_STAGE_*` in
+/// `kernels/mailbox.h`). The fused kernel switches on the stage, the stage's decoder on its own kind
+/// (the low [`STAGE_SHIFT`] bits).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    Synthetic = 0,
+    Indexer = 1,
+    Select = 2,
+    Linear = 3,
+    Moe = 4,
+    Mla = 5,
+    Head = 6,
+}
+
+/// Bits of a kind that are the stage's own.
+pub const STAGE_SHIFT: u32 = 8;
+
 /// Input ranges a task may wait on.
 pub const MAX_INPUTS: usize = 4;
 /// Kind-specific 32-bit arguments.
@@ -36,6 +54,17 @@ pub struct TooManyInputs {
 }
 
 impl Task {
+    /// The kind word of a stage's own kind `own` (below 2^[`STAGE_SHIFT`]).
+    pub const fn kind_of(stage: Stage, own: u32) -> u32 {
+        assert!(own < 1 << STAGE_SHIFT);
+        ((stage as u32) << STAGE_SHIFT) | own
+    }
+
+    /// The stage bits of this task's kind.
+    pub fn stage_bits(&self) -> u32 {
+        self.kind >> STAGE_SHIFT
+    }
+
     pub fn new(
         kind: u32,
         order: u32,

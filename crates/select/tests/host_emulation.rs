@@ -1,5 +1,6 @@
 //! The kernels' own source (`kernels/select.hip`, `select.h` and the headers it includes, found
-//! through `-I kernels`) run on CPU threads through a host stand-in of the prelude (`tests/host/`),
+//! through `-I kernels`) run on CPU threads through the host stand-in of the prelude
+//! (`kernels/host/prelude.h` of the workspace) and a driver (`tests/host/`),
 //! compared entry by entry with the reference: wave sizes 32 and 64, all three kernels, every pattern,
 //! page tables, a build with many small slices, and one at production k and slicing. This checks the device
 //! code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between CTAs),
@@ -17,6 +18,9 @@ use std::process::Command;
 
 const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
 const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
+/// The host prelude, found before the real one; then the ops layer beside the real one.
+const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
+const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
 const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
 
 struct Build {
@@ -95,8 +99,10 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
         .args(["-std=c++20", "-O2", "-pthread", "-w"])
         .arg(format!("-I{}", dir.display()))
         .arg(format!("-I{HOST}"))
+        .arg(format!("-I{HOST_PRELUDE}"))
         .arg(format!("-I{KERNELS}"))
         .arg(format!("-I{MAILBOX}"))
+        .arg(format!("-I{OPS}"))
         .arg(format!("-DMONO_WAVE={}", b.wave))
         .arg(format!("-DSEL_BLOCK={}", b.block))
         .arg(format!("-DSEL_K={}", b.k))

@@ -7,6 +7,7 @@
 // scores [rows, stride], the page table [rows, pages_stride]. output: flags [rows, SEL_FLAGS], then
 // the lists [rows, SEL_K]. Exit status 3: the launch did not end within a minute.
 #include <csignal>
+#include <mutex>
 #include <cstdio>
 #include <ctime>
 #include <sys/mman.h>
@@ -24,6 +25,18 @@ static std::barrier<>* block_barrier;
 static std::barrier<>* wave_barrier[64];
 void emu_sync_block() { block_barrier->arrive_and_wait(); }
 void emu_sync_wave(u32 wave) { wave_barrier[wave]->arrive_and_wait(); }
+u32 emu_agree[MONO_BARRIERS];
+static std::barrier<>* named_barrier[MONO_BARRIERS];
+static std::mutex named_lock;
+void emu_sync_named(u32 id, u32 threads) {
+  std::barrier<>* b;
+  {
+    std::lock_guard<std::mutex> hold(named_lock);
+    if (!named_barrier[id]) named_barrier[id] = new std::barrier<>(threads);
+    b = named_barrier[id];
+  }
+  b->arrive_and_wait();
+}
 
 template <class T>
 static T* device_alloc(size_t n) {

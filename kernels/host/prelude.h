@@ -1,5 +1,5 @@
-// A host stand-in for kernels/prelude.h, so that the select kernels' own source runs on CPU threads
-// (tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA; its threads
+// A host stand-in for kernels/prelude.h, so that a stage's kernels run from their own source on CPU
+// threads (select's tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA; its threads
 // are std::threads. Block barriers are std::barriers; a wave's ballots and shuffles go through an
 // exchange array between two wave barriers, so every lane must reach them together, as on a GPU.
 // Device memory is shared between the CTA processes by the driver (driver.cpp).
@@ -12,6 +12,7 @@
 
 #define MONO_AMD 0
 #define MONO_NVIDIA 0
+#define MONO_HOST 1
 #ifndef MONO_WAVE
 #define MONO_WAVE 32
 #endif
@@ -41,6 +42,8 @@ extern u32 emu_block, emu_block_dim, emu_grid_dim;
 extern u64 emu_exchange[64][64];
 void emu_sync_block();
 void emu_sync_wave(u32 wave);
+// Named barrier `id` of `threads` threads (the driver makes one std::barrier per id on first use).
+void emu_sync_named(u32 id, u32 threads);
 
 MONO_DEV u32 mono_thread() { return emu_thread; }
 MONO_DEV u32 mono_block() { return emu_block; }
@@ -50,6 +53,9 @@ MONO_DEV u32 mono_lane() { return mono_thread() & (MONO_WAVE - 1); }
 MONO_DEV u32 mono_wave() { return mono_thread() / MONO_WAVE; }
 MONO_DEV u32 mono_waves_per_block() { return mono_block_dim() / MONO_WAVE; }
 MONO_DEV void mono_sync_block() { emu_sync_block(); }
+#define MONO_BARRIERS 16
+MONO_DEV void mono_named_barriers_init() {}
+MONO_DEV void mono_named_sync(u32 id, u32 threads) { emu_sync_named(id, threads); }
 MONO_DEV void mono_wait_prior() {}
 MONO_DEV void mono_release_next() {}
 
@@ -121,3 +127,20 @@ MONO_DEV void mono_fence_acquire() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MONO_DEV void mono_fence_release() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MONO_DEV void mono_fence_acq_rel() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 MONO_DEV void mono_trap() { abort(); }
+
+MONO_DEV bool mono_wave_all(bool ok) { return mono_ballot(!ok) == 0; }
+// Agreement through an exchange word per barrier id, as the AMD prelude does in LDS.
+extern u32 emu_agree[MONO_BARRIERS];
+MONO_DEV bool emu_agree_on(u32 id, bool ok, void (*sync)(u32, u32), u32 threads) {
+  if (mono_thread() % threads == 0) __atomic_store_n(&emu_agree[id], 0u, __ATOMIC_RELAXED);
+  sync(id, threads);
+  if (!ok) __atomic_store_n(&emu_agree[id], 1u, __ATOMIC_RELAXED);
+  sync(id, threads);
+  const bool all_ok = __atomic_load_n(&emu_agree[id], __ATOMIC_RELAXED) == 0;
+  sync(id, threads);
+  return all_ok;
+}
+MONO_DEV bool mono_named_all(u32 id, u32 threads, bool ok) { return emu_agree_on(id, ok, emu_sync_named, threads); }
+MONO_DEV bool mono_block_all(bool ok) {
+  return emu_agree_on(0, ok, [](u32, u32) { emu_sync_block(); }, emu_block_dim);
+}
