@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod layout;
 pub mod placement;
 pub mod protocol;
+pub mod stage;
 pub mod synth;
 pub mod task;
 
@@ -20,4 +21,5 @@ pub use emulator::{EmuConfig, EmuError, Scratch, TaskFailed, TaskFn};
 pub use layout::{pack, tag_of, value_of, BoxRange, BoxValue, Region, ScratchLayout, Tags};
 pub use placement::{Limits, Placement, PlacementError, TaskTable, ValidPlacement};
 pub use protocol::{BoxWord, Patience, PollMode};
+pub use stage::StageKernel;
 pub use task::{Stage, Task, MAX_INPUTS, STAGE_SHIFT};

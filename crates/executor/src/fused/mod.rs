@@ -1,0 +1,7 @@
+//! The fused launch: one persistent kernel per layer, its CTA shape, and its generated source.
+
+pub mod shape;
+pub mod source;
+
+pub use shape::CtaShape;
+pub use source::{fused_source, FusedSourceError, ENTRY};

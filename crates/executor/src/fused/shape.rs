@@ -1,0 +1,50 @@
+//! The one CTA shape of a fused launch: every task of every stage runs in it.
+//!
+//! sm_90a (H100/H200): 512 threads (four warpgroups), one CTA per SM, at most 128 registers a
+//! thread (`__launch_bounds__(512, 1)`), the SM's whole shared memory (227 KiB of dynamic shared
+//! memory). Four warpgroups let a stage split the CTA into teams the way the wgmma scorer wants
+//! (warpgroups stream pages while others compute), and 128 registers hold the wgmma accumulators;
+//! one CTA a SM gives each task the SM's whole shared memory for its rings.
+//!
+//! gfx950 (MI355X): 512 threads (eight waves of 64), one CTA per CU, 160 KiB of LDS.
+
+use device::DeviceInfo;
+
+/// Threads, the per-thread register cap that follows from one CTA a SM, and the dynamic shared
+/// memory every task may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtaShape {
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
+
+/// Largest dynamic shared memory a CTA may ask for on sm_90 (227 KiB).
+const SM90_SHARED: u32 = 227 * 1024;
+/// LDS of a gfx950 CU.
+const GFX950_SHARED: u32 = 160 * 1024;
+
+impl CtaShape {
+    /// The shape for a compile target (`sm_90a` or `gfx950`).
+    pub fn for_target(target: &str) -> Option<CtaShape> {
+        match target {
+            "sm_90a" => Some(CtaShape {
+                threads: 512,
+                shared_bytes: SM90_SHARED,
+            }),
+            "gfx950" => Some(CtaShape {
+                threads: 512,
+                shared_bytes: GFX950_SHARED,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The shape for the device in hand, capped by what it reports it can give a CTA.
+    pub fn for_device(info: &DeviceInfo) -> Option<CtaShape> {
+        let shape = CtaShape::for_target(&info.arch)?;
+        Some(CtaShape {
+            shared_bytes: shape.shared_bytes.min(info.max_shared_per_block),
+            ..shape
+        })
+    }
+}
