@@ -1,7 +1,9 @@
 //! GPU figures of the device layer, event-timed: copy bandwidth (against the HBM floor), NVRTC build
 //! cold and from the cache, and 79 launches issued directly vs replayed from one graph.
-//! `cargo bench -p device --bench probes` on a GPU machine; prints "skipped" without one.
+//! `cargo bench -p device --bench probes` on a GPU machine; prints "skipped" without one. With
+//! `MONO_BENCH_JSON=file` it also appends its figures there as records (`device::report`).
 
+use device::report::{Figure, Reporter};
 use device::{Args, Device, Launch, ModuleCache};
 use std::time::Instant;
 
@@ -28,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.driver_version
     );
     println!("compiler: {}", dev.compiler_version());
+    let report = Reporter::from_env(&info.name);
 
     // Build: cold (fresh cache, first NVRTC use), cold again with NVRTC warm, then from the cache.
     let dir = std::env::temp_dir().join(format!("mono-probe-cache-{}", std::process::id()));
@@ -44,6 +47,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cached = t.elapsed().as_secs_f64() * 1e3;
     assert!(again.build_report().cached && !module.build_report().cached);
     println!("build copy.hip: first {first:.1} ms (cold NVRTC), {warm_compiler:.1} ms (compiler warm, cache miss), {cached:.2} ms (from the cache, load included)");
+    for (what, ms) in [
+        ("first build (compiler cold)", first),
+        ("build, compiler warm, cache miss", warm_compiler),
+    ] {
+        report.write(
+            &Figure::new("device", "build of copy.hip", what, ms, "ms")
+                .baseline(cached, "from the on-disk cache, load included"),
+        )?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 
     // Copy bandwidth: 2 GiB read + 2 GiB written per copy.
@@ -58,6 +70,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "copy bandwidth: {:.2} TB/s best, destination checked",
         bandwidth.bytes_per_s / 1e12
     );
+    report.write(&Figure::new(
+        "device",
+        "copy, 2 GiB read + 2 GiB written",
+        "copy_16b, best of 2/4/8 blocks an SM",
+        bandwidth.bytes_per_s / 1e12,
+        "TB/s",
+    ))?;
 
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
@@ -98,5 +117,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if got != expected {
         return Err(format!("counter {got} != {expected}").into());
     }
+    report.write(
+        &Figure::new(
+            "device",
+            "79 launches of a one-thread kernel",
+            "issued directly",
+            direct_us,
+            "us",
+        )
+        .baseline(graph_us, "replayed from one captured graph"),
+    )?;
     Ok(())
 }

@@ -51,6 +51,12 @@ pub enum DeviceError {
     #[error("invalid launch of {kernel}: {message}")]
     Launch { kernel: String, message: String },
 
+    #[error("bench record file {path}: {source}")]
+    Report {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
     #[error("buffer size mismatch: {message}")]
     Size { message: String },
 }

@@ -11,6 +11,7 @@ mod error;
 #[cfg(feature = "hip")]
 mod hip;
 pub mod probes;
+pub mod report;
 mod resources;
 mod source;
 
