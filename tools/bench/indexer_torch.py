@@ -4,11 +4,14 @@ Per request: gather its pages of the paged FP8 index-key cache (64 tokens a page
 fp32 scale a token), dequantise to fp32, score the request's rows together
 (einsum q.k per head, ReLU, times the head weights, sum over heads), -inf past each row's position.
 Rows 1, 2, 4, 8 as one request's draft chain and as separate requests, at 8K, 128K and 512K keys.
-Each figure: median of 30 CUDA-event-timed runs, the L2 flushed before each. One line per case.
+Each figure: median of 30 CUDA-event-timed runs, the L2 flushed before each. One line per case;
+with MONO_BENCH_JSON set each figure is also written there as a record (tools/bench/record.py).
 
-    python tools/bench/indexer_torch.py
+    python3 tools/bench/indexer_torch.py
 """
 import torch
+
+import record
 
 HEADS, DIM, PAGE = 32, 128, 64
 KEYS = [8192, 131072, 524288]
@@ -63,8 +66,13 @@ def main():
                     end.synchronize()
                     times.append(start.elapsed_time(end) * 1e3)
                 times.sort()
+                us = times[len(times) // 2]
                 kind = "1 (chain)" if chain else "separate"
-                print(f"torch eager: keys {keys:>7} rows {rows} requests {kind:>9}: {times[len(times) // 2]:9.1f} us")
+                print(f"torch eager: keys {keys:>7} rows {rows} requests {kind:>9}: {us:9.1f} us")
+                case = f"{record.keys_label(keys)} x {record.rows_label(rows)}"
+                if rows > 1:
+                    case += ", one request" if chain else ", separate requests"
+                record.append("indexer scoring", case, "PyTorch eager", us, "us", torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """torch.topk(k=2048) on the shapes of the select benchmark (crates/select/benches/gpu.rs): rows
 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M fp32 keys. Each case is a CUDA graph of 20 topk calls,
-replayed 15 times with events around each replay; printed: the median replay over 20, in us.
+replayed 15 times with events around each replay; printed: the median replay over 20, in us. With
+MONO_BENCH_JSON set each figure is also written there as a record (tools/bench/record.py).
 
     python3 tools/bench/select_torch.py
 """
 import torch
+
+import record
 
 K = 2048
 LENS = [8192, 32768, 131072, 300_000, 1 << 20]
@@ -44,7 +47,10 @@ def main() -> None:
     print(f"{'kernel':<12} {'rows':>4} {'keys':>8} {'us/select':>10}")
     for length in LENS:
         for rows in ROWS:
-            print(f"{'torch.topk':<12} {rows:>4} {length:>8} {time_topk(rows, length):>10.2f}", flush=True)
+            us = time_topk(rows, length)
+            print(f"{'torch.topk':<12} {rows:>4} {length:>8} {us:>10.2f}", flush=True)
+            case = f"{record.keys_label(length)} x {record.rows_label(rows)}"
+            record.append("select", case, "torch.topk", us, "us", torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":

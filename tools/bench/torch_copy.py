@@ -1,9 +1,12 @@
 """PyTorch's device-to-device copy on the same sizes as `cargo bench -p device --bench probes`:
 2 GiB read + 2 GiB written per copy, event-timed, median of 10 after a warm-up. The baseline that
-BENCHMARKS.md puts beside our copy kernel."""
+BENCHMARKS.md puts beside our copy kernel; with MONO_BENCH_JSON set it writes its record there
+(tools/bench/record.py)."""
 import statistics
 
 import torch
+
+import record
 
 n = 2 << 30
 src = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -18,4 +21,7 @@ for _ in range(10):
     b.synchronize()
     times.append(a.elapsed_time(b))
 ms = statistics.median(times)
-print(f"torch copy_: {2 * n / (ms * 1e-3) / 1e12:.2f} TB/s (read + written), median {ms:.3f} ms, torch {torch.__version__}")
+tb_s = 2 * n / (ms * 1e-3) / 1e12
+print(f"torch copy_: {tb_s:.2f} TB/s (read + written), median {ms:.3f} ms, torch {torch.__version__}")
+record.append("device", "copy, 2 GiB read + 2 GiB written", "PyTorch dst.copy_(src)", tb_s, "TB/s",
+              torch.cuda.get_device_name())

@@ -5,8 +5,10 @@
 //! A record: `table` (the kernel or launch), `case` (the shape, e.g. "128K x 4 rows"), `what` (the
 //! variant timed), `figure` and `unit`, `floor` and `floor_how` (the least time the case could take
 //! and how that was computed), `baseline` and `baseline_name` (another implementation measured in
-//! the same run), `ratio` (the figure over the floor when there is one, else over the baseline),
-//! `command`, `commit`, `date` (UTC, `YYYY-MM-DD`) and `device`. The run's commit and command come
+//! the same run), `ratio` and `ratio_of` (the figure over the floor when there is one, else over
+//! the baseline), `command`, `commit`, `date` (UTC, `YYYY-MM-DD`), `device` and an optional `note`. Cases name
+//! their keys as [`keys_label`] does ("8K x 4 rows", "1M x 1 row"), so that a later run's record
+//! replaces the same figure's. The run's commit and command come
 //! from `MONO_BENCH_COMMIT` and `MONO_BENCH_COMMAND` (the binary has no repository beside it on a
 //! GPU machine); without `MONO_BENCH_COMMAND` the command is the process's own arguments.
 
@@ -25,6 +27,7 @@ pub struct Figure {
     pub unit: String,
     pub floor: Option<(f64, String)>,
     pub baseline: Option<(f64, String)>,
+    pub note: Option<String>,
 }
 
 impl Figure {
@@ -38,6 +41,7 @@ impl Figure {
             unit: unit.into(),
             floor: None,
             baseline: None,
+            note: None,
         }
     }
 
@@ -53,13 +57,20 @@ impl Figure {
         self
     }
 
-    /// The figure over the floor, else over the baseline.
-    pub fn ratio(&self) -> Option<f64> {
-        self.floor
-            .as_ref()
-            .or(self.baseline.as_ref())
+    /// What a reader needs beside the figure (e.g. the spread of several runs).
+    pub fn note(mut self, text: &str) -> Self {
+        self.note = Some(text.into());
+        self
+    }
+
+    /// The figure over the floor, else over the baseline, and which of the two that is.
+    pub fn ratio(&self) -> Option<(f64, &'static str)> {
+        let floor = self.floor.as_ref().map(|(v, _)| (*v, "floor"));
+        let baseline = self.baseline.as_ref().map(|(v, _)| (*v, "baseline"));
+        floor
+            .or(baseline)
             .filter(|(v, _)| *v != 0.0)
-            .map(|(v, _)| self.figure / v)
+            .map(|(v, of)| (self.figure / v, of))
     }
 }
 
@@ -76,10 +87,12 @@ struct Record<'a> {
     baseline: Option<f64>,
     baseline_name: Option<&'a str>,
     ratio: Option<f64>,
+    ratio_of: Option<&'static str>,
     command: &'a str,
     commit: &'a str,
     date: &'a str,
     device: &'a str,
+    note: Option<&'a str>,
 }
 
 /// Where a bench run's figures go, with what every record of the run shares.
@@ -139,11 +152,13 @@ impl Reporter {
             floor_how: f.floor.as_ref().map(|(_, h)| h.as_str()),
             baseline: f.baseline.as_ref().map(|(v, _)| *v),
             baseline_name: f.baseline.as_ref().map(|(_, n)| n.as_str()),
-            ratio: f.ratio(),
+            ratio: f.ratio().map(|(r, _)| r),
+            ratio_of: f.ratio().map(|(_, of)| of),
             command: &self.command,
             commit: &self.commit,
             date: &self.date,
             device: &self.device,
+            note: f.note.as_deref(),
         };
         let fail = |source| DeviceError::Report {
             path: path.clone(),
@@ -157,6 +172,17 @@ impl Reporter {
             .open(path)
             .and_then(|mut file| file.write_all(line.as_bytes()))
             .map_err(fail)
+    }
+}
+
+/// A key count as cases name it: 8192 is "8K", 1048576 "1M", 300000 "300K".
+pub fn keys_label(n: u64) -> String {
+    match n {
+        0 => "0".into(),
+        n if n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{}K", n >> 10),
+        n if n % 1000 == 0 => format!("{}K", n / 1000),
+        n => n.to_string(),
     }
 }
 
@@ -218,9 +244,12 @@ mod tests {
         assert_eq!(lines[0]["floor"], serde_json::Value::Null);
         assert_eq!(lines[0]["baseline_name"], "PyTorch copy_");
         assert!((lines[0]["ratio"].as_f64().unwrap() - 3.94 / 4.22).abs() < 1e-12);
+        assert_eq!(lines[0]["ratio_of"], "baseline");
         // With a floor, the ratio is over the floor, not the baseline.
         assert_eq!(lines[1]["ratio"].as_f64(), Some(3.0));
+        assert_eq!(lines[1]["ratio_of"], "floor");
         assert_eq!(lines[1]["floor_how"], "bytes over copy bandwidth");
+        assert_eq!(lines[1]["note"], serde_json::Value::Null);
         for line in &lines {
             assert_eq!(line["commit"], "abc1234");
             assert_eq!(line["command"], "probes --bench");
@@ -242,6 +271,12 @@ mod tests {
         let r = Reporter::to_path(Some(path), "c", "x", "d");
         let e = r.write(&Figure::new("t", "c", "w", 1.0, "us")).unwrap_err();
         assert!(e.to_string().contains("no-such-dir"), "{e}");
+    }
+
+    #[test]
+    fn key_counts_are_labelled_as_the_tables_name_them() {
+        let labels = [8192, 131_072, 300_000, 524_288, 1 << 20, 2049, 0].map(keys_label);
+        assert_eq!(labels, ["8K", "128K", "300K", "512K", "1M", "2049", "0"]);
     }
 
     #[test]

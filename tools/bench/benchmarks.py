@@ -1,0 +1,268 @@
+"""Writes BENCHMARKS.md from the benchmark records in tools/bench/results/*.jsonl.
+
+A record is one JSON object a line, one figure each, as `device::report` (Rust benches) and
+`tools/bench/record.py` (the PyTorch baselines) write them: table, case, what, figure, unit, floor
+and floor_how, baseline and baseline_name (measured in the same run), ratio and ratio_of (the figure
+over the floor when there is one, else over the baseline; either may be null), command, commit, date,
+device, note.
+
+    python3 tools/bench/benchmarks.py                 # rewrite BENCHMARKS.md from the records
+    python3 tools/bench/benchmarks.py --take run.jsonl  # first merge a bench run's records
+    python3 tools/bench/benchmarks.py --check          # fail if BENCHMARKS.md is not what the records give
+
+--take puts each record of the run into results/<table>.jsonl in place of the record with the same
+table, case and what (new ones go last), so the page always shows the latest figure of each; history
+lives in git.
+"""
+import argparse
+import json
+import pathlib
+import re
+import sys
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "tools" / "bench" / "results"
+PAGE = ROOT / "BENCHMARKS.md"
+FIELDS = ["table", "case", "what", "figure", "unit", "floor", "floor_how", "baseline", "baseline_name",
+          "ratio", "ratio_of", "command", "commit", "date", "device", "note"]
+REQUIRED = ["table", "case", "what", "figure", "unit", "command", "commit", "date", "device"]
+
+# The tables in page order, each with what its figures are; a table the records name that is not
+# here goes last, without a description.
+TABLES = [
+    ("device", "The device layer's probes: our copy kernel's bandwidth (every floor on this page "
+     "divides bytes by the copy bandwidth measured in its own run), a kernel build cold and from the "
+     "on-disk cache, and one step's worth of launches issued directly or replayed from a graph."),
+    ("mailbox hand-off", "A token passed around a ring of CTAs, ns per hop from the in-kernel global "
+     "timer over about 20,000 hops, median of 7 runs: one box (one thread waits and puts), or a "
+     "64-word row (a block-wide wait). The protocol polls relaxed; acquire polls are the baseline in "
+     "the same run. Targets: one box at most 300 ns, a 64-word row at most 1 us."),
+    ("indexer scoring", "Scoring a request's rows against its paged FP8 index keys (GLM-5 shapes, "
+     "32 heads x 128, 64-token pages, 132 B a key). Single launch: the L2 flushed before it, median of "
+     "30. In a graph: 6 launches back to back in one captured graph, per launch. Overlapped: the same, "
+     "each launch overlapping the one before it (programmatic dependent launch). Baselines: our copy "
+     "kernel moving the floor's bytes (half read, half written) timed the same way, and PyTorch eager "
+     "(`tools/bench/indexer_torch.py`). Targets: at most 1.5 x the floor at 128K keys and above; 4 "
+     "rows of one request at most 1.3 x one row."),
+    ("indexer scoring, mma.sync", "The two scorers for GPUs without wgmma (bf16 queries against keys "
+     "widened to f16, and FP8 queries against the keys as cached, both on mma.sync), single launches "
+     "timed as above, with the wgmma scorer of the same call as the baseline."),
+    ("select", "The exact top-2048 of fp32 score rows (random scores). Each case is a captured graph "
+     "of 20 selects (4 for one-CTA rows past 128K), the median us per select, every output checked "
+     "exact against the reference. Overlapped: each launch overlapping the one before it (the "
+     "library's default for the registers and one-CTA kernels); plain: without. torch.topk: "
+     "`tools/bench/select_torch.py`, a graph of 20 calls, same call. Targets: 8K x 4 rows at most "
+     "5 us, 128K x 4 rows at most 12 us."),
+    ("select, launch floor", "What a select launch costs when it has nothing to select (rows of "
+     "exactly k keys), same call as the select table."),
+]
+
+INTRO = """# Benchmarks
+
+The current figure of every kernel and launch, the latest measured of code that exists, with its
+floor or a baseline measured in the same run, the command, the commit and the date. Written by
+`tools/bench/benchmarks.py` from the records in `tools/bench/results/`; edit those, not this page.
+Earlier figures are in git. Why each kernel is shaped as it is, and every idea tried on it, is in
+the stage's PERF.md (`crates/indexer/PERF.md`, `crates/select/PERF.md`).
+
+Floors are bytes a launch must move over the copy bandwidth measured in the same run; a cell reads
+`figure (ratio)`, the ratio being over the floor where the table has one, else over the baseline.
+"""
+
+REPRODUCE = """## How to reproduce
+
+Build the benches here (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer
+--bench gpu` and `-p select --bench gpu`; the mailbox figures come from `cargo test --release -p
+mailbox --test gpu --no-run`), copy the binaries to the GPU machine, and run each there with the
+records file named:
+
+```sh
+export MONO_BENCH_JSON=$PWD/run.jsonl MONO_BENCH_COMMIT=<the commit built>
+./probes-<hash>; ./gpu-<hash> --bench      # the benches (each prints its table too)
+python3 tools/bench/torch_copy.py           # the PyTorch baselines write records the same way
+python3 tools/bench/select_torch.py; python3 tools/bench/indexer_torch.py
+```
+
+Then, back in the repository: `python3 tools/bench/benchmarks.py --take run.jsonl` merges the run's
+records into `tools/bench/results/` (each replaces the record of the same table, case and what) and
+rewrites this page; `--check` fails when the page is not what the records give.
+"""
+
+
+def load(path):
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"{path}:{n}: not JSON: {e}")
+        missing = [f for f in REQUIRED if record.get(f) is None]
+        unknown = [f for f in record if f not in FIELDS]
+        if missing or unknown:
+            sys.exit(f"{path}:{n}: missing {missing}, unknown {unknown}")
+        records.append({f: record.get(f) for f in FIELDS})
+    return records
+
+
+def slug(table):
+    return re.sub(r"[^a-z0-9]+", "-", table.lower()).strip("-")
+
+
+def key(record):
+    return (record["table"], record["case"], record["what"])
+
+
+def take(run_path):
+    """Merges a run's records into the results files, each in place of its namesake."""
+    for record in load(run_path):
+        path = RESULTS / f"{slug(record['table'])}.jsonl"
+        kept = load(path) if path.exists() else []
+        for i, old in enumerate(kept):
+            if key(old) == key(record):
+                kept[i] = record
+                break
+        else:
+            kept.append(record)
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+
+
+def number(x):
+    if x is None:
+        return ""
+    if abs(x) >= 100:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def cell(record, mixed):
+    text = number(record["figure"])
+    if record["ratio"] is not None:
+        text += f" ({record['ratio']:.2f}x" + (f" {record['ratio_of']})" if mixed else ")")
+    return text
+
+
+def ratio_kinds(records):
+    return set(r["ratio_of"] for r in records if r["ratio"] is not None)
+
+
+def row(values):
+    return "| " + " | ".join(values) + " |"
+
+
+def runs_line(records):
+    """The runs behind a table: commit, date, device and the commands."""
+    lines = []
+    for run in dict.fromkeys((r["commit"], r["date"], r["device"]) for r in records):
+        commands = dict.fromkeys(r["command"] for r in records
+                                 if (r["commit"], r["date"], r["device"]) == run)
+        lines.append(f"Commit `{run[0]}`, {run[1]}, {run[2]}: "
+                     + "; ".join(f"`{c}`" for c in commands) + ".")
+    return lines
+
+
+def notes(records):
+    out, seen = [], set()
+    for how in dict.fromkeys(r["floor_how"] for r in records if r["floor_how"]):
+        out.append(f"Floor: {how}.")
+    kinds = ratio_kinds(records)
+    if len(kinds) == 1:
+        out.append(f"Ratios: the figure over the {kinds.pop()}.")
+    for r in records:
+        if r["note"] and (r["case"], r["what"], r["note"]) not in seen:
+            seen.add((r["case"], r["what"], r["note"]))
+            out.append(f"{r['case']}, {r['what']}: {r['note']}")
+    return out
+
+
+def pivot(records):
+    """Cases down, whats across: for tables whose variants repeat over several cases."""
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    whats = list(dict.fromkeys(r["what"] for r in records))
+    baselines = list(dict.fromkeys(r["baseline_name"] for r in records if r["baseline_name"]))
+    units = dict.fromkeys(r["unit"] for r in records)
+    unit = next(iter(units)) if len(units) == 1 else None
+    commits = dict.fromkeys(r["commit"] for r in records)
+    has_floor = any(r["floor"] is not None for r in records)
+    head = ["case"] + (["commit"] if len(commits) > 1 else []) + (["floor"] if has_floor else [])
+    head += whats + baselines
+    lines = [row(head if unit is None else [f"{h} ({unit})" if h not in ("case", "commit") else h
+                                             for h in head]),
+             row(["---"] * len(head))]
+    by = {(r["case"], r["what"]): r for r in records}
+    for case in cases:
+        mine = [r for r in records if r["case"] == case]
+        values = [case]
+        if len(commits) > 1:
+            values.append(", ".join(f"`{c}`" for c in dict.fromkeys(r["commit"] for r in mine)))
+        if has_floor:
+            values.append(number(next((r["floor"] for r in mine if r["floor"] is not None), None)))
+        mixed = len(ratio_kinds(records)) > 1
+        values += [cell(by[(case, w)], mixed) if (case, w) in by else "" for w in whats]
+        for b in baselines:
+            values.append(number(next((r["baseline"] for r in mine if r["baseline_name"] == b), None)))
+        lines.append(row(values))
+    return lines
+
+
+def listing(records):
+    """One record a line: for tables whose cases each have their own variants."""
+    commits = dict.fromkeys(r["commit"] for r in records)
+    head = ["case", "what", "figure", "unit", "floor", "baseline", "ratio"]
+    head += ["commit"] if len(commits) > 1 else []
+    lines = [row(head), row(["---"] * len(head))]
+    for r in records:
+        baseline = f"{number(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else ""
+        ratio = f"{r['ratio']:.2f} ({r['ratio_of']})" if r["ratio"] is not None else ""
+        values = [r["case"], r["what"], number(r["figure"]), r["unit"], number(r["floor"]), baseline,
+                  ratio]
+        values += [f"`{r['commit']}`"] if len(commits) > 1 else []
+        lines.append(row(values))
+    return lines
+
+
+def page(records):
+    known = [name for name, _ in TABLES]
+    described = dict(TABLES)
+    names = known + [t for t in dict.fromkeys(r["table"] for r in records) if t not in known]
+    out = [INTRO]
+    for name in names:
+        mine = [r for r in records if r["table"] == name]
+        if not mine:
+            continue
+        out.append(f"## {name}\n")
+        if name in described:
+            out.append(textwrap.fill(described[name], 100) + "\n")
+        out.append("\n".join(textwrap.fill(line, 100) for line in runs_line(mine)) + "\n")
+        repeated = len({r["what"] for r in mine}) < len({(r["case"], r["what"]) for r in mine})
+        out.append("\n".join(pivot(mine) if repeated else listing(mine)) + "\n")
+        extra = notes(mine)
+        if extra:
+            out.append("\n".join(f"- {n}" for n in extra) + "\n")
+    out.append(REPRODUCE)
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--take", type=pathlib.Path, action="append", default=[],
+                        help="a bench run's records to merge into the results first")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if BENCHMARKS.md differs from what the records give")
+    args = parser.parse_args()
+    for run in args.take:
+        take(run)
+    records = [r for path in sorted(RESULTS.glob("*.jsonl")) for r in load(path)]
+    text = page(records)
+    if args.check:
+        if PAGE.read_text(encoding="utf-8") != text:
+            sys.exit("BENCHMARKS.md is not what tools/bench/results/ gives: "
+                     "run python3 tools/bench/benchmarks.py")
+        return
+    PAGE.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
