@@ -1,4 +1,4 @@
-//! The CPU reference step against Hugging Face transformers' `glm_moe_dsa` (issue 6).
+//! The CPU reference step against Hugging Face transformers' `glm_moe_dsa`.
 //!
 //! The fixtures in `tests/goldens/` come from `tools/goldens/generate.py` (see its README): the
 //! tiny preset's GlmMoeDsaForCausalLM with our synthetic weights (seed in the manifest), run in

@@ -1,4 +1,4 @@
-//! The indexer on a GPU against the CPU reference: issue 5's check matrix (caches x row sets x
+//! The indexer on a GPU against the CPU reference: the check matrix (caches x row sets x
 //! positions), the poison check and its negative control, the checkers' own negative controls,
 //! overlapped scoring launches and their negative control, and the tiny preset and the variant
 //! switches; each for both scoring methods (bf16 queries on f16

@@ -1,4 +1,4 @@
-// Tagged-pair hand-offs between the CTAs of a persistent launch (DESIGN.md sections 4 and 5).
+// Tagged-pair hand-offs between the CTAs of a persistent launch (ARCHITECTURE.md sections 4 and 5).
 // The host side of every formula here is crates/mailbox/src/layout.rs; the CPU twin of the
 // protocol is src/protocol.rs. Keep the three in step.
 //

@@ -1,4 +1,4 @@
-//! Tagged-pair hand-offs between the stages of a persistent launch (DESIGN.md sections 4 and 5).
+//! Tagged-pair hand-offs between the stages of a persistent launch (ARCHITECTURE.md sections 4 and 5).
 //!
 //! - [`layout`]: the box format, launch tags from the device-side epoch, named scratch regions.
 //! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule.

@@ -1,6 +1,6 @@
 //! Placement of tasks on the CTAs of a persistent launch, and the rule that makes it deadlock-free.
 //!
-//! The rule (DESIGN.md section 5): tasks carry one global topological order; each CTA's list is
+//! The rule (ARCHITECTURE.md section 5): tasks carry one global topological order; each CTA's list is
 //! increasing in it; a task waits only on boxes written by tasks earlier in it; every CTA of the
 //! grid is resident at once. Then the earliest unfinished task can always run: everything it
 //! waits on is earlier, so finished, and everything before it on its CTA is earlier, so finished.

@@ -1,6 +1,7 @@
 //! The model as data: config (Hugging Face `config.json` or a preset), per-rank shapes under
 //! tensor parallelism, the bytes a launch must move, and the CPU numerics every stage's
-//! reference shares. See `spec/glm5.md` for the math.
+//! reference shares. The math is the model's; ARCHITECTURE.md section 8 names its sources and
+//! the section numbers that comments cite as "spec §".
 
 mod config;
 mod error;

@@ -1,6 +1,6 @@
 //! Per-rank tensor shapes under tensor parallelism, as one table of weights.
 //!
-//! Split as SGLang does (DESIGN §1): attention heads (q_b_proj and kv_b_proj rows, o_proj input
+//! Split as SGLang does (ARCHITECTURE.md section 1): attention heads (q_b_proj and kv_b_proj rows, o_proj input
 //! columns) and every MLP intermediate (dense, shared expert, each routed expert) are divided by
 //! TP; q_a_proj, kv_a_proj_with_mqa, the whole indexer, the norms, the router and the embedding
 //! are replicated. lm_head is split by vocabulary rows (SGLang's ParallelLMHead): replicated it

@@ -1,4 +1,4 @@
-//! Bytes a launch must move, for `mono info` and for the bandwidth floors of DESIGN §7.
+//! Bytes a launch must move, for `mono info` and for the bandwidth floors of ARCHITECTURE.md section 7.
 //!
 //! Every number here is per TP rank: the weights from [`RankShapes`]'s table, and the caches,
 //! which every rank reads whole (the MLA latent serves all heads; the indexer is replicated).
@@ -10,7 +10,7 @@ use crate::format::{
 };
 use crate::shapes::{RankShapes, WeightClass, WeightSpec};
 
-/// H200 measured copy bandwidth (DESIGN §7), bytes per second.
+/// H200 measured copy bandwidth (ARCHITECTURE.md section 7), bytes per second.
 pub const H200_COPY_BYTES_PER_S: f64 = 4.0e12;
 
 /// The work of one step: `requests` sequences, each with `rows_per_request` consecutive query

@@ -1,4 +1,5 @@
-//! Score rows for checks and benchmarks: the adversarial set of issue 4 and a few more, generated
+//! Score rows for checks and benchmarks: the adversarial patterns (ties, all-equal, zeros,
+//! outliers, short rows, rows past 128K keys) and a few more, generated
 //! from a seed so that a failing case can be named and rerun.
 
 use crate::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};

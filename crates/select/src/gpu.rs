@@ -293,7 +293,7 @@ impl Selector {
     /// Whether launches may start while the kernel before them on the stream still runs (they
     /// wait for it before touching memory: CUDA's programmatic dependent launch; the multi-slice
     /// kernel's launches stay cooperative). On by default for the one-CTA and registers methods;
-    /// off for the multi-slice one, whose long rows measured slower overlapped (PERF.md run 18).
+    /// off for the multi-slice one, whose long rows measured slower overlapped (PERF.md).
     /// Off, every launch waits at the stream as usual.
     pub fn set_overlapping(&mut self, on: bool) {
         self.overlap_prior = on;

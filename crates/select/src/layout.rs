@@ -47,7 +47,7 @@ const _: () = assert!(FIRST_BITS + WIDE_BITS + GROUP_BITS == STOPS[1]);
 const _: () = assert!(FIRST_BITS + 2 * WIDE_BITS == 32);
 const _: () = assert!((1 << FIRST_BITS) * FIRST_COPIES == WIDE_BINS);
 /// The widths of the wide passes that finish T from a prefix of `len` bits: two 10-bit digits
-/// from 12 bits, one 8-bit digit from 24 (the resolution). (device `sel_wide_finish`)
+/// from 12 bits, one 8-bit digit from 24. (device `sel_wide_finish`)
 pub fn wide_finish(len: u32) -> &'static [u32] {
     match len {
         12 => &[10, 10],
@@ -77,9 +77,9 @@ pub const ONE_CTA_ROOM: u32 = 32768;
 /// Unit of the one-CTA room.
 pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
-/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise. 512
-/// threads measured 2% faster at 8K keys in the sixth session; since the bank-conflict-free bins
-/// (PERF.md run 17) 1024 are faster at 8K too (BENCHMARKS.md, select, seventh session).
+/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise: with
+/// its bins free of bank conflicts, 1024 threads are faster than 512 at 8K and 16K keys
+/// (crates/select/PERF.md, BENCHMARKS.md).
 pub const REG_BLOCK: u32 = 1024;
 
 /// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
@@ -144,7 +144,7 @@ pub fn one_cta_room(shared_per_block: u32, top: TopK) -> u32 {
 
 /// Keys a slice aims at: a row of `len` keys takes `ceil(len / SLICE_TARGET)` slices, at most
 /// [`MAX_SLICES`]. A gathered round costs more the more slices it gathers (32 boxes from each)
-/// and little per key (PERF.md runs 8-11), so slices are made long: a 128K row is 16 slices of
+/// and little per key (PERF.md), so slices are made long: a 128K row is 16 slices of
 /// 8K, and only rows past `MAX_SLICES * SLICE_TARGET` (512K) keys take longer ones. (device)
 pub const SLICE_TARGET: u32 = 8192;
 /// Slices of one row. (device)

@@ -1,4 +1,4 @@
-//! The exact top-k (k = 2048) of score rows by radix select (DESIGN.md, issue 4).
+//! The exact top-k (k = 2048) of score rows by radix select (ARCHITECTURE.md).
 //!
 //! - [`reference`](mod@reference): the contract, written to be read, and the sort-based check.
 //! - [`check`]: entry-by-entry comparison, "missed", and the negative controls.

@@ -1,4 +1,4 @@
-//! The contract of the select stage (issue 4), written to be read rather than to be fast. Every
+//! The contract of the select stage, written to be read rather than to be fast. Every
 //! kernel's list must equal [`select_rows`] entry by entry.
 //!
 //! - A score's radix key maps its bits to a `u32` that orders like the score: negative scores have

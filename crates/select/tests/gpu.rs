@@ -1,5 +1,5 @@
 //! The select kernels on the GPU, entry by entry against the reference of their own input: every
-//! pattern of issue 4 over rows shorter than k, exactly k, k + 1, 8K, 32K, 128K, 300K and 1M keys,
+//! pattern of `select::cases` over rows shorter than k, exactly k, k + 1, 8K, 32K, 128K, 300K and 1M keys,
 //! in batches of 1, 4 and 8 rows, all three kernels (the registers kernel on the batches whose rows
 //! it holds, up to 16384 keys); cache slots through a page table; NaN reported; and the three
 //! negative controls shown to fail the checker. Prints a table last.
