@@ -2,6 +2,9 @@
 
 use std::ops::Range;
 
+use mailbox::layout::{BoxRange, BoxValue, LayoutBuilder, Region, BOXES_PER_LINE};
+use mailbox::placement::Placement;
+use mailbox::task::{Stage, Task};
 use model::{mla_cache_bytes_per_token, CacheFormat, ModelConfig, MLA_CACHE_TILE};
 
 use crate::error::{invalid, Result};
@@ -137,4 +140,328 @@ impl HeadLayout {
     pub fn o_block(&self, head: usize) -> Range<usize> {
         head * self.v..(head + 1) * self.v
     }
+}
+
+/// Own kinds of the MLA stage's tasks (`MLA_KIND_*` in `kernels/mla_attn.h`); the task's kind word
+/// is [`MlaKind::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MlaKind {
+    /// args `[row, slot]`: the row's new latent and rope key into the record of `slot`.
+    CacheWrite = 0,
+    /// args `[first_row, n_rows | split << 8, block]`: a group's attention over one block of
+    /// each row's selected slots, to partial outputs.
+    Split = 1,
+    /// args `[first_row, n_splits, q0 | nq << 16]`: queries `q0..q0 + nq` of a group from its splits.
+    Combine = 2,
+}
+
+impl MlaKind {
+    pub const fn kind(self) -> u32 {
+        Task::kind_of(Stage::Mla, self as u32)
+    }
+}
+
+/// Queries a split scores at once (`MLA_QCHUNK`) and the parts its scores are summed in over K
+/// (`MLA_KCHUNKS`).
+pub const QUERY_CHUNK: usize = 16;
+pub const K_PARTS: usize = 3;
+/// Most rows one split or combine serves: a distinct slot's rows are bits of one word, and a task
+/// holds its rows' slot range in one input.
+pub const MAX_GROUP_ROWS: u32 = 32;
+
+/// What the attention kernel is built for (its `MLA_*` defines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttendShape {
+    pub cache: CacheLayout,
+    /// Heads of the rank: any multiple of 8 (8 at GLM-5 TP8).
+    pub heads: usize,
+    /// Most distinct slots a split holds (`MLA_UNION`): its rows times its block, at most.
+    pub union: usize,
+}
+
+impl AttendShape {
+    pub fn new(cache: CacheLayout, heads: usize, union: usize) -> Result<Self> {
+        let why = if heads == 0 || heads % 8 != 0 {
+            Some(format!(
+                "{heads} heads: a multiple of 8 fills whole MMA tiles"
+            ))
+        } else if cache.latent % 16 != 0 || cache.rope % 16 != 0 || cache.rope == 0 {
+            Some(format!(
+                "latent {} and rope {}: both whole 16-element MMA steps",
+                cache.latent, cache.rope
+            ))
+        } else if ((cache.latent + cache.rope) / 16) % K_PARTS != 0 {
+            Some(format!(
+                "latent + rope = {}: the scores' {K_PARTS} K parts must be whole MMA steps",
+                cache.latent + cache.rope
+            ))
+        } else if cache.bytes_per_token() % 16 != 0 {
+            Some(format!(
+                "records of {} bytes: the kernel reads them in 16-byte pieces",
+                cache.bytes_per_token()
+            ))
+        } else if union == 0 || union % 16 != 0 {
+            Some(format!("union {union}: a positive multiple of 16"))
+        } else {
+            None
+        };
+        match why {
+            Some(reason) => Err(invalid("MLA attention shape", reason)),
+            None => Ok(AttendShape {
+                cache,
+                heads,
+                union,
+            }),
+        }
+    }
+
+    /// Bytes of a split's LDS (`MLA_LDS_BYTES`): keys and queries as padded bf16 rows, the
+    /// scores' K parts, the weights, and the slot lists.
+    pub fn lds_bytes(&self) -> usize {
+        let row = self.cache.latent + self.cache.rope + 8;
+        let keys = self.union * row * 2;
+        let query = QUERY_CHUNK * row * 2;
+        let scores = K_PARTS * self.union * QUERY_CHUNK * 4;
+        let probs = QUERY_CHUNK * (self.union + 8) * 2;
+        keys + query + scores + probs + 3 * self.union * 4 + 16
+    }
+}
+
+/// One request's rows in a launch: `rows` consecutive rows (its verify rows), whose selected
+/// slot lists hold at most `selected` entries that are not -1, all at the front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRows {
+    pub rows: u32,
+    pub selected: u32,
+}
+
+/// How a launch's attention is cut into tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitChoice {
+    /// Most rows of one request a split serves together (their shared slots are loaded once).
+    pub group_rows: u32,
+    /// Slots of each row a split takes, at most; lowered so that a group's blocks fit the union.
+    pub block: u32,
+    /// Queries (row, head) a combine task finishes.
+    pub combine_queries: u32,
+}
+
+/// A group: consecutive rows of one request served by the same splits and combines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    pub first_row: u32,
+    pub rows: u32,
+    pub block: u32,
+    pub splits: u32,
+    /// Index of the group's first split among the launch's splits.
+    pub first_split: u32,
+    pub combines: u32,
+    pub first_combine: u32,
+}
+
+/// The attention tasks of a launch, from the requests' rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttendPlan {
+    pub heads: u32,
+    pub topk: u32,
+    pub rows: u32,
+    pub groups: Vec<Group>,
+    pub combine_queries: u32,
+}
+
+impl AttendPlan {
+    pub fn new(
+        shape: &AttendShape,
+        topk: u32,
+        requests: &[RequestRows],
+        choice: SplitChoice,
+    ) -> Result<Self> {
+        let heads = shape.heads as u32;
+        if requests.is_empty() || requests.iter().any(|r| r.rows == 0) {
+            return Err(invalid("MLA attention plan", "every request needs a row"));
+        }
+        if choice.group_rows == 0 || choice.group_rows > MAX_GROUP_ROWS {
+            return Err(invalid(
+                "MLA attention plan",
+                format!("group of {} rows; 1..={MAX_GROUP_ROWS}", choice.group_rows),
+            ));
+        }
+        if choice.block == 0 || choice.combine_queries == 0 || choice.combine_queries > 0xffff {
+            return Err(invalid(
+                "MLA attention plan",
+                "block and combine_queries must be positive (combine_queries below 2^16)",
+            ));
+        }
+        if let Some(r) = requests.iter().find(|r| r.selected > topk) {
+            return Err(invalid(
+                "MLA attention plan",
+                format!("{} selected slots of a row, but k is {topk}", r.selected),
+            ));
+        }
+        let mut groups = Vec::new();
+        let (mut row, mut splits, mut combines) = (0u32, 0u32, 0u32);
+        for req in requests {
+            let mut left = req.rows;
+            while left > 0 {
+                let rows = left.min(choice.group_rows);
+                let block = choice.block.min(shape.union as u32 / rows);
+                if block == 0 {
+                    return Err(invalid(
+                        "MLA attention plan",
+                        format!("{rows} rows do not fit a union of {}", shape.union),
+                    ));
+                }
+                let n_splits = req.selected.div_ceil(block).max(1);
+                let n_combines = (rows * heads).div_ceil(choice.combine_queries);
+                groups.push(Group {
+                    first_row: row,
+                    rows,
+                    block,
+                    splits: n_splits,
+                    first_split: splits,
+                    combines: n_combines,
+                    first_combine: combines,
+                });
+                row += rows;
+                left -= rows;
+                splits += n_splits;
+                combines += n_combines;
+            }
+        }
+        Ok(AttendPlan {
+            heads,
+            topk,
+            rows: row,
+            groups,
+            combine_queries: choice.combine_queries,
+        })
+    }
+
+    pub fn splits(&self) -> u32 {
+        self.groups.iter().map(|g| g.splits).sum()
+    }
+
+    pub fn combines(&self) -> u32 {
+        self.groups.iter().map(|g| g.combines).sum()
+    }
+
+    /// The partial outputs' splits a row (`max_splits` of the kernel's arguments).
+    pub fn max_splits(&self) -> u32 {
+        self.groups.iter().map(|g| g.splits).max().unwrap_or(0)
+    }
+
+    /// Elements of the partial outputs: `[rows][max_splits][heads]` times latent, and times 2.
+    pub fn partial_queries(&self) -> usize {
+        self.rows as usize * self.max_splits() as usize * self.heads as usize
+    }
+}
+
+/// The boxes of a launch's attention: the selected slots (input, `topk` a row, written by select
+/// or a stand-in) and the completion boxes of each group's cache write, each split and each
+/// combine. A split's box owns its line ([`BOXES_PER_LINE`] words declared, the first written), so
+/// that a combine's one input range covers its group's splits: it polls every
+/// `range.len / n_splits`-th box.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaBoxes {
+    pub slots: Region<i32>,
+    pub cache_done: Region<u32>,
+    pub split_done: Region<u32>,
+    pub out_done: Region<u32>,
+}
+
+impl MlaBoxes {
+    pub fn add(builder: &mut LayoutBuilder, prefix: &str, plan: &AttendPlan) -> Result<Self> {
+        Ok(MlaBoxes {
+            slots: region(builder, prefix, "slots", plan.rows, plan.topk)?,
+            cache_done: region(builder, prefix, "cache_done", plan.groups.len() as u32, 1)?,
+            split_done: region(builder, prefix, "split_done", plan.splits(), BOXES_PER_LINE)?,
+            out_done: region(builder, prefix, "out_done", plan.combines(), 1)?,
+        })
+    }
+}
+
+fn region<T: BoxValue>(
+    b: &mut LayoutBuilder,
+    prefix: &str,
+    name: &str,
+    slots: u32,
+    words: u32,
+) -> Result<Region<T>> {
+    b.region(&format!("{prefix}_{name}"), slots, words)
+        .map_err(|e| invalid("MLA boxes", e.to_string()))
+}
+
+fn slot_of<T: BoxValue>(region: &Region<T>, slot: u32) -> BoxRange {
+    region
+        .slot(slot)
+        .expect("the plan sized every region it indexes")
+}
+
+impl AttendPlan {
+    /// The launch's tasks in global order from `first_order`: each group's cache write (its rows'
+    /// new tokens, to the slots the kernel reads from `new_slots`), the splits, then the combines.
+    /// A split waits on its rows' slots and its group's cache write (a row attends to its own new
+    /// token); a combine on its group's splits.
+    pub fn tasks(&self, boxes: &MlaBoxes, first_order: u32) -> Vec<Task> {
+        let mut tasks = Vec::new();
+        let mut order = first_order;
+        let mut push = |kind: MlaKind, out: BoxRange, inputs: &[BoxRange], args: [u32; 3]| {
+            tasks.push(
+                Task::new(kind.kind(), order, out, inputs, args).expect("at most two inputs"),
+            );
+            order += 1;
+        };
+        for (i, g) in self.groups.iter().enumerate() {
+            push(
+                MlaKind::CacheWrite,
+                slot_of(&boxes.cache_done, i as u32),
+                &[],
+                [g.first_row, g.rows, 0],
+            );
+        }
+        for (i, g) in self.groups.iter().enumerate() {
+            let slots = BoxRange::new(
+                slot_of(&boxes.slots, g.first_row).first,
+                (g.rows - 1) * boxes.slots.stride() + self.topk,
+            );
+            let written = slot_of(&boxes.cache_done, i as u32);
+            for s in 0..g.splits {
+                push(
+                    MlaKind::Split,
+                    slot_of(&boxes.split_done, g.first_split + s),
+                    &[slots, written],
+                    [g.first_row, g.rows | s << 8, g.block],
+                );
+            }
+        }
+        for g in &self.groups {
+            let done = BoxRange::new(
+                slot_of(&boxes.split_done, g.first_split).first,
+                g.splits * boxes.split_done.stride(),
+            );
+            let queries = g.rows * self.heads;
+            for c in 0..g.combines {
+                let q0 = c * self.combine_queries;
+                let nq = self.combine_queries.min(queries - q0);
+                push(
+                    MlaKind::Combine,
+                    slot_of(&boxes.out_done, g.first_combine + c),
+                    &[done],
+                    [g.first_row, g.splits, q0 | nq << 16],
+                );
+            }
+        }
+        tasks
+    }
+}
+
+/// The one-stage list of a standalone launch: tasks dealt to at most `ctas` CTAs in order, task i
+/// to CTA i % ctas, so every CTA's list increases in the global order.
+pub fn deal(tasks: Vec<Task>, ctas: u32) -> Placement {
+    let ctas = ctas.max(1).min(tasks.len().max(1) as u32) as usize;
+    let mut lists = vec![Vec::new(); ctas];
+    for (i, t) in tasks.into_iter().enumerate() {
+        lists[i % ctas].push(t);
+    }
+    Placement::new(lists)
 }

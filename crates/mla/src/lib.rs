@@ -2,10 +2,13 @@
 //! (bf16, or FP8 latent with per-128 scales and a bf16 rope key) and absorbed attention over the
 //! tokens the indexer selected.
 //!
-//! - [`layout`]: where each head's rows sit in the weights, and each part of a cached token.
-//! - [`reference`](mod@reference): the CPU reference, the oracle for the kernels to come.
+//! - [`layout`]: where each head's rows sit in the weights, each part of a cached token, and how a
+//!   launch's attention is cut into tasks (cache writes, splits, combines) and boxes.
+//! - [`reference`](mod@reference): the CPU reference, the oracle of the kernels.
+//! - [`gpu`]: the kernels' sources, arguments and standalone launch.
 
 mod error;
+pub mod gpu;
 pub mod layout;
 pub mod reference;
 

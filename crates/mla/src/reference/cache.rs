@@ -127,6 +127,14 @@ impl MlaCache {
         Ok(())
     }
 
+    /// The records as bytes, positions in order (`None` for the f32 store).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match &self.records {
+            Records::Encoded { bytes, .. } => Some(bytes),
+            Records::Exact { .. } => None,
+        }
+    }
+
     /// The token at `position`, as attention reads it.
     pub fn read(&self, position: usize) -> Result<CachedToken> {
         if position >= self.len() {

@@ -169,6 +169,60 @@ pub fn project(
     })
 }
 
+/// Spec §2.7 steps 3-5 for one row: per head, the softmax (scale `scale`) of
+/// `q_abs[h] · ĉ_t + q_pe[h] · k_pe_t` over the cached tokens listed in `selected` (positions; -1
+/// entries are padding and skipped), and the weighted sum of their latents: `[heads][latent]`,
+/// the attention output in latent space, before W_UV. `q_abs` is `[heads][latent]`, `q_pe`
+/// `[heads][rope]`.
+pub fn attend_latent(
+    q_abs: &[f32],
+    q_pe: &[f32],
+    cache: &MlaCache,
+    selected: &[i32],
+    scale: f64,
+) -> Result<Vec<f32>> {
+    let (latent, rope) = cache.widths();
+    let heads = q_abs.len() / latent;
+    if q_abs.len() != heads * latent || q_pe.len() != heads * rope || heads == 0 {
+        return Err(invalid(
+            "MLA attention",
+            format!(
+                "queries of {} and {} values do not make whole heads of {latent} + {rope}",
+                q_abs.len(),
+                q_pe.len()
+            ),
+        ));
+    }
+    let tokens = selected
+        .iter()
+        .filter(|&&t| t >= 0)
+        .map(|&t| cache.read(t as usize))
+        .collect::<Result<Vec<_>>>()?;
+    if tokens.is_empty() {
+        return Err(invalid("MLA attention", "no token selected"));
+    }
+    let mut out = Vec::with_capacity(heads * latent);
+    for h in 0..heads {
+        let q_abs = &q_abs[h * latent..(h + 1) * latent];
+        let q_pe = &q_pe[h * rope..(h + 1) * rope];
+        let scores: Vec<f64> = tokens
+            .iter()
+            .map(|t| (dot(q_abs, &t.latent) + dot(q_pe, &t.k_pe)) * scale)
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut o = vec![0f64; latent];
+        for (t, p) in tokens.iter().zip(&weights) {
+            for (o, &c) in o.iter_mut().zip(&t.latent) {
+                *o += p / total * f64::from(c);
+            }
+        }
+        out.extend(o.into_iter().map(|v| v as f32));
+    }
+    Ok(out)
+}
+
 /// Spec §2.7: the row's attention output (after o_proj, before the residual) over the cached
 /// tokens listed in `selected` (positions; -1 entries are padding and skipped). The softmax
 /// scale is 1/sqrt(nope + rope).
@@ -180,35 +234,21 @@ pub fn attend(
     cache: &MlaCache,
     selected: &[i32],
 ) -> Result<Vec<f32>> {
-    let tokens = selected
-        .iter()
-        .filter(|&&t| t >= 0)
-        .map(|&t| cache.read(t as usize))
-        .collect::<Result<Vec<_>>>()?;
-    if tokens.is_empty() {
-        return Err(invalid("MLA attention", "no token selected"));
-    }
-    let scale = 1.0 / (heads.qk_dim() as f64).sqrt();
-    let mut concat = Vec::with_capacity(heads.o_cols());
+    let mut q_abs = Vec::with_capacity(heads.heads * cache.widths().0);
     for h in 0..heads.heads {
         let q_nope = &proj.q_nope[h * heads.nope..(h + 1) * heads.nope];
-        let q_pe = &proj.q_pe[h * heads.rope..(h + 1) * heads.rope];
-        let q_abs = w.kv_b.transposed_matvec_rows(heads.uk_rows(h), q_nope)?;
-        let scores: Vec<f64> = tokens
-            .iter()
-            .map(|t| (dot(&q_abs, &t.latent) + dot(q_pe, &t.k_pe)) * scale)
-            .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = weights.iter().sum();
-        let mut o_latent = vec![0f64; cache.widths().0];
-        for (t, p) in tokens.iter().zip(&weights) {
-            for (o, &c) in o_latent.iter_mut().zip(&t.latent) {
-                *o += p / total * f64::from(c);
-            }
-        }
-        let o_latent: Vec<f32> = o_latent.into_iter().map(|v| v as f32).collect();
-        concat.extend(opts.linear_rows(&w.kv_b, heads.uv_rows(h), &o_latent)?);
+        q_abs.extend(w.kv_b.transposed_matvec_rows(heads.uk_rows(h), q_nope)?);
+    }
+    let scale = 1.0 / (heads.qk_dim() as f64).sqrt();
+    let o_latent = attend_latent(&q_abs, &proj.q_pe, cache, selected, scale)?;
+    let latent = cache.widths().0;
+    let mut concat = Vec::with_capacity(heads.o_cols());
+    for h in 0..heads.heads {
+        concat.extend(opts.linear_rows(
+            &w.kv_b,
+            heads.uv_rows(h),
+            &o_latent[h * latent..(h + 1) * latent],
+        )?);
     }
     opts.linear(&w.o_proj, &concat)
 }

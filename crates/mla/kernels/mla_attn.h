@@ -1,0 +1,397 @@
+// MLA tasks of a fused launch: the cache write of a new token, absorbed sparse attention of a
+// group of rows over one block of their selected slots (a split), and the combine of a group's
+// splits. The host side of every formula here is src/layout.rs (kinds, arguments, LDS layout)
+// and src/gpu.rs (`MlaArgs`); keep them in step.
+//
+// Shape defines (from the host):
+//   MLA_HEADS    heads of the rank (any multiple of 8; 8 at GLM-5 TP8, no padding)
+//   MLA_LATENT   kv_lora_rank (a multiple of 128 with FP8, of 16 with bf16)
+//   MLA_ROPE     qk_rope_head_dim (a multiple of 16)
+//   MLA_FP8      1: records of E4M3 latent + one fp32 scale a 128 + bf16 rope; 0: bf16 records
+//   MLA_UNION    most distinct slots one split holds in LDS (a multiple of 16)
+//   MLA_SMEM_BYTES  the dynamic shared memory the host gives a CTA
+#pragma once
+#include "prelude.h"
+#include "mailbox.h"
+#include "ops/team.h"
+#include "mla_tile.h"
+
+#if !defined(MLA_HEADS) || !defined(MLA_LATENT) || !defined(MLA_ROPE) || !defined(MLA_FP8) || !defined(MLA_UNION) || \
+    !defined(MLA_SMEM_BYTES)
+#error "mla_attn.h: the host defines MLA_HEADS, MLA_LATENT, MLA_ROPE, MLA_FP8, MLA_UNION and MLA_SMEM_BYTES"
+#endif
+static_assert(MLA_HEADS % 8 == 0, "heads fill whole 8-column MMA tiles");
+static_assert(MLA_ROPE % 16 == 0 && MLA_LATENT % 16 == 0, "widths are whole 16-element MMA steps");
+static_assert(!MLA_FP8 || MLA_LATENT % 128 == 0, "FP8 latents are whole 128-element scale tiles");
+static_assert(MLA_UNION % 16 == 0, "a split's slots fill whole 16-row MMA tiles");
+
+
+// Own kinds (src/layout.rs `MlaKind`).
+#define MLA_KIND_CACHE_WRITE 0u
+#define MLA_KIND_SPLIT 1u
+#define MLA_KIND_COMBINE 2u
+
+#define MLA_TILE 128u
+#define MLA_TILES (MLA_LATENT / MLA_TILE)
+#define MLA_QK (MLA_LATENT + MLA_ROPE)
+// A record: latent (codes or bf16), the FP8 scales, the bf16 rope key (src/layout.rs CacheLayout).
+#define MLA_LATENT_BYTES (MLA_FP8 ? MLA_LATENT : 2u * MLA_LATENT)
+#define MLA_SCALE_BYTES (MLA_FP8 ? 4u * MLA_TILES : 0u)
+#define MLA_RECORD (MLA_LATENT_BYTES + MLA_SCALE_BYTES + 2u * MLA_ROPE)
+static_assert(MLA_RECORD % 16 == 0, "records are read in 16-byte pieces");
+// LDS rows of keys and queries, padded by 16 bytes so that ldmatrix's eight rows hit distinct banks.
+#define MLA_ROW (MLA_QK + 8u)
+// Queries a pass; the QK product is summed in MLA_KCHUNKS parts over K (more waves busy at 8 heads).
+#define MLA_QCHUNK 16u
+#define MLA_KCHUNKS 3u
+static_assert((MLA_QK / 16) % MLA_KCHUNKS == 0, "the K parts are whole MMA steps");
+#define MLA_KSTEPS (MLA_QK / 16 / MLA_KCHUNKS)
+#define MLA_PROW (MLA_UNION + 8u)
+
+// LDS of a split, in bytes from the task's base (src/layout.rs `split_lds_bytes`).
+#define MLA_LDS_KEYS 0u
+#define MLA_LDS_QUERY (MLA_LDS_KEYS + MLA_UNION * MLA_ROW * 2u)
+#define MLA_LDS_SCORES (MLA_LDS_QUERY + MLA_QCHUNK * MLA_ROW * 2u)
+#define MLA_LDS_PROBS (MLA_LDS_SCORES + MLA_KCHUNKS * MLA_UNION * MLA_QCHUNK * 4u)
+#define MLA_LDS_ENTRIES (MLA_LDS_PROBS + MLA_QCHUNK * MLA_PROW * 2u)
+#define MLA_LDS_UNION (MLA_LDS_ENTRIES + MLA_UNION * 4u)
+#define MLA_LDS_MASK (MLA_LDS_UNION + MLA_UNION * 4u)
+#define MLA_LDS_COUNT (MLA_LDS_MASK + MLA_UNION * 4u)
+#define MLA_LDS_BYTES (MLA_LDS_COUNT + 16u)
+static_assert(MLA_LDS_BYTES <= MLA_SMEM_BYTES, "the split's LDS exceeds the CTA's dynamic shared memory");
+
+// The stage's buffers and sizes, passed by value (src/gpu.rs `MlaArgs`).
+struct mla_args {
+  const u16* q_abs;      // [rows][heads][latent] bf16: q_nope through W_UK
+  const u16* q_pe;       // [rows][heads][rope] bf16, roped
+  const u16* new_latent; // [rows][latent] bf16: the new tokens' normed latent
+  const u16* new_rope;   // [rows][rope] bf16: their roped key
+  const u32* new_slots;  // [rows]: the slot each row's new token is written to
+  u8* cache;             // records of MLA_RECORD bytes; slot s at cache + s * MLA_RECORD
+  float* part_o;         // [rows][max_splits][heads][latent]: a split's unnormalised output
+  float* part_ml;        // [rows][max_splits][heads][2]: its max score and sum of weights
+  u16* out;              // [rows][heads][latent] bf16: the attention output in latent space
+  float scale;           // the softmax scale, 1/sqrt(qk_nope + qk_rope)
+  u32 slot_stride;       // boxes from one row's selected slots to the next
+  u32 max_splits;
+  u32 pad;
+};
+
+MONO_DEV float mla_neg_inf() { return mono_bits_f32(0xff800000u); }
+
+// Waits on boxes first..first + n, box i by the team's thread i % size; values to dst (if any).
+template <class Team>
+MONO_DEV bool mla_wait(const Team& team, const mbx_ctx& c, u32 first, u32 n, i32* dst) {
+  bool ok = true;
+  for (u32 i = team.thread; i < n && ok; i += Team::size) {
+    u32 v = 0;
+    ok = mbx_poll(c, first + i, &v);
+    if (dst) dst[i] = (i32)v;
+  }
+  return team.all(ok);
+}
+
+// Every box of inputs from..n_inputs, then an acquire: data published beside them is visible.
+template <class Team>
+MONO_DEV bool mla_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from) {
+  for (u32 i = from; i < task.n_inputs; ++i)
+    if (!mla_wait(team, c, task.in[i].first, task.in[i].len, nullptr)) return false;
+  mbx_acquire();
+  return true;
+}
+
+// After the team's global writes: one release, then the task's completion box.
+template <class Team>
+MONO_DEV void mla_done(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 value) {
+  team.sync();
+  if (team.leader() && task.out.len > 0) {
+    mbx_publish();
+    mbx_put(c, task.out.first, value);
+  }
+}
+
+// ---- the cache write ------------------------------------------------------------------------------
+// args: [first_row, n_rows]. Writes each row's new latent and rope key into the record of
+// a.new_slots[row], as crates/mla/src/reference/cache.rs MlaCache::push does: in FP8 each
+// 128-element tile gets the scale amax / 448 (at least the smallest normal float) and codes of
+// v / scale. in[..]: completion boxes of the new latents and rope keys.
+template <class Team>
+MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a) {
+  const u32 first_row = task.args[0], n_rows = task.args[1];
+  if (!mla_wait_inputs(team, task, c, 0)) return false;
+  for (u32 row = first_row; row < first_row + n_rows; ++row) {
+    const u16* latent = a.new_latent + (u64)row * MLA_LATENT;
+    const u16* rope = a.new_rope + (u64)row * MLA_ROPE;
+    u8* rec = a.cache + (u64)a.new_slots[row] * MLA_RECORD;
+#if MLA_FP8
+    constexpr u32 per_lane = MLA_TILE / MONO_WAVE;
+    for (u32 tile = team.wave(); tile < MLA_TILES; tile += Team::waves) {
+      float v[per_lane];
+      float amax = 0.f;
+      for (u32 j = 0; j < per_lane; ++j) {
+        v[j] = mono_bf16_to_f32(latent[tile * MLA_TILE + team.lane() * per_lane + j]);
+        amax = mono_fmaxf(amax, v[j] < 0.f ? -v[j] : v[j]);
+      }
+      amax = mono_wave_max(amax);
+      const float scale = mono_fmaxf(amax / 448.f, mono_bits_f32(0x00800000u));
+      for (u32 j = 0; j < per_lane; ++j)
+        rec[tile * MLA_TILE + team.lane() * per_lane + j] =
+            mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[j] / scale, -448.f), 448.f));
+      if (team.lane() == 0) *(float*)(rec + MLA_LATENT + 4 * tile) = scale;
+    }
+#else
+    for (u32 i = team.thread; i < MLA_LATENT; i += Team::size) ((u16*)rec)[i] = latent[i];
+#endif
+    for (u32 i = team.thread; i < MLA_ROPE; i += Team::size)
+      ((u16*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES))[i] = rope[i];
+  }
+  mla_done(team, task, c, 1u);
+  return true;
+}
+
+// ---- a split ----------------------------------------------------------------------------------------
+// args: [first_row, n_rows | split << 8, block]. in[0]: the selected slots of rows first_row ..
+// first_row + n_rows, a.slot_stride boxes a row; the split reads entries split * block ..
+// (split + 1) * block of each. in[1..]: completion boxes of the queries and the cache writes it
+// reads. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
+// most of them); a query attends only to the slots in its own row's block.
+struct mla_split_lds {
+  u16* keys;     // [MLA_UNION][MLA_ROW] bf16: the distinct slots' latent ‖ rope, dequantised
+  u16* query;    // [MLA_QCHUNK][MLA_ROW] bf16: q_abs ‖ q_pe of a pass's queries
+  float* scores; // [MLA_KCHUNKS][MLA_UNION][MLA_QCHUNK]: the K parts of the scores
+  u16* probs;    // [MLA_QCHUNK][MLA_PROW] bf16: exp(score - max)
+  i32* entries;  // [n_rows * block]: the rows' slots
+  i32* slots;    // [MLA_UNION]: the distinct ones, in entry order
+  u32* rows;     // [MLA_UNION]: bit r: row r's block lists the slot
+  u32* count;    // distinct slots
+};
+
+MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
+  mla_split_lds s;
+  s.keys = (u16*)(smem + MLA_LDS_KEYS);
+  s.query = (u16*)(smem + MLA_LDS_QUERY);
+  s.scores = (float*)(smem + MLA_LDS_SCORES);
+  s.probs = (u16*)(smem + MLA_LDS_PROBS);
+  s.entries = (i32*)(smem + MLA_LDS_ENTRIES);
+  s.slots = (i32*)(smem + MLA_LDS_UNION);
+  s.rows = (u32*)(smem + MLA_LDS_MASK);
+  s.count = (u32*)(smem + MLA_LDS_COUNT);
+  return s;
+}
+
+// The distinct non-negative entries in entry order, each with the rows that list it. `first`
+// (n words of LDS free until the scores are written) marks an entry's first occurrence.
+template <class Team>
+MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, u32 n_rows, u32 block, u32* first) {
+  const u32 n = n_rows * block;
+  for (u32 i = team.thread; i < n; i += Team::size) {
+    const i32 slot = s.entries[i];
+    bool is_first = slot >= 0;
+    for (u32 j = 0; j < i && is_first; ++j) is_first = s.entries[j] != slot;
+    first[i] = is_first;
+  }
+  team.sync();
+  for (u32 i = team.thread; i < n; i += Team::size) {
+    if (!first[i]) continue;
+    const i32 slot = s.entries[i];
+    u32 index = 0, rows = 0;
+    for (u32 j = 0; j < i; ++j) index += first[j];
+    for (u32 r = 0; r < n_rows; ++r)
+      for (u32 j = 0; j < block; ++j) rows |= (u32)(s.entries[r * block + j] == slot) << r;
+    s.slots[index] = slot;
+    s.rows[index] = rows;
+  }
+  if (team.leader()) {
+    u32 distinct = 0;
+    for (u32 i = 0; i < n; ++i) distinct += first[i];
+    *s.count = distinct;
+  }
+  team.sync();
+  return *s.count;
+}
+
+// Records of the distinct slots into LDS as bf16 rows (FP8 latents times their tile's scale, as the
+// cache reads back), rows up to the next 16 zero: an MMA over them must read numbers.
+template <class Team>
+MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_args& a, u32 n, u32 rows16) {
+  constexpr u32 latent_chunks = MLA_LATENT_BYTES / 16, rope_chunks = MLA_ROPE * 2 / 16;
+  constexpr u32 chunks = latent_chunks + rope_chunks;
+  for (u32 i = team.thread; i < rows16 * chunks; i += Team::size) {
+    const u32 u = i / chunks, j = i % chunks;
+    u16* dst = s.keys + u * MLA_ROW;
+    if (u >= n) {
+      if (j < latent_chunks) {
+        for (u32 e = 0; e < 16 / (MLA_FP8 ? 1 : 2); e += 8)
+          *(mono_u32x4*)(dst + j * (MLA_FP8 ? 16 : 8) + e) = mono_u32x4{0, 0, 0, 0};
+      } else {
+        *(mono_u32x4*)(dst + MLA_LATENT + (j - latent_chunks) * 8) = mono_u32x4{0, 0, 0, 0};
+      }
+      continue;
+    }
+    const u8* rec = a.cache + (u64)s.slots[u] * MLA_RECORD;
+    if (j >= latent_chunks) {
+      *(mono_u32x4*)(dst + MLA_LATENT + (j - latent_chunks) * 8) =
+          *(const mono_u32x4*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES + (j - latent_chunks) * 16);
+      continue;
+    }
+    const mono_u32x4 v = *(const mono_u32x4*)(rec + j * 16);
+#if MLA_FP8
+    const float scale = *(const float*)(rec + MLA_LATENT + 4 * (j * 16 / MLA_TILE));
+    const u32 words[4] = {v.x, v.y, v.z, v.w};
+    u32 packed[8];
+    for (u32 w = 0; w < 4; ++w) {
+      float f0, f1, f2, f3;
+      mla_e4m3x2_to_f32(words[w], f0, f1);
+      mla_e4m3x2_to_f32(words[w] >> 16, f2, f3);
+      packed[2 * w] = (u32)mono_f32_to_bf16(f0 * scale) | ((u32)mono_f32_to_bf16(f1 * scale) << 16);
+      packed[2 * w + 1] = (u32)mono_f32_to_bf16(f2 * scale) | ((u32)mono_f32_to_bf16(f3 * scale) << 16);
+    }
+    *(mono_u32x4*)(dst + j * 16) = mono_u32x4{packed[0], packed[1], packed[2], packed[3]};
+    *(mono_u32x4*)(dst + j * 16 + 8) = mono_u32x4{packed[4], packed[5], packed[6], packed[7]};
+#else
+    *(mono_u32x4*)(dst + j * 8) = v;
+#endif
+  }
+}
+
+// Queries q0 .. q0 + nq of the group (query q: row q / heads, head q % heads) into LDS.
+template <class Team>
+MONO_DEV void mla_load_queries(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 q0,
+                               u32 nq) {
+  constexpr u32 latent_chunks = MLA_LATENT / 8, chunks = latent_chunks + MLA_ROPE / 8;
+  for (u32 i = team.thread; i < nq * chunks; i += Team::size) {
+    const u32 q = i / chunks, j = i % chunks;
+    const u64 query = (u64)first_row * MLA_HEADS + q0 + q;
+    const u16* src = j < latent_chunks ? a.q_abs + query * MLA_LATENT + j * 8 : a.q_pe + query * MLA_ROPE + (j - latent_chunks) * 8;
+    *(mono_u32x4*)(s.query + q * MLA_ROW + j * 8) = *(const mono_u32x4*)src;
+  }
+}
+
+template <class Team>
+MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
+  const u32 first_row = task.args[0], n_rows = task.args[1] & 0xffu, split = task.args[1] >> 8;
+  const u32 block = task.args[2];
+  const mla_split_lds s = mla_split_lds_at(smem);
+  for (u32 r = 0; r < n_rows; ++r)
+    if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
+      return false;
+  if (!mla_wait_inputs(team, task, c, 1)) return false;
+  const u32 n = mla_distinct(team, s, n_rows, block, (u32*)s.scores);
+  const u32 rows16 = (n + 15) / 16 * 16;
+  mla_load_keys(team, s, a, n, rows16);
+  const u32 queries = n_rows * MLA_HEADS;
+  for (u32 q0 = 0; q0 < queries; q0 += MLA_QCHUNK) {
+    const u32 nq = queries - q0 < MLA_QCHUNK ? queries - q0 : MLA_QCHUNK;
+    mla_load_queries(team, s, a, first_row, q0, nq);
+    team.sync();
+    // Scores in K parts: item = (key tile, query tile, K part).
+    const u32 qtiles = nq / 8, items = rows16 / 16 * qtiles * MLA_KCHUNKS;
+    for (u32 it = team.wave(); it < items; it += Team::waves) {
+      const u32 part = it % MLA_KCHUNKS, qt = it / MLA_KCHUNKS % qtiles, kt = it / MLA_KCHUNKS / qtiles;
+      float* dst = s.scores + (part * MLA_UNION + kt * 16) * MLA_QCHUNK + qt * 8;
+      mla_tile_rows_dot(team.lane(), s.keys, MLA_ROW, s.query, MLA_ROW, kt * 16, qt * 8, part * MLA_KSTEPS * 16,
+                        MLA_KSTEPS, [&](u32 t, u32 q, float v) { dst[t * MLA_QCHUNK + q] = v; });
+    }
+    team.sync();
+    // Softmax of each query over its row's slots: a wave a query.
+    for (u32 q = team.wave(); q < nq; q += Team::waves) {
+      const u32 row_bit = 1u << ((q0 + q) / MLA_HEADS);
+      float m = mla_neg_inf();
+      for (u32 t = team.lane(); t < n; t += MONO_WAVE) {
+        if (!(s.rows[t] & row_bit)) continue;
+        float sum = 0.f;
+        for (u32 p = 0; p < MLA_KCHUNKS; ++p) sum += s.scores[(p * MLA_UNION + t) * MLA_QCHUNK + q];
+        m = mono_fmaxf(m, sum * a.scale);
+      }
+      m = mono_wave_max(m);
+      float l = 0.f;
+      for (u32 t = team.lane(); t < rows16; t += MONO_WAVE) {
+        u16 p = 0;
+        if (t < n && (s.rows[t] & row_bit)) {
+          float sum = 0.f;
+          for (u32 k = 0; k < MLA_KCHUNKS; ++k) sum += s.scores[(k * MLA_UNION + t) * MLA_QCHUNK + q];
+          p = mono_f32_to_bf16(mono_expf(sum * a.scale - m));
+          l += mono_bf16_to_f32(p);
+        }
+        s.probs[q * MLA_PROW + t] = p;
+      }
+      l = mono_wave_sum(l);
+      if (team.lane() == 0) {
+        const u32 row = first_row + (q0 + q) / MLA_HEADS, head = (q0 + q) % MLA_HEADS;
+        float* ml = a.part_ml + (((u64)row * a.max_splits + split) * MLA_HEADS + head) * 2;
+        ml[0] = m;
+        ml[1] = l;
+      }
+    }
+    team.sync();
+    // Weighted latents: item = (latent tile, query tile), straight to the partial output.
+    const u32 vitems = MLA_LATENT / 16 * qtiles;
+    for (u32 it = team.wave(); it < vitems; it += Team::waves) {
+      const u32 qt = it % qtiles, dt = it / qtiles;
+      mla_tile_cols_dot(team.lane(), s.keys, MLA_ROW, s.probs, MLA_PROW, dt * 16, qt * 8, rows16 / 16,
+                        [&](u32 d, u32 q, float v) {
+                          const u32 query = q0 + qt * 8 + q;
+                          const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
+                          a.part_o[(((u64)row * a.max_splits + split) * MLA_HEADS + head) * MLA_LATENT + dt * 16 + d] = v;
+                        });
+    }
+    team.sync();
+  }
+  mla_done(team, task, c, 1u);
+  return true;
+}
+
+// ---- the combine ------------------------------------------------------------------------------------
+// args: [first_row, n_splits, q0 | nq << 16]. in[0]: the splits' completion boxes, one every
+// in[0].len / n_splits boxes (a split's box has a line of its own). Queries q0 ..
+// q0 + nq of the group (row first_row + q / heads, head q % heads) from the splits' partial
+// outputs, in split order, so every replay gives the same bits.
+template <class Team>
+MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a) {
+  const u32 first_row = task.args[0], n_splits = task.args[1];
+  const u32 q0 = task.args[2] & 0xffffu, nq = task.args[2] >> 16;
+  const u32 stride = n_splits ? task.in[0].len / n_splits : 0;
+  bool ok = true;
+  for (u32 sp = team.thread; sp < n_splits && ok; sp += Team::size) {
+    u32 v;
+    ok = mbx_poll(c, task.in[0].first + sp * stride, &v);
+  }
+  if (!team.all(ok)) return false;
+  mbx_acquire();
+  for (u32 i = team.thread; i < nq * MLA_LATENT; i += Team::size) {
+    const u32 query = q0 + i / MLA_LATENT, d = i % MLA_LATENT;
+    const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
+    const u64 base = (u64)row * a.max_splits * MLA_HEADS + head;
+    float m = mla_neg_inf();
+    for (u32 sp = 0; sp < n_splits; ++sp) m = mono_fmaxf(m, a.part_ml[(base + (u64)sp * MLA_HEADS) * 2]);
+    float l = 0.f, o = 0.f;
+    if (m != mla_neg_inf()) {
+      for (u32 sp = 0; sp < n_splits; ++sp) {
+        const u64 at = base + (u64)sp * MLA_HEADS;
+        const float ms = a.part_ml[at * 2];
+        if (ms == mla_neg_inf()) continue;
+        const float w = mono_expf(ms - m);
+        l += w * a.part_ml[at * 2 + 1];
+        o += w * a.part_o[at * MLA_LATENT + d];
+      }
+    }
+    a.out[((u64)row * MLA_HEADS + head) * MLA_LATENT + d] = mono_f32_to_bf16(l > 0.f ? o / l : 0.f);
+  }
+  mla_done(team, task, c, 1u);
+  return true;
+}
+
+// ---- the stage's decoder ------------------------------------------------------------------------------
+template <class Team>
+MONO_DEV bool mla_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
+  switch (mbx_own_kind(task.kind)) {
+    case MLA_KIND_CACHE_WRITE:
+      return mla_cache_write_task(team, task, c, a);
+    case MLA_KIND_SPLIT:
+      return mla_split_task(team, task, c, a, smem);
+    case MLA_KIND_COMBINE:
+      return mla_combine_task(team, task, c, a);
+    default:
+      return true;
+  }
+}

@@ -1,0 +1,78 @@
+//! Builds the MLA kernels for both targets without a GPU, at the shapes the tests and benchmarks
+//! launch (GLM-5 at 8 and 64 heads a rank, FP8 and bf16 records, the debug build with bounded
+//! polls), and reports registers, spills and shared memory. With MONO_REQUIRE_COMPILERS=1 (CI) a
+//! missing compiler fails instead of skipping.
+
+use device::{Clang, Compiler, Nvrtc};
+use mailbox::gpu::{DebugBound, Variant};
+use mla::gpu::{source, CTA_THREADS};
+use mla::layout::AttendShape;
+use mla::CacheLayout;
+use model::{CacheFormat, ModelConfig};
+
+fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
+    match make() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("MONO_REQUIRE_COMPILERS").as_deref() != Ok("1") => {
+            eprintln!("skipped (set MONO_REQUIRE_COMPILERS=1 to fail instead): {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn builds(compiler: &dyn Compiler) {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let debug = Variant {
+        debug: Some(DebugBound {
+            poll_limit: 1 << 20,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
+    for (format, heads, union, variant) in [
+        (CacheFormat::Fp8, 8, 128, Variant::default()),
+        (CacheFormat::Fp8, 64, 128, Variant::default()),
+        (CacheFormat::Bf16, 8, 128, Variant::default()),
+        (CacheFormat::Fp8, 8, 128, debug),
+    ] {
+        let shape =
+            AttendShape::new(CacheLayout::new(&cfg, format).unwrap(), heads, union).unwrap();
+        let compiled = compiler
+            .compile(&source(&shape, CTA_THREADS, variant))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut names: Vec<_> = compiled
+            .resources
+            .iter()
+            .map(|r| r.kernel.clone())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["mla_publish_slots", "mla_tasks"],
+            "{}",
+            compiler.target()
+        );
+        for r in &compiled.resources {
+            eprintln!(
+                "{} {format:?} {heads} heads, {} B LDS: {r:?}",
+                compiler.target(),
+                shape.lds_bytes()
+            );
+        }
+    }
+}
+
+#[test]
+fn kernels_build_for_sm90a() {
+    if let Some(c) = compiler(|| Ok(Box::new(Nvrtc::new("sm_90a")?))) {
+        builds(c.as_ref());
+    }
+}
+
+#[test]
+fn kernels_build_for_gfx950() {
+    if let Some(c) = compiler(|| Ok(Box::new(Clang::find("gfx950")?))) {
+        builds(c.as_ref());
+    }
+}
