@@ -50,11 +50,20 @@ fn main() -> Result<(), support::Error> {
         }
         Ok(median(us[3..].to_vec()))
     };
-    println!("| rows | context | distinct slots | MB | step us | attention us | floor us | copy us |");
+    println!(
+        "| rows | context | distinct slots | MB | step us | attention us | floor us | copy us |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for context in [8192usize, 131_072] {
         for rows in [1usize, 4] {
-            let scene = Scene::new(shape(CacheFormat::Fp8, 8), TOPK, &[Request { context, rows }], Pick::Random, PLAIN, 5)?;
+            let scene = Scene::new(
+                shape(CacheFormat::Fp8, 8),
+                TOPK,
+                &[Request { context, rows }],
+                Pick::Random,
+                PLAIN,
+                5,
+            )?;
             let g = GpuScene::new(&dev, kernel(&dev, scene.shape, false)?, &scene, None, None)?;
             let with = g.graph(&stream, TOPK as u32, true)?;
             let without = g.graph(&stream, TOPK as u32, false)?;
@@ -66,7 +75,11 @@ fn main() -> Result<(), support::Error> {
             let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
             let dst = dev.alloc_zeroed::<[u32; 4]>(words)?;
             stream.begin_capture()?;
-            stream.launch(&copy, Launch::new(dev.info().multiprocessors * 4, 512), &Args::new().buf(&src).buf(&dst).u64(words as u64))?;
+            stream.launch(
+                &copy,
+                Launch::new(dev.info().multiprocessors * 4, 512),
+                &Args::new().buf(&src).buf(&dst).u64(words as u64),
+            )?;
             let copy_graph = stream.end_capture()?;
             let copy_us = timed(&copy_graph)?;
             let floor = 2.0 * bytes as f64 / bw.bytes_per_s * 1e6 / 2.0;

@@ -152,8 +152,8 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
 // ---- a split ----------------------------------------------------------------------------------------
 // args: [first_row, n_rows | split << 8, block]. in[0]: the selected slots of rows first_row ..
 // first_row + n_rows, a.slot_stride boxes a row; the split reads entries split * block ..
-// (split + 1) * block of each. in[1..]: completion boxes of the queries and the cache writes it
-// reads. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
+// (split + 1) * block of each. in[1]: the group's cache write, waited on only when the block lists
+// one of the rows' new slots; in[2..]: completion boxes of the queries. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
 // most of them); a query attends only to the slots in its own row's block.
 struct mla_split_lds {
   u16* keys;     // [MLA_UNION][MLA_ROW] bf16: the distinct slots' latent ‖ rope, dequantised
@@ -211,46 +211,60 @@ MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, u32 n_rows, 
 }
 
 // Records of the distinct slots into LDS as bf16 rows (FP8 latents times their tile's scale, as the
-// cache reads back), rows up to the next 16 zero: an MMA over them must read numbers.
+// cache reads back), rows up to the next 16 zero (an MMA over them must read numbers; a zero FP8
+// scale makes the zero codes zero).
 template <class Team>
 MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_args& a, u32 n, u32 rows16) {
   constexpr u32 latent_chunks = MLA_LATENT_BYTES / 16, rope_chunks = MLA_ROPE * 2 / 16;
   constexpr u32 chunks = latent_chunks + rope_chunks;
-  for (u32 i = team.thread; i < rows16 * chunks; i += Team::size) {
-    const u32 u = i / chunks, j = i % chunks;
-    u16* dst = s.keys + u * MLA_ROW;
-    if (u >= n) {
-      if (j < latent_chunks) {
-        for (u32 e = 0; e < 16 / (MLA_FP8 ? 1 : 2); e += 8)
-          *(mono_u32x4*)(dst + j * (MLA_FP8 ? 16 : 8) + e) = mono_u32x4{0, 0, 0, 0};
+  // `batch` pieces a thread in flight before the first is used: a gather is a round trip
+  // to memory, and one at a time would cost one each.
+  constexpr u32 batch = 8;
+  const u32 total = rows16 * chunks;
+  for (u32 base = team.thread; base < total; base += batch * Team::size) {
+    mono_u32x4 v[batch];
+    float scale[batch];
+#pragma unroll
+    for (u32 b = 0; b < batch; ++b) {
+      const u32 i = base + b * Team::size, u = i / chunks, j = i % chunks;
+      v[b] = mono_u32x4{0, 0, 0, 0};
+      scale[b] = 0.f;
+      if (i >= total || u >= n) continue;
+      const u8* rec = a.cache + (u64)s.slots[u] * MLA_RECORD;
+      if (j >= latent_chunks) {
+        v[b] = *(const mono_u32x4*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES + (j - latent_chunks) * 16);
       } else {
-        *(mono_u32x4*)(dst + MLA_LATENT + (j - latent_chunks) * 8) = mono_u32x4{0, 0, 0, 0};
-      }
-      continue;
-    }
-    const u8* rec = a.cache + (u64)s.slots[u] * MLA_RECORD;
-    if (j >= latent_chunks) {
-      *(mono_u32x4*)(dst + MLA_LATENT + (j - latent_chunks) * 8) =
-          *(const mono_u32x4*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES + (j - latent_chunks) * 16);
-      continue;
-    }
-    const mono_u32x4 v = *(const mono_u32x4*)(rec + j * 16);
+        v[b] = *(const mono_u32x4*)(rec + j * 16);
 #if MLA_FP8
-    const float scale = *(const float*)(rec + MLA_LATENT + 4 * (j * 16 / MLA_TILE));
-    const u32 words[4] = {v.x, v.y, v.z, v.w};
-    u32 packed[8];
-    for (u32 w = 0; w < 4; ++w) {
-      float f0, f1, f2, f3;
-      mla_e4m3x2_to_f32(words[w], f0, f1);
-      mla_e4m3x2_to_f32(words[w] >> 16, f2, f3);
-      packed[2 * w] = (u32)mono_f32_to_bf16(f0 * scale) | ((u32)mono_f32_to_bf16(f1 * scale) << 16);
-      packed[2 * w + 1] = (u32)mono_f32_to_bf16(f2 * scale) | ((u32)mono_f32_to_bf16(f3 * scale) << 16);
-    }
-    *(mono_u32x4*)(dst + j * 16) = mono_u32x4{packed[0], packed[1], packed[2], packed[3]};
-    *(mono_u32x4*)(dst + j * 16 + 8) = mono_u32x4{packed[4], packed[5], packed[6], packed[7]};
-#else
-    *(mono_u32x4*)(dst + j * 8) = v;
+        scale[b] = *(const float*)(rec + MLA_LATENT + 4 * (j * 16 / MLA_TILE));
 #endif
+      }
+    }
+#pragma unroll
+    for (u32 b = 0; b < batch; ++b) {
+      const u32 i = base + b * Team::size, u = i / chunks, j = i % chunks;
+      if (i >= total) continue;
+      u16* dst = s.keys + u * MLA_ROW;
+      if (j >= latent_chunks) {
+        *(mono_u32x4*)(dst + MLA_LATENT + (j - latent_chunks) * 8) = v[b];
+        continue;
+      }
+#if MLA_FP8
+      const u32 words[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+      u32 packed[8];
+      for (u32 w = 0; w < 4; ++w) {
+        float f0, f1, f2, f3;
+        mla_e4m3x2_to_f32(words[w], f0, f1);
+        mla_e4m3x2_to_f32(words[w] >> 16, f2, f3);
+        packed[2 * w] = (u32)mono_f32_to_bf16(f0 * scale[b]) | ((u32)mono_f32_to_bf16(f1 * scale[b]) << 16);
+        packed[2 * w + 1] = (u32)mono_f32_to_bf16(f2 * scale[b]) | ((u32)mono_f32_to_bf16(f3 * scale[b]) << 16);
+      }
+      *(mono_u32x4*)(dst + j * 16) = mono_u32x4{packed[0], packed[1], packed[2], packed[3]};
+      *(mono_u32x4*)(dst + j * 16 + 8) = mono_u32x4{packed[4], packed[5], packed[6], packed[7]};
+#else
+      *(mono_u32x4*)(dst + j * 8) = v[b];
+#endif
+    }
   }
 }
 
@@ -275,10 +289,17 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   for (u32 r = 0; r < n_rows; ++r)
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
-  if (!mla_wait_inputs(team, task, c, 1)) return false;
   const u32 n = mla_distinct(team, s, n_rows, block, (u32*)s.scores);
+  bool fresh = false;
+  for (u32 u = team.thread; u < n; u += Team::size)
+    for (u32 r = 0; r < n_rows; ++r) fresh |= (u32)s.slots[u] == a.new_slots[first_row + r];
+  if (task.n_inputs > 1 && !team.all(!fresh)) {
+    if (!mla_wait(team, c, task.in[1].first, task.in[1].len, nullptr)) return false;
+    mbx_acquire();
+  }
   const u32 rows16 = (n + 15) / 16 * 16;
   mla_load_keys(team, s, a, n, rows16);
+  if (!mla_wait_inputs(team, task, c, 2)) return false;
   const u32 queries = n_rows * MLA_HEADS;
   for (u32 q0 = 0; q0 < queries; q0 += MLA_QCHUNK) {
     const u32 nq = queries - q0 < MLA_QCHUNK ? queries - q0 : MLA_QCHUNK;
@@ -347,7 +368,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
 // q0 + nq of the group (row first_row + q / heads, head q % heads) from the splits' partial
 // outputs, in split order, so every replay gives the same bits.
 template <class Team>
-MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a) {
+MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
   const u32 first_row = task.args[0], n_splits = task.args[1];
   const u32 q0 = task.args[2] & 0xffffu, nq = task.args[2] >> 16;
   const u32 stride = n_splits ? task.in[0].len / n_splits : 0;
@@ -358,24 +379,47 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   }
   if (!team.all(ok)) return false;
   mbx_acquire();
-  for (u32 i = team.thread; i < nq * MLA_LATENT; i += Team::size) {
-    const u32 query = q0 + i / MLA_LATENT, d = i % MLA_LATENT;
+  // Each split's max and sum of each query into LDS at once, then the splits' weights
+  // exp(m_s - m) and the total: [nq][n_splits] weights, [nq] totals.
+  float* ml = (float*)smem;
+  float* weight = ml + 2 * nq * n_splits;
+  float* total = weight + nq * n_splits;
+  for (u32 i = team.thread; i < nq * n_splits; i += Team::size) {
+    const u32 query = q0 + i / n_splits, sp = i % n_splits;
     const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
-    const u64 base = (u64)row * a.max_splits * MLA_HEADS + head;
-    float m = mla_neg_inf();
-    for (u32 sp = 0; sp < n_splits; ++sp) m = mono_fmaxf(m, a.part_ml[(base + (u64)sp * MLA_HEADS) * 2]);
-    float l = 0.f, o = 0.f;
-    if (m != mla_neg_inf()) {
-      for (u32 sp = 0; sp < n_splits; ++sp) {
-        const u64 at = base + (u64)sp * MLA_HEADS;
-        const float ms = a.part_ml[at * 2];
-        if (ms == mla_neg_inf()) continue;
-        const float w = mono_expf(ms - m);
-        l += w * a.part_ml[at * 2 + 1];
-        o += w * a.part_o[at * MLA_LATENT + d];
-      }
+    const float* at = a.part_ml + (((u64)row * a.max_splits + sp) * MLA_HEADS + head) * 2;
+    ml[2 * i] = at[0];
+    ml[2 * i + 1] = at[1];
+  }
+  team.sync();
+  for (u32 q = team.thread; q < nq; q += Team::size) {
+    float m = mla_neg_inf(), l = 0.f;
+    for (u32 sp = 0; sp < n_splits; ++sp) m = mono_fmaxf(m, ml[2 * (q * n_splits + sp)]);
+    for (u32 sp = 0; sp < n_splits; ++sp) {
+      const float ms = ml[2 * (q * n_splits + sp)];
+      const float w = ms == mla_neg_inf() ? 0.f : mono_expf(ms - m);
+      weight[q * n_splits + sp] = w;
+      l += w * ml[2 * (q * n_splits + sp) + 1];
     }
-    a.out[((u64)row * MLA_HEADS + head) * MLA_LATENT + d] = mono_f32_to_bf16(l > 0.f ? o / l : 0.f);
+    total[q] = l;
+  }
+  team.sync();
+  constexpr u32 batch = 8;
+  for (u32 i = team.thread; i < nq * MLA_LATENT; i += Team::size) {
+    const u32 q = i / MLA_LATENT, d = i % MLA_LATENT, query = q0 + q;
+    const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
+    const float* part = a.part_o + ((u64)row * a.max_splits * MLA_HEADS + head) * MLA_LATENT + d;
+    const u64 split_step = (u64)MLA_HEADS * MLA_LATENT;
+    float o = 0.f;
+    for (u32 sp0 = 0; sp0 < n_splits; sp0 += batch) {
+      float v[batch];
+#pragma unroll
+      for (u32 b = 0; b < batch; ++b) v[b] = sp0 + b < n_splits ? part[(sp0 + b) * split_step] : 0.f;
+#pragma unroll
+      for (u32 b = 0; b < batch; ++b)
+        if (sp0 + b < n_splits) o += weight[q * n_splits + sp0 + b] * v[b];
+    }
+    a.out[((u64)row * MLA_HEADS + head) * MLA_LATENT + d] = mono_f32_to_bf16(total[q] > 0.f ? o / total[q] : 0.f);
   }
   mla_done(team, task, c, 1u);
   return true;
@@ -390,7 +434,7 @@ MONO_DEV bool mla_decode(const Team& team, const mbx_task& task, mbx_ctx& c, con
     case MLA_KIND_SPLIT:
       return mla_split_task(team, task, c, a, smem);
     case MLA_KIND_COMBINE:
-      return mla_combine_task(team, task, c, a);
+      return mla_combine_task(team, task, c, a, smem);
     default:
       return true;
   }

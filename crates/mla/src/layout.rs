@@ -328,6 +328,17 @@ impl AttendPlan {
                 combines += n_combines;
             }
         }
+        let max_splits = groups.iter().map(|g| g.splits).max().unwrap_or(0) as usize;
+        if choice.combine_queries as usize * max_splits * 16 > shape.lds_bytes() {
+            return Err(invalid(
+                "MLA attention plan",
+                format!(
+                    "a combine of {} queries over {max_splits} splits needs more LDS than {} bytes",
+                    choice.combine_queries,
+                    shape.lds_bytes()
+                ),
+            ));
+        }
         Ok(AttendPlan {
             heads,
             topk,

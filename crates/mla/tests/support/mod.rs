@@ -112,9 +112,7 @@ impl Scene {
         let (latent, rope, heads) = (shape.cache.latent, shape.cache.rope, shape.heads);
         let mut rng = StdRng::seed_from_u64(seed);
         let uniform = |n: usize, a: f32, rng: &mut StdRng| -> Vec<f32> {
-            (0..n)
-                .map(|_| value(bits(rng.gen_range(-a..a))))
-                .collect()
+            (0..n).map(|_| value(bits(rng.gen_range(-a..a)))).collect()
         };
         let (mut q_abs, mut q_pe, mut new_latent, mut new_rope, mut new_slots) =
             (vec![], vec![], vec![], vec![], vec![]);
@@ -209,7 +207,13 @@ impl Scene {
                 expected.extend(attend_latent(&qa, &qp, &cache, list, scale)?);
                 q_abs.extend(qa.iter().map(|&v| bits(v)));
                 q_pe.extend(qp.iter().map(|&v| bits(v)));
-                slots.extend(list.iter().map(|&t| if t < 0 { -1 } else { (base + t as usize) as i32 }));
+                slots.extend(list.iter().map(|&t| {
+                    if t < 0 {
+                        -1
+                    } else {
+                        (base + t as usize) as i32
+                    }
+                }));
                 union.extend(list.iter().filter(|&&t| t >= 0).copied());
             }
             distinct += union.len();
