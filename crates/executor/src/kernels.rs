@@ -29,6 +29,7 @@ pub fn registry() -> Vec<RegisteredSource> {
         .chain(register("crates/mailbox", mailbox))
         .chain(register("crates/select", select::gpu::sources()))
         .chain(register("crates/indexer", indexer::gpu::sources()))
+        .chain(register("crates/mla", mla::gpu::sources()))
         .collect()
 }
 

@@ -42,6 +42,20 @@ pub fn source(shape: &AttendShape, threads: u32, variant: Variant) -> KernelSour
         .define("MLA_SMEM_BYTES", shape.lds_bytes())
 }
 
+/// The production build for the kernel table: GLM-5 at a TP8 rank (8 heads), FP8 records.
+pub fn sources() -> Vec<KernelSource> {
+    let cfg = match model::ModelConfig::preset("glm-5") {
+        Ok(cfg) => cfg,
+        Err(_) => return Vec::new(),
+    };
+    let shape = crate::layout::CacheLayout::new(&cfg, CacheFormat::Fp8)
+        .and_then(|cache| AttendShape::new(cache, 8, 128));
+    match shape {
+        Ok(shape) => vec![source(&shape, CTA_THREADS, Variant::default())],
+        Err(_) => Vec::new(),
+    }
+}
+
 /// `struct mla_args` of `kernels/mla_attn.h`, passed by value: device addresses and sizes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
