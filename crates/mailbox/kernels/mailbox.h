@@ -45,7 +45,7 @@ struct mbx_range {
 };
 struct mbx_task {
   u32 kind;
-  u32 order;  // position in the launch's global topological order
+  u32 order;  // rank in the launch's global topological order; tasks sharing one form a gang
   u32 n_inputs;
   u32 args[MBX_TASK_ARGS];
   mbx_range out;

@@ -1,11 +1,17 @@
 //! The CPU emulator of a persistent launch: one thread per CTA, each running its task list with
 //! the real protocol on a shared scratch of atomic boxes, so schedules are exercised without a GPU.
 //! Waits are bounded: a schedule that deadlocks ends in an error naming each stuck task and box.
+//!
+//! Gang members (tasks of one rank, `placement` has the rule) run as an all-gather of one round:
+//! a member waits on its inputs from earlier ranks, computes with [`TaskFn::share`] and publishes
+//! the boxes its peers wait on, then waits on its peers' boxes, computes with [`TaskFn::run`] and
+//! publishes the rest of its row. Which input ranges are peers' and which boxes peers read comes
+//! from the placement: a range is a peer's when a task of the same rank writes any box of it.
 
 use crate::diag::Stall;
-use crate::layout::pack;
+use crate::layout::{pack, BoxRange};
 use crate::placement::{Placement, ValidPlacement};
-use crate::protocol::{put_row, wait_all, Patience, PollMode};
+use crate::protocol::{put, wait_all, Patience, PollMode};
 use crate::task::Task;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -14,6 +20,13 @@ use std::time::{Duration, Instant};
 /// A task function: fills `out` (the task's output row) from its input rows, in `task.inputs()` order.
 pub trait TaskFn: Sync {
     fn run(&self, task: &Task, inputs: &[&[u32]], out: &mut [u32]) -> Result<(), TaskFailed>;
+
+    /// A gang member's first half: the boxes its peers wait on, from the rows of earlier ranks;
+    /// the rows its peers write are empty here. Of `out`, only the boxes peers wait on are kept
+    /// (and [`TaskFn::run`]'s values for them are dropped: a box is written once a launch).
+    fn share(&self, task: &Task, inputs: &[&[u32]], out: &mut [u32]) -> Result<(), TaskFailed> {
+        self.run(task, inputs, out)
+    }
 }
 
 impl<F> TaskFn for F
@@ -154,6 +167,7 @@ pub fn run_unchecked<F: TaskFn>(
     task_fn: &F,
 ) -> Result<(), EmuError> {
     check_ranges(placement, scratch.len())?;
+    let plans = GangPlan::of(placement, scratch.len());
     let ctas = placement.ctas();
     let workers = config.resident.unwrap_or(ctas).clamp(1, ctas.max(1));
     let next_cta = AtomicU32::new(0);
@@ -179,7 +193,7 @@ pub fn run_unchecked<F: TaskFn>(
                 }
                 started[cta as usize].store(true, Ordering::Relaxed);
                 let list = &placement.lists()[cta as usize];
-                match cta_run.run(cta, list, task_fn) {
+                match cta_run.run(cta, list, &plans[cta as usize], task_fn) {
                     Ok(()) => {}
                     Err(Outcome::Stalled(stall)) => {
                         abort.store(true, Ordering::Relaxed);
@@ -234,6 +248,63 @@ fn check_ranges(placement: &Placement, boxes: usize) -> Result<(), EmuError> {
     Ok(())
 }
 
+/// How one task meets its gang: which of its input ranges are waits on peers (same rank), and
+/// which boxes of its row peers wait on. Empty for a task no peer reads and that reads no peer.
+#[derive(Clone, Debug, Default)]
+struct GangPlan {
+    peer_inputs: Vec<bool>,
+    shared: Vec<bool>,
+}
+
+impl GangPlan {
+    /// The plans of every task, by CTA and position. Box indices are inside `boxes` (checked by
+    /// [`check_ranges`]); where a placement has two writers of a box, the last one counts.
+    fn of(placement: &Placement, boxes: usize) -> Vec<Vec<GangPlan>> {
+        let tasks: Vec<&Task> = placement.tasks().map(|(_, t)| t).collect();
+        let mut writer: Vec<Option<usize>> = vec![None; boxes];
+        for (i, t) in tasks.iter().enumerate() {
+            for b in t.out.boxes() {
+                writer[b as usize] = Some(i);
+            }
+        }
+        let mut plans: Vec<GangPlan> = tasks
+            .iter()
+            .map(|t| GangPlan {
+                peer_inputs: vec![false; t.inputs().len()],
+                shared: vec![false; t.out.len as usize],
+            })
+            .collect();
+        for (i, t) in tasks.iter().enumerate() {
+            for (r, range) in t.inputs().iter().enumerate() {
+                for b in range.boxes() {
+                    let Some(w) = writer[b as usize] else {
+                        continue;
+                    };
+                    if w != i && tasks[w].order == t.order {
+                        plans[i].peer_inputs[r] = true;
+                        plans[w].shared[(b - tasks[w].out.first as u64) as usize] = true;
+                    }
+                }
+            }
+        }
+        let mut plans = plans.into_iter();
+        placement
+            .lists()
+            .iter()
+            .map(|list| plans.by_ref().take(list.len()).collect())
+            .collect()
+    }
+
+    fn waits_on_peers(&self) -> bool {
+        self.peer_inputs.contains(&true)
+    }
+
+    /// Whether the box at `i` of the row is published with the share (else after the peer waits).
+    fn is_shared(&self, i: usize) -> bool {
+        self.shared.get(i).copied().unwrap_or(false)
+    }
+}
+
 enum Outcome {
     Stalled(Stall),
     Failed(EmuError),
@@ -247,55 +318,95 @@ struct CtaRun<'a> {
 }
 
 impl CtaRun<'_> {
-    fn run<F: TaskFn>(&self, cta: u32, list: &[Task], task_fn: &F) -> Result<(), Outcome> {
-        let boxes = self.scratch.boxes();
+    fn run<F: TaskFn>(
+        &self,
+        cta: u32,
+        list: &[Task],
+        plans: &[GangPlan],
+        task_fn: &F,
+    ) -> Result<(), Outcome> {
         let mut rows: Vec<Vec<u32>> = Vec::new();
         let mut out = Vec::new();
-        for task in list {
+        for (task, plan) in list.iter().zip(plans) {
             rows.resize(task.inputs().len(), Vec::new());
-            for (range, row) in task.inputs().iter().zip(rows.iter_mut()) {
-                row.resize(range.len as usize, 0);
-                let cells = &boxes[range.first as usize..range.end() as usize];
-                let patience = Patience {
-                    max_polls: None,
-                    deadline: Some(Instant::now() + self.config.timeout),
-                    abort: Some(self.abort),
-                };
-                wait_all(cells, self.tag, self.config.mode, &patience, row).map_err(|nr| {
-                    Outcome::Stalled(Stall {
-                        cta,
-                        task: task.order,
-                        box_index: range.first + nr.index as u32,
-                        want_tag: self.tag,
-                        seen: nr.seen,
-                        polls: nr.polls,
-                        thread: None,
-                    })
-                })?;
-            }
-            let inputs: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
-            out.clear();
-            out.resize(task.out.len as usize, 0);
-            task_fn.run(task, &inputs, &mut out).map_err(|source| {
+            let failed = |source| {
                 Outcome::Failed(EmuError::Task {
                     cta,
                     task: task.order,
                     kind: task.kind,
                     source,
                 })
-            })?;
-            put_row(
-                &boxes[task.out.first as usize..task.out.end() as usize],
-                self.tag,
-                &out,
-            );
+            };
+            out.clear();
+            out.resize(task.out.len as usize, 0);
+            for (r, range) in task.inputs().iter().enumerate() {
+                if plan.peer_inputs[r] {
+                    rows[r].clear();
+                } else {
+                    self.wait(cta, task, range, &mut rows[r])?;
+                }
+            }
+            if plan.waits_on_peers() {
+                task_fn
+                    .share(task, &views(&rows), &mut out)
+                    .map_err(failed)?;
+                self.put(task, &out, |i| plan.is_shared(i));
+                for (r, range) in task.inputs().iter().enumerate() {
+                    if plan.peer_inputs[r] {
+                        self.wait(cta, task, range, &mut rows[r])?;
+                    }
+                }
+                out.fill(0);
+                task_fn.run(task, &views(&rows), &mut out).map_err(failed)?;
+                self.put(task, &out, |i| !plan.is_shared(i));
+            } else {
+                task_fn.run(task, &views(&rows), &mut out).map_err(failed)?;
+                self.put(task, &out, |_| true);
+            }
         }
         Ok(())
     }
+
+    /// Waits on the boxes of `range`, their values to `row`.
+    fn wait(&self, cta: u32, task: &Task, range: &BoxRange, row: &mut Vec<u32>) -> Result<(), Outcome> {
+        row.resize(range.len as usize, 0);
+        let cells = &self.scratch.boxes()[range.first as usize..range.end() as usize];
+        let patience = Patience {
+            max_polls: None,
+            deadline: Some(Instant::now() + self.config.timeout),
+            abort: Some(self.abort),
+        };
+        wait_all(cells, self.tag, self.config.mode, &patience, row).map_err(|nr| {
+            Outcome::Stalled(Stall {
+                cta,
+                task: task.order,
+                box_index: range.first + nr.index as u32,
+                want_tag: self.tag,
+                seen: nr.seen,
+                polls: nr.polls,
+                thread: None,
+            })
+        })
+    }
+
+    /// Publishes the boxes of the task's row that `keep` selects, as tagged pairs.
+    fn put(&self, task: &Task, out: &[u32], keep: impl Fn(usize) -> bool) {
+        let cells = &self.scratch.boxes()[task.out.first as usize..task.out.end() as usize];
+        for (i, (cell, &v)) in cells.iter().zip(out).enumerate() {
+            if keep(i) {
+                put(cell, self.tag, v);
+            }
+        }
+    }
+}
+
+fn views(rows: &[Vec<u32>]) -> Vec<&[u32]> {
+    rows.iter().map(|r| r.as_slice()).collect()
 }
 
 /// The oracle: every task of `placement` in global order on one thread, on plain words, starting
 /// from `initial` (the scratch before the launch). Returns the scratch image after the launch.
+/// A rank's members first all share (the boxes their peers wait on), then all finish.
 pub fn evaluate_sequential<F: TaskFn>(
     placement: &Placement,
     initial: &[u64],
@@ -303,39 +414,84 @@ pub fn evaluate_sequential<F: TaskFn>(
     task_fn: &F,
 ) -> Result<Vec<u64>, EmuError> {
     check_ranges(placement, initial.len())?;
-    let mut tasks: Vec<(u32, &Task)> = placement.tasks().collect();
-    tasks.sort_by_key(|(_, t)| t.order);
-    let mut image = initial.to_vec();
-    let mut written = vec![false; image.len()];
-    for (cta, task) in tasks {
+    let plans = GangPlan::of(placement, initial.len());
+    let mut tasks: Vec<(u32, &Task, &GangPlan)> = placement
+        .tasks()
+        .zip(plans.iter().flatten())
+        .map(|((cta, t), plan)| (cta, t, plan))
+        .collect();
+    tasks.sort_by_key(|(_, t, _)| t.order);
+    let mut oracle = Oracle {
+        image: initial.to_vec(),
+        written: vec![false; initial.len()],
+        tag,
+    };
+    for rank in tasks.chunk_by(|a, b| a.1.order == b.1.order) {
+        for &(cta, task, plan) in rank {
+            let rows = oracle.rows(task, |r| !plan.peer_inputs[r])?;
+            let mut out = vec![0; task.out.len as usize];
+            if plan.waits_on_peers() {
+                task_fn.share(task, &views(&rows), &mut out)
+            } else {
+                task_fn.run(task, &views(&rows), &mut out)
+            }
+            .map_err(|source| failed(cta, task, source))?;
+            oracle.put(task, &out, |i| !plan.waits_on_peers() || plan.is_shared(i));
+        }
+        for &(cta, task, plan) in rank.iter().filter(|(_, _, p)| p.waits_on_peers()) {
+            let rows = oracle.rows(task, |_| true)?;
+            let mut out = vec![0; task.out.len as usize];
+            task_fn
+                .run(task, &views(&rows), &mut out)
+                .map_err(|source| failed(cta, task, source))?;
+            oracle.put(task, &out, |i| !plan.is_shared(i));
+        }
+    }
+    Ok(oracle.image)
+}
+
+fn failed(cta: u32, task: &Task, source: TaskFailed) -> EmuError {
+    EmuError::Task {
+        cta,
+        task: task.order,
+        kind: task.kind,
+        source,
+    }
+}
+
+/// The sequential scratch: plain words and which of them this launch wrote.
+struct Oracle {
+    image: Vec<u64>,
+    written: Vec<bool>,
+    tag: u32,
+}
+
+impl Oracle {
+    /// The task's input rows; those `wanted` rejects are empty.
+    fn rows(&self, task: &Task, wanted: impl Fn(usize) -> bool) -> Result<Vec<Vec<u32>>, EmuError> {
         let mut rows = Vec::with_capacity(task.inputs().len());
-        for r in task.inputs() {
-            let mut row = Vec::with_capacity(r.len as usize);
-            for b in r.boxes() {
-                if !written[b as usize] {
+        for (r, range) in task.inputs().iter().enumerate() {
+            let mut row = Vec::with_capacity(range.len as usize);
+            for b in range.boxes().filter(|_| wanted(r)) {
+                if !self.written[b as usize] {
                     return Err(EmuError::Unwritten {
                         task: task.order,
                         box_index: b as u32,
                     });
                 }
-                row.push(image[b as usize] as u32);
+                row.push(self.image[b as usize] as u32);
             }
             rows.push(row);
         }
-        let inputs: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
-        let mut out = vec![0; task.out.len as usize];
-        task_fn
-            .run(task, &inputs, &mut out)
-            .map_err(|source| EmuError::Task {
-                cta,
-                task: task.order,
-                kind: task.kind,
-                source,
-            })?;
-        for (b, v) in task.out.boxes().zip(out) {
-            image[b as usize] = pack(tag, v);
-            written[b as usize] = true;
+        Ok(rows)
+    }
+
+    fn put(&mut self, task: &Task, out: &[u32], keep: impl Fn(usize) -> bool) {
+        for (i, (b, &v)) in task.out.boxes().zip(out).enumerate() {
+            if keep(i) {
+                self.image[b as usize] = pack(self.tag, v);
+                self.written[b as usize] = true;
+            }
         }
     }
-    Ok(image)
 }

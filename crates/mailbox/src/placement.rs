@@ -1,9 +1,30 @@
 //! Placement of tasks on the CTAs of a persistent launch, and the rule that makes it deadlock-free.
 //!
-//! The rule (ARCHITECTURE.md section 5): tasks carry one global topological order; each CTA's list is
-//! increasing in it; a task waits only on boxes written by tasks earlier in it; every CTA of the
-//! grid is resident at once. Then the earliest unfinished task can always run: everything it
-//! waits on is earlier, so finished, and everything before it on its CTA is earlier, so finished.
+//! Tasks carry one global topological order of ranks ([`Task::order`]). Tasks that wait on each
+//! other (the slices of one row's multi-slice top-k all-gathering their histograms) share a rank
+//! and form a **gang**; a task alone at its rank is a gang of one. The rule (ARCHITECTURE.md
+//! section 5):
+//! - every CTA's list is strictly increasing in rank, so a gang's members sit on distinct CTAs;
+//! - a task waits only on boxes written by earlier ranks or by its gang peers, never its own;
+//! - every CTA of the grid is resident at once;
+//! - and, the task functions' part, which no placement can show: a gang member publishes every box
+//!   its peers wait on before it waits on any peer, from boxes of earlier ranks only.
+//!
+//! Why a launch that keeps the rule always finishes: let `r` be the earliest rank with an
+//! unfinished task, so every task of an earlier rank has finished. Take any member `M` of rank `r`,
+//! on CTA `c`: the tasks before `M` on `c` have earlier ranks (the list is strictly increasing), so
+//! they have finished, and `c`, being resident, is running `M`. So every member of rank `r` is
+//! running at once. Each member's waits on earlier ranks are satisfied, so each publishes what its
+//! peers wait on; then each member's waits on its peers are satisfied as well, and every member of
+//! rank `r` finishes. By induction on `r` the launch finishes. An all-gather of several rounds
+//! (publish round `k`, wait on the peers' round `k`) finishes by the same step taken round by
+//! round, since all members are running.
+//!
+//! No further rule is needed: a task that waits on a gang member is a peer or has a later rank,
+//! and both cases are covered above. The argument fails exactly where the rule is broken: two
+//! members on one CTA (the second never starts while the first waits on it), or a task ahead of a
+//! member on its CTA that waits on a later rank (that rank's CTA may first need the gang to finish).
+//!
 //! Two more rules keep hand-offs sound and fast: every box has one writer, and boxes written by
 //! different CTAs never share a line.
 
@@ -56,11 +77,12 @@ pub enum PlacementError {
         before: u32,
         after: u32,
     },
-    #[error("task order {order} is used twice, on CTA {first_cta} and CTA {second_cta}")]
-    DuplicateOrder {
+    #[error("CTA {cta} runs two members of gang {order} (positions {first_position} and {second_position}); a gang's members must sit on distinct CTAs, or the second never starts while the first waits on it")]
+    GangOnOneCta {
         order: u32,
-        first_cta: u32,
-        second_cta: u32,
+        cta: u32,
+        first_position: u32,
+        second_position: u32,
     },
     #[error("box {box_index} is written by task {first} (CTA {first_cta}) and task {second} (CTA {second_cta}); a box has one writer")]
     TwoWriters {
@@ -82,7 +104,7 @@ pub enum PlacementError {
         "task {task} on CTA {cta} waits on box {box_index}, which no task of the launch writes"
     )]
     NoProducer { task: u32, cta: u32, box_index: u32 },
-    #[error("task {task} on CTA {cta} waits on box {box_index}, written by task {producer} on CTA {producer_cta}, which is not earlier in the global order")]
+    #[error("task {task} on CTA {cta} waits on box {box_index}, written by task {producer} on CTA {producer_cta}, which is later in the global order")]
     WaitsOnLater {
         task: u32,
         cta: u32,
@@ -90,6 +112,8 @@ pub enum PlacementError {
         producer: u32,
         producer_cta: u32,
     },
+    #[error("task {task} on CTA {cta} waits on box {box_index}, which it writes itself")]
+    WaitsOnItself { task: u32, cta: u32, box_index: u32 },
 }
 
 /// The flattened form the device reads: every CTA's tasks back to back, and `offsets[c]..offsets[c+1]`
@@ -163,11 +187,11 @@ impl Placement {
         self.check_waits(&writers)
     }
 
-    /// Shapes of single tasks and the increasing order of each list, and unique orders.
+    /// Shapes of single tasks, gangs on distinct CTAs, and the increasing order of each list.
     fn check_lists(&self, limits: Limits) -> Result<(), PlacementError> {
-        let mut seen: HashMap<u32, u32> = HashMap::new();
         for (cta, list) in self.lists.iter().enumerate() {
             let cta = cta as u32;
+            let mut positions: HashMap<u32, u32> = HashMap::new();
             for (position, task) in list.iter().enumerate() {
                 if task.n_inputs as usize > MAX_INPUTS {
                     return Err(PlacementError::TooManyInputs {
@@ -186,26 +210,21 @@ impl Placement {
                         });
                     }
                 }
-                if position > 0 && list[position - 1].order >= task.order {
-                    if list[position - 1].order == task.order {
-                        return Err(PlacementError::DuplicateOrder {
-                            order: task.order,
-                            first_cta: cta,
-                            second_cta: cta,
-                        });
-                    }
-                    return Err(PlacementError::NotIncreasing {
+                let position = position as u32;
+                if let Some(first_position) = positions.insert(task.order, position) {
+                    return Err(PlacementError::GangOnOneCta {
+                        order: task.order,
                         cta,
-                        position: position as u32,
-                        before: list[position - 1].order,
-                        after: task.order,
+                        first_position,
+                        second_position: position,
                     });
                 }
-                if let Some(first_cta) = seen.insert(task.order, cta) {
-                    return Err(PlacementError::DuplicateOrder {
-                        order: task.order,
-                        first_cta,
-                        second_cta: cta,
+                if position > 0 && list[position as usize - 1].order > task.order {
+                    return Err(PlacementError::NotIncreasing {
+                        cta,
+                        position,
+                        before: list[position as usize - 1].order,
+                        after: task.order,
                     });
                 }
             }
@@ -250,6 +269,7 @@ impl Placement {
         Ok(by_box)
     }
 
+    /// Every wait is on an earlier rank or on a gang peer (same rank, another CTA).
     fn check_waits(&self, writers: &[Option<(u32, u32)>]) -> Result<(), PlacementError> {
         for (cta, task) in self.tasks() {
             for b in task.inputs().iter().flat_map(|r| r.boxes()) {
@@ -262,13 +282,23 @@ impl Placement {
                             box_index,
                         })
                     }
-                    Some((producer, producer_cta)) if producer >= task.order => {
+                    Some((producer, producer_cta)) if producer > task.order => {
                         return Err(PlacementError::WaitsOnLater {
                             task: task.order,
                             cta,
                             box_index,
                             producer,
                             producer_cta,
+                        })
+                    }
+                    // Same rank on the same CTA: after `check_lists`, the task itself.
+                    Some((producer, producer_cta))
+                        if producer == task.order && producer_cta == cta =>
+                    {
+                        return Err(PlacementError::WaitsOnItself {
+                            task: task.order,
+                            cta,
+                            box_index,
                         })
                     }
                     Some(_) => {}

@@ -26,14 +26,15 @@ pub const MAX_INPUTS: usize = 4;
 /// Kind-specific 32-bit arguments.
 pub const TASK_ARGS: usize = 3;
 
-/// One task: its kind (the device dispatches on it), its place in the launch's global topological
+/// One task: its kind (the device dispatches on it), its rank in the launch's global topological
 /// order, the boxes it writes, the box ranges it waits on (in order), and kind-specific arguments.
 /// 64 bytes, all 32-bit fields, so the host and device layouts agree without padding rules.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Task {
     pub kind: u32,
-    /// Position in the launch's global topological order; unique within a launch.
+    /// Rank in the launch's global topological order. Tasks sharing a rank form a gang: they may
+    /// wait on each other and sit on distinct CTAs (`placement` has the rule).
     pub order: u32,
     /// How many of `inputs` are used.
     pub n_inputs: u32,
