@@ -368,7 +368,13 @@ impl CtaRun<'_> {
     }
 
     /// Waits on the boxes of `range`, their values to `row`.
-    fn wait(&self, cta: u32, task: &Task, range: &BoxRange, row: &mut Vec<u32>) -> Result<(), Outcome> {
+    fn wait(
+        &self,
+        cta: u32,
+        task: &Task,
+        range: &BoxRange,
+        row: &mut Vec<u32>,
+    ) -> Result<(), Outcome> {
         row.resize(range.len as usize, 0);
         let cells = &self.scratch.boxes()[range.first as usize..range.end() as usize];
         let patience = Patience {

@@ -124,7 +124,8 @@ pub enum SynthError {
     Layout(#[from] LayoutError),
 }
 
-/// A random DAG of synthetic tasks; `tasks[i].order == i`, a topological order.
+/// A random DAG of synthetic tasks, listed by rank (`tasks[i].order` never decreases); without
+/// gangs `tasks[i].order == i`.
 #[derive(Clone, Debug)]
 pub struct SynthDag {
     pub tasks: Vec<Task>,
@@ -132,17 +133,26 @@ pub struct SynthDag {
     pub layout: ScratchLayout,
     /// Words of the input buffer the leaves read.
     pub input_words: u32,
-    /// Words of one launch's output: the rows of the sinks (tasks nobody reads), back to back.
+    /// Words of one launch's output: the rows of the sinks (tasks no later rank reads), back to back.
     pub out_words: u32,
 }
 
 impl SynthDag {
     pub fn random(seed: u64, shape: DagShape) -> Result<SynthDag, SynthError> {
+        SynthDag::random_gangs(seed, shape, 1)
+    }
+
+    /// A random DAG whose ranks after the leaves' hold gangs of 1 to `max_gang` tasks. Each
+    /// member of a gang waits on a part of the rows of 1 to 3 of its peers (the boxes they share)
+    /// besides its inputs from the `window` tasks before its rank, at most [`MAX_INPUTS`] ranges in
+    /// all; with `max_gang == 1` this is [`SynthDag::random`].
+    pub fn random_gangs(seed: u64, shape: DagShape, max_gang: u32) -> Result<SynthDag, SynthError> {
         let ok = shape.leaves >= 1
             && shape.leaves <= shape.tasks
             && (1..=MAX_INPUTS as u32).contains(&shape.max_inputs)
             && (1..=ROW_MAX).contains(&shape.max_row)
-            && shape.window >= 1;
+            && shape.window >= 1
+            && max_gang >= 1;
         if !ok {
             return Err(SynthError::Shape(shape));
         }
@@ -152,45 +162,77 @@ impl SynthDag {
         let mut tasks: Vec<Task> = Vec::with_capacity(shape.tasks as usize);
         let mut input_words = 0;
         let mut read = vec![false; shape.tasks as usize];
-        for order in 0..shape.tasks {
-            let len = rng.gen_range(1..=shape.max_row);
-            let first = rows
-                .box_index(order, 0)
-                .ok_or(LayoutError::TooLarge { boxes: 0 })?;
-            let out = BoxRange::new(first, len);
-            let salt = rng.gen();
-            let task = if order < shape.leaves {
-                input_words += len;
-                Task::new(
-                    KIND_LEAF,
-                    order,
-                    out,
-                    &[],
-                    [salt, input_words - len, NO_OUTPUT],
-                )
+        let mut start = 0;
+        while start < shape.tasks {
+            let order = tasks.last().map_or(0, |t| t.order + 1);
+            let size = if start < shape.leaves || max_gang == 1 {
+                1
             } else {
-                let lo = order.saturating_sub(shape.window);
-                let n = rng.gen_range(1..=shape.max_inputs.min(order - lo));
-                let mut producers: Vec<u32> = Vec::new();
-                while producers.len() < n as usize {
-                    let p = rng.gen_range(lo..order);
-                    if !producers.contains(&p) {
-                        producers.push(p);
-                        read[p as usize] = true;
-                    }
-                }
-                let inputs: Vec<BoxRange> = producers
-                    .iter()
-                    .map(|&p| {
-                        let row = tasks[p as usize].out;
-                        let start = rng.gen_range(0..row.len);
-                        BoxRange::new(row.first + start, rng.gen_range(1..=row.len - start))
-                    })
-                    .collect();
-                Task::new(KIND_MIX, order, out, &inputs, [salt, 0, NO_OUTPUT])
+                rng.gen_range(1..=max_gang.min(shape.tasks - start))
             };
-            // At most MAX_INPUTS ranges were made, so this cannot fail; map it anyway.
-            tasks.push(task.map_err(|_| SynthError::Shape(shape))?);
+            let gang = start..start + size;
+            let mut members = Vec::with_capacity(size as usize);
+            for index in gang.clone() {
+                let len = rng.gen_range(1..=shape.max_row);
+                let first = rows
+                    .box_index(index, 0)
+                    .ok_or(LayoutError::TooLarge { boxes: 0 })?;
+                members.push((BoxRange::new(first, len), rng.gen::<u32>()));
+            }
+            for (index, &(out, salt)) in gang.clone().zip(&members) {
+                let task = if index < shape.leaves {
+                    input_words += out.len;
+                    Task::new(
+                        KIND_LEAF,
+                        order,
+                        out,
+                        &[],
+                        [salt, input_words - out.len, NO_OUTPUT],
+                    )
+                } else {
+                    let peers: Vec<BoxRange> = gang
+                        .clone()
+                        .zip(&members)
+                        .filter(|&(other, _)| other != index)
+                        .map(|(_, &(row, _))| row)
+                        .collect();
+                    let n_peers = if peers.is_empty() {
+                        0
+                    } else {
+                        rng.gen_range(1..=peers.len().min(MAX_INPUTS - 1))
+                    };
+                    let lo = start.saturating_sub(shape.window);
+                    let most = shape
+                        .max_inputs
+                        .min(start - lo)
+                        .min((MAX_INPUTS - n_peers) as u32);
+                    let n = rng.gen_range(1..=most);
+                    let mut producers: Vec<u32> = Vec::new();
+                    while producers.len() < n as usize {
+                        let p = rng.gen_range(lo..start);
+                        if !producers.contains(&p) {
+                            producers.push(p);
+                            read[p as usize] = true;
+                        }
+                    }
+                    let mut rows: Vec<BoxRange> =
+                        producers.iter().map(|&p| tasks[p as usize].out).collect();
+                    for i in rand::seq::index::sample(&mut rng, peers.len(), n_peers) {
+                        rows.push(peers[i]);
+                    }
+                    let inputs: Vec<BoxRange> = rows
+                        .iter()
+                        .map(|row| {
+                            let at = rng.gen_range(0..row.len);
+                            BoxRange::new(row.first + at, rng.gen_range(1..=row.len - at))
+                        })
+                        .collect();
+                    Task::new(KIND_MIX, order, out, &inputs, [salt, 0, NO_OUTPUT])
+                };
+                // At most MAX_INPUTS ranges were made, so this cannot fail; map it anyway.
+                tasks.push(task.map_err(|_| SynthError::Shape(shape))?);
+            }
+            start += size;
         }
         let out_words = mark_sinks(&mut tasks, &read);
         Ok(SynthDag {
@@ -201,18 +243,31 @@ impl SynthDag {
         })
     }
 
-    /// Each task on a random CTA; every CTA's list in global order, so the placement is valid.
+    /// Each gang on random distinct CTAs (each task on a random CTA, without gangs); every CTA's
+    /// list in global order, so the placement is valid. A gang larger than the grid cannot be
+    /// placed: its members wrap around the CTAs, and the check rejects it.
     pub fn place_random(&self, ctas: u32, seed: u64) -> Placement {
         let mut rng = StdRng::seed_from_u64(seed);
         let n = ctas.max(1) as usize;
         let mut lists = vec![Vec::new(); n];
-        for t in &self.tasks {
-            lists[rng.gen_range(0..n)].push(*t);
+        for gang in self.tasks.chunk_by(|a, b| a.order == b.order) {
+            if let [t] = gang {
+                lists[rng.gen_range(0..n)].push(*t);
+                continue;
+            }
+            let picks = if gang.len() <= n {
+                rand::seq::index::sample(&mut rng, n, gang.len()).into_vec()
+            } else {
+                (0..gang.len()).map(|i| i % n).collect()
+            };
+            for (t, cta) in gang.iter().zip(picks) {
+                lists[cta].push(*t);
+            }
         }
         Placement::new(lists)
     }
 
-    /// Task `i` on CTA `i % ctas`.
+    /// Task `i` on CTA `i % ctas` (so a gang no larger than the grid lands on distinct CTAs).
     pub fn place_round_robin(&self, ctas: u32) -> Placement {
         let mut lists = vec![Vec::new(); ctas.max(1) as usize];
         let n = lists.len();
@@ -244,7 +299,7 @@ impl SynthDag {
     }
 }
 
-/// Gives every task whose row no task reads an offset in the output; returns the output's size.
+/// Gives every task whose row no later rank reads an offset in the output; returns the output's size.
 fn mark_sinks(tasks: &mut [Task], read: &[bool]) -> u32 {
     let mut words = 0;
     for (t, &was_read) in tasks.iter_mut().zip(read) {

@@ -86,13 +86,16 @@ fn each_rule_is_rejected_naming_tasks_and_ctas() {
         "CTA 1 runs task 3 before task 1 (positions 0 and 1); a CTA's list must increase in the global order"
     );
 
-    let e = check(vec![vec![leaf(0, 0)], vec![leaf(0, 1)]]).unwrap_err();
+    // Tasks sharing a rank form a gang: fine on two CTAs, not on one.
+    assert_eq!(check(vec![vec![leaf(0, 0)], vec![leaf(0, 1)]]), Ok(()));
+    let e = check(vec![vec![leaf(0, 0), leaf(0, 1)]]).unwrap_err();
     assert_eq!(
         e,
-        DuplicateOrder {
+        GangOnOneCta {
             order: 0,
-            first_cta: 0,
-            second_cta: 1
+            cta: 0,
+            first_position: 0,
+            second_position: 1
         }
     );
 
@@ -116,18 +119,19 @@ fn each_rule_is_rejected_naming_tasks_and_ctas() {
         .to_string()
         .contains("task 1 on CTA 0 waits on box 32, written by task 2 on CTA 1"));
 
-    // A task waiting on its own output is waiting on a task that is not earlier.
+    // A task may wait on a gang peer (same rank, another CTA) but not on itself.
+    assert_eq!(
+        check(vec![vec![mix(0, 0, &[row(1)])], vec![leaf(0, 1)]]),
+        Ok(())
+    );
     let e = check(vec![vec![mix(0, 0, &[row(0)])]]).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            WaitsOnLater {
-                task: 0,
-                producer: 0,
-                ..
-            }
-        ),
-        "{e}"
+    assert_eq!(
+        e,
+        WaitsOnItself {
+            task: 0,
+            cta: 0,
+            box_index: 0
+        }
     );
 
     let e = check(vec![vec![
