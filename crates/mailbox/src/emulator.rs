@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 /// A task function: fills `out` (the task's output row) from its input rows, in `task.inputs()` order.
 pub trait TaskFn: Sync {
+    /// The whole task; for a gang member, called after [`TaskFn::share`] with its peers' rows too.
     fn run(&self, task: &Task, inputs: &[&[u32]], out: &mut [u32]) -> Result<(), TaskFailed>;
 
     /// A gang member's first half: the boxes its peers wait on, from the rows of earlier ranks;
@@ -250,7 +251,7 @@ fn check_ranges(placement: &Placement, boxes: usize) -> Result<(), EmuError> {
 
 /// How one task meets its gang: which of its input ranges are waits on peers (same rank), and
 /// which boxes of its row peers wait on. Empty for a task no peer reads and that reads no peer.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 struct GangPlan {
     peer_inputs: Vec<bool>,
     shared: Vec<bool>,

@@ -1,7 +1,7 @@
 //! Tagged-pair hand-offs between the stages of a persistent launch (ARCHITECTURE.md sections 4 and 5).
 //!
 //! - [`layout`]: the box format, launch tags from the device-side epoch, named scratch regions.
-//! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule.
+//! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule, gangs included.
 //! - [`protocol`], [`emulator`]: the protocol on CPU atomics and a one-thread-per-CTA emulator.
 //! - [`synth`]: synthetic tasks for exercising all of the above; [`gpu`]: the device side's host code.
 //! - `kernels/mailbox.h`: the device header every stage includes.
