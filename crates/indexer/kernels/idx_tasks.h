@@ -42,13 +42,3 @@ MONO_DEV bool idx_decode(const Team& team, const mbx_task& task, mbx_ctx& c, con
   return false;
 }
 
-// idx_decode as the body of mbx_run_launch. A struct rather than a lambda: a lambda's call operator
-// is not forced inline, and NVRTC left it a function of its own, its captures in local memory and
-// its callers' registers spilled around the call.
-template <class Team>
-struct idx_decoder {
-  const Team& team;
-  const idx_args& a;
-  u8* smem;
-  MONO_DEV bool operator()(mbx_ctx& c, const mbx_task& task) const { return idx_decode(team, task, c, a, smem); }
-};

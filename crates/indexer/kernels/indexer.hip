@@ -21,5 +21,5 @@ MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) indexer_tasks(mbx_launch
   mono_wait_prior();
 #endif
   const auto team = mono_cta_team<MONO_CTA_THREADS>();
-  mbx_run_launch(l, idx_decoder<mono_team<MONO_CTA_THREADS>>{team, a, idx_lds});
+  mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) { return idx_decode(team, t, c, a, idx_lds); });
 }
