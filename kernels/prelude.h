@@ -366,7 +366,16 @@ MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) {
 // larger select kernels the builtin made NVRTC spill.
 MONO_DEV void mono_count_lds_u32(u32* p) { (void)mono_fetch_add_lds_u32(p, 1u); }
 
-// Bulk copies into LDS and their LDS barriers are the ops layer's (ops/copy.h).
+// The 32-bit LDS address of a pointer into this CTA's shared memory (NVIDIA), what ldmatrix, LDS
+// barriers and bulk copies take: a pointer is converted at every use, several 64-bit instructions
+// each time in a loop. Bulk copies into LDS and their LDS barriers are the ops layer's (ops/copy.h).
+#if MONO_NVIDIA
+MONO_DEV u32 mono_lds_address(const void* p) {
+  u32 address;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(p));
+  return address;
+}
+#endif
 
 // ---- timers ----------------------------------------------------------------------------------------
 // Nanoseconds on a clock shared by all SMs/CUs, for in-kernel timestamps that can be compared across CTAs.

@@ -21,11 +21,6 @@ MONO_DEV void mono_fence_lds_async() {
 }
 
 #if MONO_NVIDIA
-MONO_DEV u32 mono_lds_address(const void* p) {
-  u32 address;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(p));
-  return address;
-}
 // One thread; a barrier of the waiting threads must follow before anyone waits on or arms it.
 MONO_DEV void mono_lds_barrier_init(u32 bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");

@@ -252,22 +252,43 @@ fn stage_task_lists_pass_the_placement_rule() {
     use mailbox::{Limits as PlacementLimits, PlacementError};
     let table = PageTable::new(&[(0..300).collect(), (300..340).collect()]).unwrap();
     let row = |request, position| Row { request, position };
-    let rows = [row(0, 19_000), row(0, 19_001), row(0, 19_002), row(0, 19_003), row(0, 19_004), row(1, 2_000)];
+    let rows = [
+        row(0, 19_000),
+        row(0, 19_001),
+        row(0, 19_002),
+        row(0, 19_003),
+        row(0, 19_004),
+        row(1, 2_000),
+    ];
     let mut builder = ScratchLayout::builder();
     let boxes = IndexerBoxes::add(&mut builder, 8, 64, 32, 128).unwrap();
     let scratch_boxes = builder.build().boxes();
     for ctas in [3, 20, 132] {
         let limits = Limits {
-            max_runs: indexer::layout::max_runs(ctas, rows.len() as u32).unwrap_or(2).min(64),
+            max_runs: indexer::layout::max_runs(ctas, rows.len() as u32)
+                .unwrap_or(2)
+                .min(64),
             ..Limits::default()
         };
         let plan = ScorePlan::new(&rows, &table, limits).unwrap();
-        let grid = PlacementLimits { max_resident: ctas, scratch_boxes };
+        let grid = PlacementLimits {
+            max_resident: ctas,
+            scratch_boxes,
+        };
         for which in [StageTasks::Whole, StageTasks::ScoreOnly] {
             let placement = stage_placement(&plan, &boxes, ctas, which).unwrap();
-            let scores = placement.tasks().filter(|(_, t)| t.kind == TaskKind::Score.kind()).count();
-            assert_eq!(scores, plan.runs.len().div_ceil(2), "{ctas} CTAs, {which:?}");
-            placement.validate(grid).unwrap_or_else(|e| panic!("{ctas} CTAs, {which:?}: {e}"));
+            let scores = placement
+                .tasks()
+                .filter(|(_, t)| t.kind == TaskKind::Score.kind())
+                .count();
+            assert_eq!(
+                scores,
+                plan.runs.len().div_ceil(2),
+                "{ctas} CTAs, {which:?}"
+            );
+            placement
+                .validate(grid)
+                .unwrap_or_else(|e| panic!("{ctas} CTAs, {which:?}: {e}"));
         }
         let mut early = stage_placement(&plan, &boxes, ctas, StageTasks::Whole).unwrap();
         let first_score = early
@@ -278,12 +299,20 @@ fn stage_task_lists_pass_the_placement_rule() {
             .unwrap();
         first_score.order = 1_000_000;
         let queries = TaskKind::Query.kind();
-        for t in early.lists_mut().iter_mut().flatten().filter(|t| t.kind == queries) {
+        for t in early
+            .lists_mut()
+            .iter_mut()
+            .flatten()
+            .filter(|t| t.kind == queries)
+        {
             t.order += 2_000_000;
         }
         for list in early.lists_mut() {
             list.sort_by_key(|t| t.order);
         }
-        assert!(matches!(early.validate(grid), Err(PlacementError::WaitsOnLater { .. })));
+        assert!(matches!(
+            early.validate(grid),
+            Err(PlacementError::WaitsOnLater { .. })
+        ));
     }
 }
