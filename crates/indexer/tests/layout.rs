@@ -266,7 +266,7 @@ fn stage_task_lists_pass_the_placement_rule() {
     for ctas in [3, 20, 132] {
         let limits = Limits {
             max_runs: indexer::layout::max_runs(ctas, rows.len() as u32)
-                .unwrap_or(2)
+                .unwrap_or(4)
                 .min(64),
             ..Limits::default()
         };
