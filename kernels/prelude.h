@@ -366,45 +366,14 @@ MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) {
 // larger select kernels the builtin made NVRTC spill.
 MONO_DEV void mono_count_lds_u32(u32* p) { (void)mono_fetch_add_lds_u32(p, 1u); }
 
-// ---- bulk copies into LDS that complete on an LDS barrier (NVIDIA sm_90 only) ----------------------
-// One thread starts a copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that the copy
-// engine carries out alone; it counts the bytes against a barrier word in LDS, armed beforehand
-// with the bytes to expect. Waiters spin on the barrier's phase parity (the n-th completion of a
-// barrier flips it to n % 2 == 1). No AMD version: the callers are NVIDIA-only paths.
+// The 32-bit LDS address of a pointer into this CTA's shared memory (NVIDIA), what ldmatrix, LDS
+// barriers and bulk copies take: a pointer is converted at every use, several 64-bit instructions
+// each time in a loop. Bulk copies into LDS and their LDS barriers are the ops layer's (ops/copy.h).
 #if MONO_NVIDIA
 MONO_DEV u32 mono_lds_address(const void* p) {
   u32 address;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(address) : "l"(p));
   return address;
-}
-// The barriers and copies take LDS addresses (mono_lds_address), not pointers: a pointer is
-// converted to one at every use, and in a loop that is several 64-bit instructions each time.
-// One thread; a block barrier must follow before anyone waits on or arms the barrier.
-MONO_DEV void mono_lds_barrier_init(u32 bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// Arms the barrier for the next phase: it completes once `bytes` have landed.
-MONO_DEV void mono_lds_barrier_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// The copy engine writes through the async proxy, so plain stores to the destination must be
-// ordered before it by the threads that made them (`fence.proxy.async.shared::cta`, then a barrier
-// with the issuing thread); reads of it are ordered by the barrier alone. No fence here: on sm_90
-// it compiles to MEMBAR.ALL.CTA, a wait for every memory access the issuing thread still has in
-// flight (its global stores included), and most copies need none.
-MONO_DEV void mono_copy_bulk(u32 lds, const void* global, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(lds),
-               "l"(global), "r"(bytes), "r"(bar)
-               : "memory");
-}
-MONO_DEV void mono_lds_barrier_wait(u32 bar, u32 parity) {
-  u32 done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
 }
 #endif
 

@@ -8,8 +8,21 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const PRELUDE: (&str, &str) = ("prelude.h", include_str!("../../../kernels/prelude.h"));
 /// bf16/FP8 conversions and wave reductions, included by the prelude.
 pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels/numerics.h"));
-/// The ops layer, by scope: teams and their barriers (`ops/team.h`).
-pub const OPS: &[(&str, &str)] = &[("ops/team.h", include_str!("../../../kernels/ops/team.h"))];
+/// The ops layer, by scope: teams and their barriers (`ops/team.h`), asynchronous copies into LDS
+/// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA) and
+/// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma).
+pub const OPS: &[(&str, &str)] = &[
+    ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
+    ("ops/copy.h", include_str!("../../../kernels/ops/copy.h")),
+    (
+        "ops/warp_mma.h",
+        include_str!("../../../kernels/ops/warp_mma.h"),
+    ),
+    (
+        "ops/warpgroup_mma.h",
+        include_str!("../../../kernels/ops/warpgroup_mma.h"),
+    ),
+];
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.
 #[derive(Clone, Debug)]

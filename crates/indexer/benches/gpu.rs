@@ -1,12 +1,12 @@
 //! Scoring on the GPU: rows 1, 2, 4, 8 (one request's draft chain, and separate requests) at 8K,
-//! 128K and 512K keys. Each figure is the median of event-timed launches of the scoring kernel
-//! alone, the L2 flushed before each, beside the floor: the key and scale bytes the rows'
-//! requests must read, once, over the copy bandwidth measured in the same run. Every case runs
-//! with each scoring method: f16 (bf16 queries, keys widened to f16 in LDS), fp8 (FP8 queries
-//! against the keys as cached, on mma.sync) and wgmma (the same numbers on wgmma, keys copied
-//! into an LDS ring by the copy engine); wgmma-pdl is wgmma with each scoring launch overlapping the
-//! kernel before it (programmatic dependent launch), which only the graph figure can show: a single
-//! launch follows a memset. Beside the floor, "copy us" is the copy kernel moving the same
+//! 128K and 512K keys. Each figure is the median of event-timed launches of the stage's task-list
+//! entry running a scoring-only list (one CTA of 512 threads a SM, two runs a CTA), the L2 flushed
+//! before each, beside the floor: the key and scale bytes the rows' requests must read, once, over
+//! the copy bandwidth measured in the same run. Every case runs with each scorer: f16 (the mma
+//! path: bf16 queries, keys widened to f16 in LDS) and wgmma (FP8 queries, keys copied into an LDS
+//! ring by the copy engine); wgmma-pdl is wgmma with each scoring launch overlapping the kernel
+//! before it (programmatic dependent launch; the launch waits for that kernel before its first
+//! task), which only the graph figure can show: a single launch follows a memset. Beside the floor, "copy us" is the copy kernel moving the same
 //! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
 //! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
 //! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
@@ -46,7 +46,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-const METHODS: [&str; 4] = ["f16", "fp8", "wgmma", "wgmma-pdl"];
+const METHODS: [&str; 3] = ["f16", "wgmma", "wgmma-pdl"];
 
 fn main() -> Result<(), Error> {
     let names = |values: &[u32]| values.iter().map(u32::to_string).collect::<Vec<_>>();
@@ -75,10 +75,6 @@ fn main() -> Result<(), Error> {
     let cfg = ModelConfig::preset("glm-5")?;
     let dims = IndexerDims::new(&cfg)?;
     let config = KernelConfig::new(dims, &IndexerOptions::kernels(&cfg))?;
-    let fp8 = KernelConfig {
-        query: VectorFormat::Fp8,
-        ..config
-    };
     let ring = match std::env::var("INDEXER_BENCH_RING") {
         Ok(v) => v
             .parse()
@@ -86,9 +82,9 @@ fn main() -> Result<(), Error> {
         Err(_) => indexer::gpu::RING,
     };
     let wgmma = KernelConfig {
-        wgmma: true,
+        query: VectorFormat::Fp8,
         ring,
-        ..fp8
+        ..config
     };
     let stage_of = |config, overlapping| -> Result<Stage, Error> {
         let mut stage = Stage::new(Device::open(0)?, config)?;
@@ -102,8 +98,8 @@ fn main() -> Result<(), Error> {
                 ..wgmma
             };
             vec![
-                (METHODS[2], stage_of(config, false)?),
-                (METHODS[3], stage_of(config, true)?),
+                (METHODS[1], stage_of(config, false)?),
+                (METHODS[2], stage_of(config, true)?),
             ]
         }
         Ok(v) if v != "0" => return Err(format!("INDEXER_BENCH_TRACE={v}: 1 or 0").into()),
@@ -111,9 +107,8 @@ fn main() -> Result<(), Error> {
     };
     let stages = [
         (METHODS[0], Stage::new(dev, config)?),
-        (METHODS[1], Stage::new(Device::open(0)?, fp8)?),
-        (METHODS[2], stage_of(wgmma, false)?),
-        (METHODS[3], stage_of(wgmma, true)?),
+        (METHODS[1], stage_of(wgmma, false)?),
+        (METHODS[2], stage_of(wgmma, true)?),
     ];
     let dev = &stages[0].1.dev;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;

@@ -3,73 +3,51 @@
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
+#include "ops/team.h"
 
-// ---- shape defines (from the Rust config; defaults are GLM-5's) ------------------------------------
-#ifndef IDX_HEADS
-#define IDX_HEADS 32
+// ---- shape defines: the host sets every one (src/gpu.rs KernelConfig::source) ------------------------
+#if !defined(IDX_HEADS) || !defined(IDX_HEAD_DIM) || !defined(IDX_ROPE_DIM) || !defined(IDX_GROUP_ROWS) || \
+    !defined(IDX_TASK_PAGES)
+#error "the host sets the indexer's shape: IDX_HEADS, IDX_HEAD_DIM, IDX_ROPE_DIM, IDX_GROUP_ROWS, IDX_TASK_PAGES"
 #endif
-#ifndef IDX_HEAD_DIM
-#define IDX_HEAD_DIM 128
+// IDX_ROPE_INTERLEAVED 1: GPT-J pairs (2i, 2i+1) as GLM-5; 0: NeoX pairs (i, i + ROPE_DIM/2) as
+// DeepSeek-V3.2. IDX_HADAMARD 1: the 1/sqrt(HEAD_DIM) Hadamard rotation of q and k (spec §3.3); 0:
+// SGLang's fused GLM-5 path.
+#if !defined(IDX_ROPE_INTERLEAVED) || !defined(IDX_HADAMARD)
+#error "the host sets the indexer's numerics: IDX_ROPE_INTERLEAVED, IDX_HADAMARD"
 #endif
-#ifndef IDX_ROPE_DIM
-#define IDX_ROPE_DIM 64
+// IDX_WGMMA 1: queries published as E4M3 with a power-of-two scale per head (the scale folded into
+// the head weight) and scored on wgmma (sm_90a; idx_score_ring.h) with an LDS ring of IDX_RING
+// pages a warpgroup. 0: queries in bf16, scored on mma.sync (NVIDIA) or MFMA (AMD) with the keys
+// widened to f16 in LDS (idx_score.h). The kernel table sets it to MONO_NVIDIA: each target's
+// production scorer.
+#if !defined(IDX_WGMMA) || !defined(IDX_RING)
+#error "the host sets the scorer: IDX_WGMMA, IDX_RING"
 #endif
-// 1: GPT-J pairs (2i, 2i+1) as GLM-5; 0: NeoX pairs (i, i + ROPE_DIM/2) as DeepSeek-V3.2.
-#ifndef IDX_ROPE_INTERLEAVED
-#define IDX_ROPE_INTERLEAVED 1
+// IDX_LDS_BYTES: the dynamic shared memory a task may use (the launch's; checked against each
+// task's need). IDX_TRACE 1: the wgmma scorer stamps its phases into idx_args::trace.
+#if !defined(IDX_LDS_BYTES) || !defined(IDX_TRACE)
+#error "the host sets IDX_LDS_BYTES and IDX_TRACE"
 #endif
-// 1: the 1/sqrt(HEAD_DIM) Hadamard rotation of q and k (spec §3.3); 0: SGLang's fused GLM-5 path.
-#ifndef IDX_HADAMARD
-#define IDX_HADAMARD 1
+
+// ---- faults a test builds in on purpose, to show that a check catches them ----------------------
+// MONO_FAULT names one (0: none). The indexer's:
+#define MONO_FAULT_IDX_PATCH_GROUP_ONLY 101  // scorers patch only their own group's new keys (poison check)
+#define MONO_FAULT_IDX_SKIP_PRIOR_WAIT 102   // an overlapped launch does not wait for the kernel before
+#ifndef MONO_FAULT
+#define MONO_FAULT 0
 #endif
-#ifndef IDX_BLOCK
-#define IDX_BLOCK 256
-#endif
-// 1: queries published as E4M3 with a power-of-two scale per head (IndexerOptions q Fp8, the scale
-// folded into the head weight), scored against the FP8 keys as they are on FP8 matrix units
-// (NVIDIA mma.sync e4m3, sm_89+); 0: queries in bf16, keys widened to f16 in LDS (every target).
-#ifndef IDX_FP8_QUERY
-#define IDX_FP8_QUERY 0
-#endif
-// Pages a scoring CTA holds in LDS at once (and loads ahead while it scores the previous ones).
-// FP8 keys would fit twice the pages, but a batch's loads in flight live in registers, and 3 or 4
-// pages spill at 128 registers.
-// 1: scoring on wgmma (sm_90a, needs FP8_QUERY): the run's pages brought by the copy engine into a
-// ring of IDX_RING pages in LDS for each of the two warpgroups (idx_score_ring.h); 0: mma.sync / MFMA
-// (idx_score.h).
-#ifndef IDX_WGMMA
-#define IDX_WGMMA 0
-#endif
-#ifndef IDX_RING
-#define IDX_RING 3
-#endif
-#ifndef IDX_BATCH_PAGES
+
+// Task kinds of the indexer stage (src/layout.rs TaskKind; the stage is MBX_STAGE_INDEXER).
+#define IDX_KIND_KEY 0u
+#define IDX_KIND_QUERY 1u
+#define IDX_KIND_SCORE 2u
+
+// Threads that score one run: two warpgroups (wgmma), or the waves of the mma path. A CTA of the
+// fused shape (512 threads) scores two runs at once, as two CTAs a SM did before it.
+#define IDX_RUN_THREADS 256
+// Pages a run's team takes at once: a warpgroup each (wgmma), a batch (mma path).
 #define IDX_BATCH_PAGES 2
-#endif
-// Rows one scoring pass holds (layout.rs MAX_GROUP_ROWS).
-#ifndef IDX_GROUP_ROWS
-#define IDX_GROUP_ROWS 4
-#endif
-// Test only: 1 patches only the scoring group's own new keys, not the request's other rows'
-// (the negative control of the poison check).
-#ifndef IDX_PATCH_GROUP_ONLY
-#define IDX_PATCH_GROUP_ONLY 0
-#endif
-// 1: the wgmma scorer stamps its phases into the launch's trace buffer (idx_score_ring.h idx_mark).
-#ifndef IDX_TRACE
-#define IDX_TRACE 0
-#endif
-// Test only: 1 lets an overlapped scoring launch write scores without waiting for the kernel
-// before it (the negative control of the overlap check).
-#ifndef IDX_SKIP_PRIOR_WAIT
-#define IDX_SKIP_PRIOR_WAIT 0
-#endif
-// Waits for the kernel before an overlapped launch (indexer_score under Launch::overlap_prior).
-MONO_DEV void idx_wait_prior() {
-#if !IDX_SKIP_PRIOR_WAIT
-  mono_wait_prior();
-#endif
-}
 
 #define IDX_PAGE_TOKENS 64
 #define IDX_PAGE_KEY_BYTES (IDX_PAGE_TOKENS * IDX_HEAD_DIM)
@@ -77,11 +55,10 @@ MONO_DEV void idx_wait_prior() {
 // Hand-off words (layout.rs key_box_words / query_box_words).
 #define IDX_KEY_WORDS (IDX_HEAD_DIM / 4 + 1)
 // A query: HEADS * HEAD_DIM values (bf16 pairs, or E4M3 fours), then HEADS weights.
-#define IDX_QUERY_VALUE_WORDS (IDX_HEADS * IDX_HEAD_DIM / (IDX_FP8_QUERY ? 4 : 2))
+#define IDX_QUERY_VALUE_WORDS (IDX_HEADS * IDX_HEAD_DIM / (IDX_WGMMA ? 4 : 2))
 #define IDX_QUERY_WORDS (IDX_QUERY_VALUE_WORDS + IDX_HEADS)
 // Elements of one head that a lane holds in the key and query tasks (a wave per vector).
 #define IDX_LANE_DIMS (IDX_HEAD_DIM / MONO_WAVE)
-#define IDX_WAVES (IDX_BLOCK / MONO_WAVE)
 
 static_assert(IDX_HEAD_DIM % MONO_WAVE == 0 && (IDX_LANE_DIMS == 1 || IDX_LANE_DIMS == 2 || IDX_LANE_DIMS == 4),
               "a wave holds a head at 1, 2 or 4 elements a lane");
@@ -89,7 +66,6 @@ static_assert((IDX_HEAD_DIM & (IDX_HEAD_DIM - 1)) == 0, "the Hadamard rotation n
 static_assert(IDX_ROPE_DIM % 2 == 0 && IDX_ROPE_DIM <= IDX_HEAD_DIM, "rope turns pairs within the head");
 static_assert(IDX_ROPE_INTERLEAVED || (IDX_ROPE_DIM / 2 >= IDX_LANE_DIMS && (IDX_ROPE_DIM / 2 & (IDX_ROPE_DIM / 2 - 1)) == 0),
               "half-split partners (d XOR ROPE_DIM/2) must sit in other lanes");
-static_assert(IDX_GROUP_ROWS <= IDX_WAVES, "every row of a group needs a wave");
 
 struct idx_row {
   u32 request;
@@ -114,9 +90,6 @@ struct idx_run {
   u32 first_page;
   u32 n_pages;
 };
-#ifndef IDX_TASK_PAGES
-#define IDX_TASK_PAGES 8
-#endif
 // A scoring CTA's first load (gpu.rs RunTask): its run, the run's group and request, and the
 // physical ids of the run's first IDX_TASK_PAGES pages (0 past the run).
 struct idx_run_task {
@@ -126,7 +99,9 @@ struct idx_run_task {
   u32 first_pages[IDX_TASK_PAGES];
 };
 
-// Everything a launch reads and writes (src/gpu.rs LaunchArgs, same order, no padding).
+// Everything the stage's tasks read and write besides the mailbox (src/gpu.rs StageArgs, same
+// order, no padding). The tasks find their work in their descriptors' args: a row (key, query) or
+// a pair of runs (score), indices into rows / runs.
 struct idx_args {
   const u16* key_proj;      // [rows][HEAD_DIM] bf16: W_k x̂
   const float* norm_weight;  // [HEAD_DIM]
@@ -136,24 +111,19 @@ struct idx_args {
   const double* inv_freq;    // [ROPE_DIM / 2]: theta^(-2i / ROPE_DIM)
   const idx_row* rows;
   const idx_request* requests;
-  const idx_run_task* tasks;
+  const idx_run_task* runs;
   const u32* page_list;  // every request's physical pages, at its page_offset
   const u8* cache_read;  // what scorers read
   u8* cache_write;       // where key tasks store (the same buffer outside the poison check)
   float* scores;         // [rows][stride]
-  u64* scratch;
-  const u32* epoch;
-  u32* diag;
-  u64* trace;  // a trace build's marks (idx_score_ring.h idx_mark), or null
-  u32 launches_per_step;
-  u32 launch_index;
-  u32 n_rows;
-  u32 n_runs;
+  u64* trace;            // a trace build's marks (idx_score_ring.h idx_mark), or null
   u32 stride;
   u32 key_box_offset;
   u32 key_box_stride;
   u32 query_box_offset;
   u32 query_box_stride;
+  u32 run_box_offset;  // a run's completion box: its scores are written (mbx_publish before it)
+  u32 run_box_stride;
   float weight_scale;  // (HEADS * HEAD_DIM)^-1/2
 };
 
@@ -161,6 +131,7 @@ MONO_DEV u32 idx_key_box(const idx_args& a, u32 row, u32 word) { return a.key_bo
 MONO_DEV u32 idx_query_box(const idx_args& a, u32 row, u32 word) {
   return a.query_box_offset + row * a.query_box_stride + word;
 }
+MONO_DEV u32 idx_run_box(const idx_args& a, u32 run) { return a.run_box_offset + run * a.run_box_stride; }
 
 // Byte offset of (physical page, slot) in the cache (layout.rs CacheLayout).
 MONO_DEV u64 idx_key_offset(u32 page, u32 slot) { return (u64)page * IDX_PAGE_BYTES + slot * IDX_HEAD_DIM; }
@@ -303,26 +274,36 @@ MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LAN
   return scale;
 }
 
-// ---- block-wide waits on many boxes -------------------------------------------------------------------
+// A thread's index in its team, from the thread register: a team is Team::size consecutive threads
+// starting at a multiple of its size (ops/team.h), so this is team.thread. ptxas recomputes it
+// where a copy held in a register would take one of the scoring loop's 128 (held, the loop spilled).
+template <class Team>
+MONO_DEV u32 idx_thread_in(const Team&) {
+  return mono_thread() % Team::size;
+}
+
+// ---- a team's waits on many boxes ------------------------------------------------------------------
 #define IDX_POLL_BATCH 8
 // Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`), box
-// i = slot * words + word by thread i % BLOCK, into dst[i]. Each thread loads BATCH boxes before
+// i = slot * words + word by thread i % team size, into dst[i]. Each thread loads BATCH boxes before
 // looking at any, so boxes already ready cost one round trip per batch rather than one each; a box
 // not ready yet is polled alone (mbx_poll, bounded in debug builds). Only the boxes' own values are
-// read, so no acquire is needed. Ends with a block barrier; false when a debug wait gave up.
-MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
+// read, so no acquire is needed. Ends with a barrier of the team; false when a debug wait gave up.
+template <class Team>
+MONO_DEV bool idx_wait_slots(const Team& team, const mbx_ctx& c, u32 first, u32 stride, u32 words, u32 slots, u32* dst) {
+  constexpr u32 threads = Team::size;
   const u32 n = slots * words;
   bool ok = true;
-  for (u32 base = mono_thread(); base < n; base += IDX_POLL_BATCH * IDX_BLOCK) {
+  for (u32 base = team.thread; base < n; base += IDX_POLL_BATCH * threads) {
     u64 w[IDX_POLL_BATCH];
 #pragma unroll
     for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
-      const u32 i = base + k * IDX_BLOCK;
+      const u32 i = base + k * threads;
       w[k] = i < n ? mbx_load(c.scratch + first + (i / words) * stride + i % words) : 0;
     }
 #pragma unroll
     for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {
-      const u32 i = base + k * IDX_BLOCK;
+      const u32 i = base + k * threads;
       if (i >= n) continue;
       u32 value = mbx_value_of(w[k]);
       if (mbx_tag_of(w[k]) != c.tag) {
@@ -332,5 +313,5 @@ MONO_DEV bool idx_wait_slots(const mbx_ctx& c, u32 first, u32 stride, u32 words,
       dst[i] = value;
     }
   }
-  return mbx_block_agree(c, ok);
+  return team.all(ok);
 }

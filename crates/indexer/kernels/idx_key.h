@@ -4,11 +4,14 @@
 #pragma once
 #include "idx_common.h"
 
-// Wave 0 of the CTA computes the row's key (one HEAD_DIM vector, a wave's worth); the other waves
-// have nothing to do.
-MONO_DEV void idx_key_task(const idx_args& a, const mbx_ctx& c, u32 row) {
-  if (mono_wave() != 0) return;
-  const u32 lane = mono_lane();
+// The key of row task.args[0]. Wave 0 of the team computes it (one HEAD_DIM vector, a wave's
+// worth); the other waves have nothing to do. Waits on nothing.
+template <class Team>
+MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
+  (void)smem;
+  if (team.wave() != 0) return true;
+  const u32 row = task.args[0];
+  const u32 lane = team.lane();
   const idx_row r = a.rows[row];
   float v[IDX_LANE_DIMS];
 #pragma unroll
@@ -52,4 +55,5 @@ MONO_DEV void idx_key_task(const idx_args& a, const mbx_ctx& c, u32 row) {
     *(float*)(a.cache_write + idx_scale_offset(page, slot)) = scale;
     mono_st_relaxed_u64(c.scratch + idx_key_box(a, row, IDX_HEAD_DIM / 4), mbx_pack(c.tag, mono_f32_bits(scale)));
   }
+  return true;
 }

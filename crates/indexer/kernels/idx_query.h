@@ -1,6 +1,6 @@
 // The index query of one row (spec §3.1-3.3, §3.6): rope and Hadamard of every head, once per row,
 // published with the head weights w_h = g_h * (HEADS * HEAD_DIM)^-1/2 * s_h for the scorers: in
-// bf16 (s_h = 1), or under FP8_QUERY as E4M3 words of four with s_h the head's power-of-two scale.
+// bf16 (s_h = 1), or for the wgmma scorer as E4M3 words of four with s_h the head's power-of-two scale.
 #pragma once
 #include "idx_common.h"
 
@@ -8,11 +8,15 @@
 // with one dim a lane, even lanes own one (their dim and the next lane's).
 #define IDX_LANE_PAIRS (IDX_LANE_DIMS >= 2 ? IDX_LANE_DIMS / 2 : 1)
 
-// A wave a head: wave w does heads w, w + WAVES, ...
-MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
-  const u32 lane = mono_lane();
+// The query of row task.args[0], a wave a head: wave w of the team does heads w, w + waves, ...
+// Waits on nothing.
+template <class Team>
+MONO_DEV bool idx_query_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
+  (void)smem;
+  const u32 row = task.args[0];
+  const u32 lane = team.lane();
   const u32 position = a.rows[row].position;
-  for (u32 h = mono_wave(); h < IDX_HEADS; h += mono_waves_per_block()) {
+  for (u32 h = team.wave(); h < IDX_HEADS; h += Team::waves) {
     const u16* in = a.query_proj + ((u64)row * IDX_HEADS + h) * IDX_HEAD_DIM + lane * IDX_LANE_DIMS;
     float v[IDX_LANE_DIMS];
 #pragma unroll
@@ -21,7 +25,7 @@ MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
 #if IDX_HADAMARD
     idx_hadamard(v);
 #endif
-#if IDX_FP8_QUERY
+#if IDX_WGMMA
     u8 codes[IDX_LANE_DIMS];
     const float head_scale = idx_quantise(v, codes);
     u32 word;
@@ -58,4 +62,5 @@ MONO_DEV void idx_query_task(const idx_args& a, const mbx_ctx& c, u32 row) {
                           mbx_pack(c.tag, mono_f32_bits(w)));
     }
   }
+  return true;
 }

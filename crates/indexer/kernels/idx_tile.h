@@ -1,6 +1,8 @@
 // The innermost tile of scoring, the only per-platform code of the indexer: one row's heads (A, in
 // registers) times a tile of keys (B, in LDS) on the matrix units, f16 in, f32 accumulate, then
-// ReLU, head weights and the sum over heads. Two methods (FP8_QUERY picks): f16 (below) and FP8.
+// ReLU, head weights and the sum over heads: the mma path (mma.sync on NVIDIA, MFMA on AMD) with
+// bf16 queries, and the wgmma page (sm_90a) with FP8 queries, below it. The matrix instructions
+// themselves are the ops layer's (ops/warp_mma.h, ops/warpgroup_mma.h).
 //
 // Numbers: keys sit in LDS as f16 of value e4m3 * 2^-8 (exact, see idx_e4m3x4_to_f16); each head of
 // the query is scaled by a power of two 2^-e that puts its largest element in [2^14, 2^15) and
@@ -13,18 +15,17 @@
 // fragments as whole 16-byte chunks: (j % 2) picks the chunk's first or second four dims.
 #pragma once
 #include "idx_common.h"
+#include "ops/warp_mma.h"
+#include "ops/warpgroup_mma.h"
 
-#if IDX_FP8_QUERY && !MONO_NVIDIA
-#error "FP8_QUERY scoring is written for NVIDIA mma.sync e4m3; AMD scores with f16 MFMA (FP8_QUERY 0)"
-#endif
-#if IDX_WGMMA && !(MONO_NVIDIA && IDX_FP8_QUERY && IDX_HEAD_DIM == 128 && IDX_HEADS == 32)
-#error "WGMMA scoring is written for NVIDIA sm_90a, FP8 queries, 32 heads of 128 (GLM-5's indexer)"
+#if IDX_WGMMA && !(MONO_NVIDIA && IDX_HEAD_DIM == 128 && IDX_HEADS == 32)
+#error "WGMMA scoring is written for NVIDIA sm_90a, 32 heads of 128 (GLM-5's indexer)"
 #endif
 
-// Bytes of a key in LDS: E4M3 as cached (FP8), or widened to f16.
-#define IDX_TOKEN_BYTES (IDX_HEAD_DIM * (IDX_FP8_QUERY ? 1 : 2))
-// Matrix-op k-steps of a head: k32 for FP8, k16 for f16.
-#define IDX_K_STEPS (IDX_HEAD_DIM / (IDX_FP8_QUERY ? 32 : 16))
+// Bytes of a key in LDS: E4M3 as cached (wgmma, which widens in registers), or widened to f16.
+#define IDX_TOKEN_BYTES (IDX_HEAD_DIM * (IDX_WGMMA ? 1 : 2))
+// Matrix-op k16 steps of a head.
+#define IDX_K_STEPS (IDX_HEAD_DIM / 16)
 #define IDX_M_TILES ((IDX_HEADS + 15) / 16)
 static_assert(IDX_HEAD_DIM % 64 == 0, "k-groups need whole 16-byte chunks, two per k-group");
 
@@ -49,11 +50,8 @@ MONO_DEV void idx_e4m3x4_to_f16(u32 w, u32* lo, u32* hi) {
 }
 #define IDX_KEY_F16_SCALE 256.0f
 
-// Stores 16 dims of a key (16 * piece ..) into the batch's LDS in the method's format.
+// Stores 16 dims of a key (16 * piece ..) into the batch's LDS widened to f16 (the mma path).
 MONO_DEV void idx_store_key_piece(u8* keys, u32 token, u32 piece, const mono_u32x4& v) {
-#if IDX_FP8_QUERY
-  *(mono_u32x4*)(keys + idx_chunk_offset(token, piece)) = v;
-#else
   u32 f[8];
   idx_e4m3x4_to_f16(v.x, &f[0], &f[1]);
   idx_e4m3x4_to_f16(v.y, &f[2], &f[3]);
@@ -61,12 +59,11 @@ MONO_DEV void idx_store_key_piece(u8* keys, u32 token, u32 piece, const mono_u32
   idx_e4m3x4_to_f16(v.w, &f[6], &f[7]);
   *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece)) = mono_u32x4{f[0], f[1], f[2], f[3]};
   *(mono_u32x4*)(keys + idx_chunk_offset(token, 2u * piece + 1u)) = mono_u32x4{f[4], f[5], f[6], f[7]};
-#endif
 }
 
-// Stores a key word (dims 4 word .. +3) the same way.
+// Stores a key word (dims 4 word .. +3) in the scorer's LDS format.
 MONO_DEV void idx_store_key_word(u8* keys, u32 token, u32 word, u32 value) {
-#if IDX_FP8_QUERY
+#if IDX_WGMMA
   *(u32*)(keys + idx_chunk_offset(token, word / 4u) + 4u * (word % 4u)) = value;
 #else
   u32* dst = (u32*)(keys + idx_chunk_offset(token, word / 2u) + 8u * (word % 2u));
@@ -74,20 +71,9 @@ MONO_DEV void idx_store_key_word(u8* keys, u32 token, u32 word, u32 value) {
 #endif
 }
 
-MONO_DEV u32 idx_pack_f16x2(float lo, float hi) {
-#if MONO_NVIDIA
-  u16 l, h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
-  return (u32)l | ((u32)h << 16);
-#else
-  return (u32)__builtin_bit_cast(u16, (_Float16)lo) | ((u32)__builtin_bit_cast(u16, (_Float16)hi) << 16);
-#endif
-}
-
 // A word of two bf16 times `mul` (a power of two) as two f16.
 MONO_DEV u32 idx_bf16x2_to_f16x2(u32 w, float mul) {
-  return idx_pack_f16x2(mono_bits_f32(w << 16) * mul, mono_bits_f32(w & 0xffff0000u) * mul);
+  return mono_pack_f16x2(mono_bits_f32(w << 16) * mul, mono_bits_f32(w & 0xffff0000u) * mul);
 }
 
 // 2^-e and 2^e for the head scale: e = floor(log2(amax)) - 14, kept within +-100.
@@ -103,53 +89,10 @@ MONO_DEV float idx_abs_max_bf16x2(float m, u32 w) {
   return mono_fmaxf(m, mono_fmaxf(lo < 0.0f ? -lo : lo, hi < 0.0f ? -hi : hi));
 }
 
-// Pair index (within a head) of k-step j's first two dims for k-group kg. Under FP8 the same
-// formula gives the word (of four dims) of a k-step's first register.
+// Pair index (within a head) of k-step j's first two dims for k-group kg.
 MONO_DEV u32 idx_pair_of(u32 j, u32 kg) { return 4u * (4u * (j / 2u) + kg) + 2u * (j % 2u); }
 
-#if MONO_NVIDIA && IDX_FP8_QUERY
-// mma.m16n8k32 e4m3: rows = heads, columns = 8 tokens. Lane (g = lane / 4, kg = lane % 4) holds A
-// rows g and g + 8 of each head tile (registers 0/1: k 4kg..+3 of heads g/g+8; 2/3: k 16+4kg..+3),
-// B column g (b0: k 4kg..+3; b1: k 16+4kg..+3), and accumulators of heads g, g + 8 at tokens 2kg,
-// 2kg + 1. k-step j's registers r = 0, 1 are key word idx_pair_of(j, kg) + r, so a lane's B of two
-// k-steps is one 16-byte chunk. Products of E4M3 are exact in f32; K = 32 a step.
-#define IDX_TILE_TOKENS 8
-// A wave holds one head tile, as with f16: two would spill beside a batch's loads in flight.
-#define IDX_WAVE_M_TILES 1
-struct idx_qfrag {
-  u32 a[IDX_WAVE_M_TILES][IDX_K_STEPS][4];
-  float w[IDX_WAVE_M_TILES][2];  // heads 16m + g and 16m + g + 8
-};
-
-// Head tiles m0 .. of the row whose published words (HEADS * HEAD_DIM / 4 E4M3 words, then HEADS
-// weights with the query scales in them) are at `stage`.
-MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
-  const u32 g = mono_lane() >> 2, kg = mono_lane() & 3u;
-#pragma unroll
-  for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) {
-#pragma unroll
-    for (u32 half = 0; half < 2; ++half) {
-      const u32 head = 16u * (m0 + m) + g + 8u * half;
-      const bool valid = head < IDX_HEADS;
-      const u32* words = stage + (valid ? head : 0u) * (IDX_HEAD_DIM / 4);
-#pragma unroll
-      for (u32 j = 0; j < IDX_K_STEPS; ++j) {
-        q.a[m][j][half] = valid ? words[idx_pair_of(j, kg)] : 0u;
-        q.a[m][j][half + 2] = valid ? words[idx_pair_of(j, kg) + 1u] : 0u;
-      }
-      q.w[m][half] = valid ? mono_bits_f32(stage[IDX_QUERY_VALUE_WORDS + head]) : 0.0f;
-    }
-  }
-}
-
-MONO_DEV void idx_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-#elif MONO_NVIDIA
+#if MONO_NVIDIA
 // mma.m16n8k16: rows = heads, columns = 8 tokens. Lane (g = lane / 4, kg = lane % 4) holds A rows
 // g and g + 8 of each head tile, B column g, and accumulators of heads g, g + 8 at tokens 2kg, 2kg + 1.
 #define IDX_TILE_TOKENS 8
@@ -194,12 +137,6 @@ MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
   }
 }
 
-MONO_DEV void idx_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 #endif
 
 #if MONO_NVIDIA
@@ -215,8 +152,8 @@ MONO_DEV void idx_tile(const idx_qfrag& q, const u8* keys, u32 n0, float (&s)[2]
     const mono_u32x4 b = *(const mono_u32x4*)(keys + idx_chunk_offset(n0 + g, 4u * c + kg));
 #pragma unroll
     for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) {
-      idx_mma(acc[m], q.a[m][2 * c], b.x, b.y);
-      idx_mma(acc[m], q.a[m][2 * c + 1], b.z, b.w);
+      mono_mma_m16n8k16_f16(acc[m], q.a[m][2 * c], b.x, b.y);
+      mono_mma_m16n8k16_f16(acc[m], q.a[m][2 * c + 1], b.z, b.w);
     }
   }
   s[0] = s[1] = 0.0f;
@@ -241,9 +178,6 @@ MONO_DEV u32 idx_tile_token() { return 2u * mono_lane(); }
 // v_mfma_f32_16x16x16f16: rows = heads, columns = 16 tokens. Lane (r = lane % 16, kg = lane / 16)
 // holds A row r of each head tile, B column r, and accumulators of heads 4kg .. 4kg + 3 at token r.
 #define IDX_TILE_TOKENS 16
-typedef _Float16 idx_half4 __attribute__((ext_vector_type(4)));
-typedef float idx_float4 __attribute__((ext_vector_type(4)));
-typedef u32 idx_u32x2 __attribute__((ext_vector_type(2)));
 
 // A wave holds every head tile (wave64 fragments are half the size, and VGPRs plentiful).
 #define IDX_WAVE_M_TILES IDX_M_TILES
@@ -285,27 +219,20 @@ MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
   }
 }
 
-MONO_DEV idx_half4 idx_as_half4(u32 lo, u32 hi) {
-  const idx_u32x2 v = {lo, hi};
-  return __builtin_bit_cast(idx_half4, v);
-}
-
 // The wave's heads' share of the scores of tokens n0 .. n0 + 15 (before the key scales): lane
 // r < 16 returns token n0 + r's in s[0].
 MONO_DEV void idx_tile(const idx_qfrag& q, const u8* keys, u32 n0, float (&s)[1]) {
   const u32 r = mono_lane() & 15u, kg = mono_lane() >> 4;
-  idx_float4 acc[IDX_WAVE_M_TILES];
+  mono_f32x4 acc[IDX_WAVE_M_TILES];
 #pragma unroll
-  for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) acc[m] = idx_float4{0.0f, 0.0f, 0.0f, 0.0f};
+  for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) acc[m] = mono_f32x4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (u32 c = 0; c < IDX_K_STEPS / 2; ++c) {
     const mono_u32x4 b = *(const mono_u32x4*)(keys + idx_chunk_offset(n0 + r, 4u * c + kg));
 #pragma unroll
     for (u32 m = 0; m < IDX_WAVE_M_TILES; ++m) {
-      acc[m] = __builtin_amdgcn_mfma_f32_16x16x16f16(idx_as_half4(q.a[m][2 * c][0], q.a[m][2 * c][1]),
-                                                     idx_as_half4(b.x, b.y), acc[m], 0, 0, 0);
-      acc[m] = __builtin_amdgcn_mfma_f32_16x16x16f16(idx_as_half4(q.a[m][2 * c + 1][0], q.a[m][2 * c + 1][1]),
-                                                     idx_as_half4(b.z, b.w), acc[m], 0, 0, 0);
+      acc[m] = mono_mfma_16x16x16_f16(acc[m], q.a[m][2 * c][0], q.a[m][2 * c][1], b.x, b.y);
+      acc[m] = mono_mfma_16x16x16_f16(acc[m], q.a[m][2 * c + 1][0], q.a[m][2 * c + 1][1], b.z, b.w);
     }
   }
   s[0] = 0.0f;
@@ -345,11 +272,8 @@ MONO_DEV u32 idx_tile_token() { return mono_lane(); }
 #define IDX_WG_COLUMNS (IDX_GROUP_ROWS * IDX_HEADS)  // B tile rows: every head of every row
 #define IDX_WG_QUERY_BYTES (IDX_WG_COLUMNS * IDX_HEAD_DIM * 2)
 
-// Byte offset of (column n = row * HEADS + head, logical k) in the B tile: two K blocks of 64
-// (128 bytes a column), each COLUMNS x 128 bytes with 16-byte chunk c of column n at c ^ (n % 8).
-MONO_DEV u32 idx_wg_offset(u32 n, u32 k) {
-  return (k / 64u) * IDX_WG_COLUMNS * 128u + n * 128u + 16u * (((k % 64u) / 8u) ^ (n & 7u)) + 2u * (k % 8u);
-}
+// Byte offset of (column n = row * HEADS + head, logical k) in the B tile (f16, 128-byte swizzle).
+MONO_DEV u32 idx_wg_offset(u32 n, u32 k) { return mono_sw128_offset(IDX_WG_COLUMNS, n, k / 8u) + 2u * (k % 8u); }
 // Logical k of key dim d (the inverse of the order above).
 MONO_DEV u32 idx_wg_k_of_dim(u32 d) {
   const u32 q = d / 32u, j = (d % 32u) / 4u, s = d % 4u;
@@ -363,119 +287,14 @@ MONO_DEV void idx_e4m3x4_to_f16_exact(u32 w, u32* lo, u32* hi) {
       : "r"(w));
 }
 
-// Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of an LDS tile whose start-address field
-// (its LDS byte address / 16, idx_wg_start) is `start`: leading-dimension offset unused (swizzled
-// K-major), stride offset 1024 bytes (8 rows of 128 bytes), 128-byte swizzle. The start field is
-// the descriptor's low word alone, so a tile at a known offset from another is a 32-bit add: the
-// page loop once rebuilt all eight k steps' descriptors from the tile's pointer, about 60
-// instructions a warp a page.
-MONO_DEV u64 idx_wg_desc(u32 start) { return (u64)start | ((u64)(1024u >> 4) << 32) | (1ull << 62); }
-MONO_DEV u32 idx_wg_start(const void* lds) { return (mono_lds_address(lds) & 0x3ffffu) >> 4; }
-
-// Keeps the compiler from moving register reads or writes across the asynchronous region.
-MONO_DEV void idx_wg_hold(float (&d)[16]) {
-#pragma unroll
-  for (u32 i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-MONO_DEV void idx_wg_hold(u32 (&a)[4]) {
-#pragma unroll
-  for (u32 i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
-}
-
-// d (+)= A B for one k16 step of R rows (N = 32 R), A from registers; accumulate = false starts
-// from zero. d[r] are row r's columns.
-template <u32 R>
-MONO_DEV void idx_wg_mma(float (&d)[R][16], const u32 (&a)[4], u64 b, bool accumulate);
-template <>
-MONO_DEV void idx_wg_mma<1>(float (&d)[1][16], const u32 (&a)[4], u64 b, bool accumulate) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
-        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
-        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
-}
-template <>
-MONO_DEV void idx_wg_mma<2>(float (&d)[2][16], const u32 (&a)[4], u64 b, bool accumulate) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
-        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
-        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
-        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
-        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
-}
-template <>
-MONO_DEV void idx_wg_mma<3>(float (&d)[3][16], const u32 (&a)[4], u64 b, bool accumulate) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %53, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-      "}, {%48, %49, %50, %51}, %52, p, 1, 1, 0; }"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
-        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
-        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
-        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
-        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
-        "+f"(d[2][8]), "+f"(d[2][9]), "+f"(d[2][10]), "+f"(d[2][11]),
-        "+f"(d[2][12]), "+f"(d[2][13]), "+f"(d[2][14]), "+f"(d[2][15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
-}
-template <>
-MONO_DEV void idx_wg_mma<4>(float (&d)[4][16], const u32 (&a)[4], u64 b, bool accumulate) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
-        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]),
-        "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
-        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]),
-        "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
-        "+f"(d[2][8]), "+f"(d[2][9]), "+f"(d[2][10]), "+f"(d[2][11]),
-        "+f"(d[2][12]), "+f"(d[2][13]), "+f"(d[2][14]), "+f"(d[2][15]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
-        "+f"(d[3][8]), "+f"(d[3][9]), "+f"(d[3][10]), "+f"(d[3][11]),
-        "+f"(d[3][12]), "+f"(d[3][13]), "+f"(d[3][14]), "+f"(d[3][15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((u32)accumulate));
-}
-
 // LDS written by ordinary stores becomes visible to the tensor units' reads.
-MONO_DEV void idx_lds_written() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+MONO_DEV void idx_lds_written() { mono_fence_lds_async(); }
 
 // Row r's sums over this thread's heads of ReLU(score) times the head's weight, for tokens g (x)
-// and g + 8 (y); the other heads of the row are in the quad's other lanes.
+// and g + 8 (y); the other heads of the row are in the quad's other lanes. d: the page's
+// accumulators (mono_wgmma_f16_rs order), row r's at 16 r ..
 template <u32 G>
-MONO_DEV void idx_wg_head_sums(const float (&d)[G][16], const float* weights, u32 quad, float (&x)[G], float (&y)[G]) {
+MONO_DEV void idx_wg_head_sums(const float (&d)[16 * G], const float* weights, u32 quad, float (&x)[G], float (&y)[G]) {
 #pragma unroll
   for (u32 r = 0; r < G; ++r) {
     x[r] = 0.0f;
@@ -487,8 +306,8 @@ MONO_DEV void idx_wg_head_sums(const float (&d)[G][16], const float* weights, u3
 #pragma unroll
       for (u32 e = 0; e < 2; ++e) {
         const float wt = mono_bits_f32((u32)(pair >> (32u * e)));
-        x[r] += wt * mono_fmaxf(d[r][4 * i + e], 0.0f);
-        y[r] += wt * mono_fmaxf(d[r][4 * i + 2 + e], 0.0f);
+        x[r] += wt * mono_fmaxf(d[16 * r + 4 * i + e], 0.0f);
+        y[r] += wt * mono_fmaxf(d[16 * r + 4 * i + 2 + e], 0.0f);
       }
     }
   }
@@ -524,48 +343,47 @@ MONO_DEV void idx_wg_quad_sum(const float (&x)[G], const float (&y)[G], u32 quad
   sy += mono_shfl_xor_f32(sy, 2u);
 }
 
-// Thread (wave v, lane l) of a warpgroup holds the page's tokens 16v + l / 4 and 8 more: A's rows.
-MONO_DEV u32 idx_wg_token() { return 16u * (mono_wave() % (IDX_WG_THREADS / MONO_WAVE)) + mono_lane() / 4u; }
+// Thread t (wave v, lane l) of a warpgroup holds the page's tokens 16v + l / 4 and 8 more: A's rows.
+MONO_DEV u32 idx_wg_token(u32 t) { return 16u * (t / MONO_WAVE) + (t % MONO_WAVE) / 4u; }
 
-// The scores of one page's 64 tokens for the group's R rows, before the key scales: thread (wave v,
-// lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and 16v + l / 4 + 8
-// (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile's start field
-// (idx_wg_start); weights: [R][HEADS].
+// The scores of one page's 64 tokens for the group's R rows, before the key scales: thread t of the
+// warpgroup (wave v, lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and
+// 16v + l / 4 + 8 (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile's start
+// field (mono_smem_desc_start); weights: [R][HEADS].
 // meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_wg_page(const u8* keys, u32 query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
-  const u32 quad = mono_lane() % 4u, token = idx_wg_token();
+MONO_DEV void idx_wg_page(u32 t, const u8* keys, u32 query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
+  const u32 quad = t % 4u, token = idx_wg_token(t);
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
 #pragma unroll
-  for (u32 t = 0; t < 2; ++t)
+  for (u32 h8 = 0; h8 < 2; ++h8)
 #pragma unroll
     for (u32 h = 0; h < 2; ++h) {
-      const mono_u32x4 v = *(const mono_u32x4*)(keys + idx_chunk_offset(token + 8u * t, 2u * quad + h));
-      w[t][4 * h] = v.x;
-      w[t][4 * h + 1] = v.y;
-      w[t][4 * h + 2] = v.z;
-      w[t][4 * h + 3] = v.w;
+      const mono_u32x4 v = *(const mono_u32x4*)(keys + idx_chunk_offset(token + 8u * h8, 2u * quad + h));
+      w[h8][4 * h] = v.x;
+      w[h8][4 * h + 1] = v.y;
+      w[h8][4 * h + 2] = v.z;
+      w[h8][4 * h + 3] = v.w;
     }
   u32 a[IDX_HEAD_DIM / 16][4];
 #pragma unroll
   for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) {
     idx_e4m3x4_to_f16_exact(w[0][j], &a[j][0], &a[j][2]);
     idx_e4m3x4_to_f16_exact(w[1][j], &a[j][1], &a[j][3]);
-    idx_wg_hold(a[j]);
+    mono_wgmma_hold(a[j]);
   }
-  float d[R][16] = {};
+  float d[16 * R] = {};
+  mono_wgmma_hold(d);
+  mono_wgmma_fence();
 #pragma unroll
-  for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_mma<R>(d, a[j], idx_wg_desc(query + idx_wg_offset(0, 16u * j) / 16u), j > 0);
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j)
+    mono_wgmma_f16_rs<32 * R>(d, a[j], mono_smem_desc_sw128(query + idx_wg_offset(0, 16u * j) / 16u), j > 0);
+  mono_wgmma_commit();
   meanwhile();
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  mono_wgmma_wait<0>();
+  mono_wgmma_hold(d);
 #pragma unroll
-  for (u32 r = 0; r < R; ++r) idx_wg_hold(d[r]);
-#pragma unroll
-  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) idx_wg_hold(a[j]);
+  for (u32 j = 0; j < IDX_HEAD_DIM / 16; ++j) mono_wgmma_hold(a[j]);
   float x[R], y[R];
   idx_wg_head_sums<R>(d, weights, quad, x, y);
   idx_wg_quad_sum<R>(x, y, quad, s[0], s[1]);

@@ -1,22 +1,24 @@
-//! Host side of the standalone kernels (`kernels/indexer.hip`): sources and build-time choices, the
-//! device copies of a score plan, the launch arguments, and the two entry points.
+//! Host side of the standalone entry point (`kernels/indexer.hip`): sources and build-time choices,
+//! the device copies of a score plan and its task lists, the stage's arguments, and the launches.
 
 use bytemuck::{Pod, Zeroable};
 use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module, Stream};
-use mailbox::gpu::Variant;
+use mailbox::gpu::{DeviceTable, LaunchTable, Variant};
 use mailbox::layout::Tags;
+use mailbox::Limits as PlacementLimits;
 use model::numerics::{rope_inv_freq, RopeStyle};
+use model::ModelConfig;
 
 use crate::error::{shape, IndexerError, Result};
 use crate::layout::{
-    GroupDesc, IndexerBoxes, PageTable, RequestDesc, Row, RunDesc, ScorePlan, MAX_GROUP_ROWS,
-    PAGE_TOKENS,
+    max_runs, stage_placement, GroupDesc, IndexerBoxes, PageTable, RequestDesc, Row, RunDesc,
+    ScorePlan, StageTasks, MAX_GROUP_ROWS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
 };
 use crate::reference::{IndexerDims, IndexerOptions, VectorFormat};
 
 pub const INDEXER_HIP: (&str, &str) = ("indexer.hip", include_str!("../kernels/indexer.hip"));
-/// The headers `indexer.hip` includes (besides the prelude and `mailbox.h`).
-pub const HEADERS: [(&str, &str); 6] = [
+/// The headers `indexer.hip` includes (besides the prelude, the ops layer and `mailbox.h`).
+pub const HEADERS: [(&str, &str); 7] = [
     ("idx_common.h", include_str!("../kernels/idx_common.h")),
     ("idx_key.h", include_str!("../kernels/idx_key.h")),
     ("idx_query.h", include_str!("../kernels/idx_query.h")),
@@ -26,16 +28,39 @@ pub const HEADERS: [(&str, &str); 6] = [
         "idx_score_ring.h",
         include_str!("../kernels/idx_score_ring.h"),
     ),
+    ("idx_tasks.h", include_str!("../kernels/idx_tasks.h")),
 ];
-/// Threads of every indexer CTA (`IDX_BLOCK`).
-pub const BLOCK: u32 = 256;
-/// Pages a scoring CTA takes at once, one a warpgroup under wgmma (`IDX_BATCH_PAGES`).
+/// Threads of a CTA (`MONO_CTA_THREADS`): the fused launch's shape, one CTA a SM, 128 registers a
+/// thread (`__launch_bounds__(512, 1)`). The scorer runs two runs a CTA in it, each on 256 threads
+/// as the two CTAs a SM of its own shape did (PERF.md, "The fused shape").
+pub const CTA_THREADS: u32 = 512;
+/// Pages a run's team takes at once, one a warpgroup under wgmma (`IDX_BATCH_PAGES`).
 const BATCH_PAGES: u32 = 2;
 /// Pages of each warpgroup in the wgmma scorer's LDS ring by default: one scored, two in flight
-/// (83.5 KiB of LDS a CTA). Measured on the H200 against 2 and 4 (crates/indexer/PERF.md): 3 was
+/// (83.5 KiB of LDS a run). Measured on the H200 against 2 and 4 (crates/indexer/PERF.md): 3 was
 /// as fast as the best of them or within 0.5 us in every case but the chains of 4 and 8 rows,
 /// where 2 wins by 1-2 us and loses 3-30 us on single rows and separate requests.
 pub const RING: u32 = 3;
+
+/// A sabotage a test builds in to show that a check catches it (`MONO_FAULT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Scorers patch only their own group's new keys (the poison check's negative control).
+    PatchGroupOnly,
+    /// An overlapped launch writes scores without waiting for the kernel before it (the overlap
+    /// check's negative control).
+    SkipPriorWait,
+}
+
+impl Fault {
+    /// The `MONO_FAULT_IDX_*` value of `kernels/idx_common.h`.
+    fn define(self) -> u32 {
+        match self {
+            Fault::PatchGroupOnly => 101,
+            Fault::SkipPriorWait => 102,
+        }
+    }
+}
 
 /// Build-time choices of the kernels: the shape and the variant switches.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,21 +68,16 @@ pub struct KernelConfig {
     pub dims: IndexerDims,
     pub rope: RopeStyle,
     pub hadamard: bool,
-    /// How queries are published and scored: [`VectorFormat::Bf16`] (keys widened to f16 in LDS,
-    /// every target) or [`VectorFormat::Fp8`] (E4M3 with a power-of-two scale per head, scored on
-    /// FP8 matrix units: NVIDIA only, `IDX_FP8_QUERY`).
+    /// How queries are published, which picks the scorer: [`VectorFormat::Bf16`] for the mma path
+    /// (keys widened to f16 in LDS, mma.sync on NVIDIA, MFMA on AMD), [`VectorFormat::Fp8`] (E4M3
+    /// with a power-of-two scale per head) for wgmma (`IDX_WGMMA`, kernels/idx_score_ring.h):
+    /// NVIDIA sm_90a, 32 heads of 128 (GLM-5's indexer).
     pub query: VectorFormat,
-    /// Score on wgmma (`IDX_WGMMA`, kernels/idx_score_ring.h): NVIDIA sm_90a, FP8 queries, 32
-    /// heads of 128 (GLM-5's indexer). Otherwise mma.sync (NVIDIA) or MFMA (AMD).
-    pub wgmma: bool,
     /// Pages of each warpgroup in the wgmma scorer's LDS ring (`IDX_RING`, at least 2): the one
-    /// being scored and those in flight. Up to 4 leave room for two CTAs a SM.
+    /// being scored and those in flight.
     pub ring: u32,
-    /// Test only: scorers patch only their own group's new keys (the poison check's negative control).
-    pub patch_group_only: bool,
-    /// Test only: an overlapped scoring launch writes scores without waiting for the kernel before
-    /// it (the overlap check's negative control).
-    pub skip_prior_wait: bool,
+    /// A fault built in on purpose (tests only).
+    pub fault: Option<Fault>,
     /// The wgmma scorer stamps its phases into [`StageBuffers::trace`] (`IDX_TRACE`; read with
     /// [`crate::trace`]). Off outside benchmarks: the stamps cost time and move code.
     pub trace: bool,
@@ -65,8 +85,9 @@ pub struct KernelConfig {
 }
 
 impl KernelConfig {
-    /// The kernels compute [`IndexerOptions::kernels`]-style numbers (q bf16, k FP8) or
-    /// [`IndexerOptions::deepseek`]-style ones (q and k FP8). Other formats are the reference's alone.
+    /// The kernels compute [`IndexerOptions::kernels`]-style numbers (q bf16, k FP8; the mma
+    /// path) or [`IndexerOptions::deepseek`]-style ones (q and k FP8; wgmma). Other formats are
+    /// the reference's alone.
     pub fn new(dims: IndexerDims, opts: &IndexerOptions) -> Result<Self> {
         if opts.query == VectorFormat::F32 || opts.key != VectorFormat::Fp8 {
             return Err(shape(
@@ -82,13 +103,16 @@ impl KernelConfig {
             rope: opts.rope,
             hadamard: opts.hadamard,
             query: opts.query,
-            wgmma: false,
             ring: RING,
-            patch_group_only: false,
-            skip_prior_wait: false,
+            fault: None,
             trace: false,
             mailbox: Variant::default(),
         })
+    }
+
+    /// Whether this configuration scores on wgmma (FP8 queries).
+    pub fn wgmma(&self) -> bool {
+        self.query == VectorFormat::Fp8
     }
 
     /// The reference options that describe what these kernels compute.
@@ -106,7 +130,7 @@ impl KernelConfig {
     pub fn check(&self) -> Result<()> {
         let d = &self.dims;
         let most = TASK_PAGES / BATCH_PAGES;
-        if self.wgmma && !(2..=most).contains(&self.ring) {
+        if self.wgmma() && !(2..=most).contains(&self.ring) {
             return Err(shape(
                 "wgmma scoring",
                 format!(
@@ -116,36 +140,45 @@ impl KernelConfig {
                 ),
             ));
         }
-        if self.wgmma && (self.query != VectorFormat::Fp8 || d.heads != 32 || d.head_dim != 128) {
+        if self.wgmma() && (d.heads != 32 || d.head_dim != 128) {
             return Err(shape(
                 "wgmma scoring",
                 format!(
-                    "it takes FP8 queries of 32 heads x 128; asked for {:?} queries of {} heads x {}",
-                    self.query, d.heads, d.head_dim
+                    "it takes FP8 queries of 32 heads x 128; asked for {} heads x {}",
+                    d.heads, d.head_dim
                 ),
             ));
         }
         Ok(())
     }
 
-    /// Dynamic shared memory of a scoring CTA: the wgmma scorer's query tiles and LDS ring
-    /// (`IDX_RING_LDS_BYTES` of kernels/idx_score_ring.h, which checks it against this); none for
-    /// the other methods.
+    /// Dynamic shared memory of a CTA (`IDX_LDS_BYTES`): a run team's LDS, whole KiB, for each of
+    /// the CTA's run teams. wgmma: its query tiles, weights and LDS ring (`IDX_RUN_LDS_BYTES` of
+    /// kernels/idx_score_ring.h); the mma path: `idx_score_smem` at its largest (NVIDIA's head
+    /// groups). The kernels check it against their need.
     pub fn score_lds_bytes(&self) -> u32 {
-        if !self.wgmma {
-            return 0;
-        }
         let (heads, head_dim) = (self.dims.heads as u32, self.dims.head_dim as u32);
         let kib = |bytes: u32| bytes.div_ceil(1024) * 1024;
-        let query_tiles = MAX_GROUP_ROWS * heads * head_dim * 2;
-        let weights = kib(MAX_GROUP_ROWS * heads * 4);
-        let slot = BATCH_PAGES * PAGE_TOKENS * (head_dim + 4);
-        1024 + query_tiles + weights + self.ring * slot
+        let batch_tokens = BATCH_PAGES * PAGE_TOKENS;
+        let team = if self.wgmma() {
+            let query_tiles = MAX_GROUP_ROWS * heads * head_dim * 2;
+            let weights = kib(MAX_GROUP_ROWS * heads * 4);
+            let slot = BATCH_PAGES * PAGE_TOKENS * (head_dim + 4);
+            1024 + query_tiles + weights + self.ring * slot
+        } else {
+            let keys_words = batch_tokens * head_dim * 2 / 4;
+            let query_words = heads * head_dim / 2 + heads;
+            let words = (keys_words + batch_tokens).max(MAX_GROUP_ROWS * query_words);
+            let partial = 2 * heads.div_ceil(16) * MAX_GROUP_ROWS * batch_tokens;
+            kib(4 * (words.div_ceil(4) * 4 + partial))
+        };
+        RUNS_PER_SCORE_TASK * team
     }
 
     pub fn source(&self) -> KernelSource {
         let d = &self.dims;
-        self.mailbox
+        let src = self
+            .mailbox
             .apply(indexer_source())
             .define("IDX_HEADS", d.heads)
             .define("IDX_HEAD_DIM", d.head_dim)
@@ -155,21 +188,21 @@ impl KernelConfig {
                 u32::from(self.rope == RopeStyle::Interleaved),
             )
             .define("IDX_HADAMARD", u32::from(self.hadamard))
-            .define("IDX_FP8_QUERY", u32::from(self.query == VectorFormat::Fp8))
-            .define("IDX_BLOCK", BLOCK)
-            .define("IDX_BATCH_PAGES", BATCH_PAGES)
             .define("IDX_GROUP_ROWS", MAX_GROUP_ROWS)
-            .define("IDX_WGMMA", u32::from(self.wgmma))
+            .define("IDX_WGMMA", u32::from(self.wgmma()))
             .define("IDX_RING", self.ring)
             .define("IDX_TASK_PAGES", TASK_PAGES)
-            .define("IDX_SCORE_LDS_BYTES", self.score_lds_bytes())
-            .define("IDX_PATCH_GROUP_ONLY", u32::from(self.patch_group_only))
-            .define("IDX_SKIP_PRIOR_WAIT", u32::from(self.skip_prior_wait))
+            .define("IDX_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_TRACE", u32::from(self.trace))
+            .define("MONO_CTA_THREADS", CTA_THREADS);
+        match self.fault {
+            None => src,
+            Some(f) => src.define("MONO_FAULT", f.define()),
+        }
     }
 }
 
-/// `indexer.hip` with every header it includes, and no defines (the kernels' defaults are GLM-5's).
+/// `indexer.hip` with every header it includes, and no defines.
 fn indexer_source() -> KernelSource {
     HEADERS
         .iter()
@@ -178,9 +211,13 @@ fn indexer_source() -> KernelSource {
         })
 }
 
-/// Every kernel source of the crate with its default (GLM-5) defines, for build checks.
+/// Every kernel source of the crate in its production configuration, for the kernel table: GLM-5's
+/// shape, each target's scorer (wgmma on NVIDIA, MFMA on AMD: `IDX_WGMMA` set to `MONO_NVIDIA`).
 pub fn sources() -> Vec<KernelSource> {
-    vec![indexer_source()]
+    let cfg = ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
+    let dims = IndexerDims::new(&cfg).expect("GLM-5's indexer dims");
+    let wgmma = KernelConfig::new(dims, &IndexerOptions::deepseek(&cfg)).expect("FP8 q and k");
+    vec![wgmma.source().define("IDX_WGMMA", "MONO_NVIDIA")]
 }
 
 /// Pages of a run whose physical ids travel in its [`RunTask`] (`IDX_TASK_PAGES`): the wgmma
@@ -225,10 +262,10 @@ impl RunTask {
     }
 }
 
-/// `idx_args` of `kernels/idx_common.h`, field for field: 17 addresses then 10 words, no padding.
+/// `idx_args` of `kernels/idx_common.h`, field for field: 14 addresses then 8 words, no padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-pub struct LaunchArgs {
+pub struct StageArgs {
     pub key_proj: u64,
     pub norm_weight: u64,
     pub norm_bias: u64,
@@ -237,40 +274,49 @@ pub struct LaunchArgs {
     pub inv_freq: u64,
     pub rows: u64,
     pub requests: u64,
-    pub tasks: u64,
+    pub runs: u64,
     pub page_list: u64,
     pub cache_read: u64,
     pub cache_write: u64,
     pub scores: u64,
-    pub scratch: u64,
-    pub epoch: u64,
-    pub diag: u64,
     pub trace: u64,
-    pub launches_per_step: u32,
-    pub launch_index: u32,
-    pub n_rows: u32,
-    pub n_runs: u32,
     pub stride: u32,
     pub key_box_offset: u32,
     pub key_box_stride: u32,
     pub query_box_offset: u32,
     pub query_box_stride: u32,
+    pub run_box_offset: u32,
+    pub run_box_stride: u32,
     pub weight_scale: f32,
 }
 
-/// A score plan and its page table in device memory.
+/// A score plan, its page table and its task lists in device memory.
 pub struct PlanBuffers {
     pub rows: Buffer<Row>,
     pub requests: Buffer<RequestDesc>,
-    pub tasks: Buffer<RunTask>,
+    pub runs: Buffer<RunTask>,
     pub pages: Buffer<u32>,
+    /// The stage's step: keys, queries, scoring ([`StageTasks::Whole`]).
+    pub whole: DeviceTable,
+    /// Scoring alone ([`StageTasks::ScoreOnly`]).
+    pub score_only: DeviceTable,
     pub n_rows: u32,
     pub n_runs: u32,
     pub stride: u32,
 }
 
+/// Where a launch's tasks go: its CTAs and its scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct Grid {
+    pub ctas: u32,
+    pub boxes: IndexerBoxes,
+    /// Boxes in the launch's scratch.
+    pub scratch_boxes: u32,
+}
+
 impl PlanBuffers {
-    pub fn upload(dev: &Device, plan: &ScorePlan, pages: &PageTable) -> Result<Self> {
+    /// Uploads the plan with its two task lists, each checked by the placement rule first.
+    pub fn upload(dev: &Device, plan: &ScorePlan, pages: &PageTable, grid: &Grid) -> Result<Self> {
         // A zero-length buffer cannot be allocated on every backend; a page list is never empty
         // for a valid plan, but keep the guard in one place.
         let flat = if pages.flat().is_empty() {
@@ -278,11 +324,23 @@ impl PlanBuffers {
         } else {
             pages.flat().to_vec()
         };
+        let limits = PlacementLimits {
+            max_resident: grid.ctas,
+            scratch_boxes: grid.scratch_boxes,
+        };
+        let table = |which| -> Result<DeviceTable> {
+            let placement = stage_placement(plan, &grid.boxes, grid.ctas, which)?
+                .check(limits)
+                .map_err(|e| shape("indexer tasks", e.to_string()))?;
+            DeviceTable::upload(dev, &placement).map_err(|e| shape("indexer tasks", e.to_string()))
+        };
         Ok(PlanBuffers {
             rows: dev.upload(&plan.rows)?,
             requests: dev.upload(&plan.requests)?,
-            tasks: dev.upload(&RunTask::of(plan, pages))?,
+            runs: dev.upload(&RunTask::of(plan, pages))?,
             pages: dev.upload(&flat)?,
+            whole: table(StageTasks::Whole)?,
+            score_only: table(StageTasks::ScoreOnly)?,
             n_rows: plan.rows.len() as u32,
             n_runs: plan.runs.len() as u32,
             stride: plan.stride,
@@ -326,8 +384,8 @@ pub fn inv_freq(dims: &IndexerDims) -> Vec<f64> {
 }
 
 impl StageBuffers<'_> {
-    /// The arguments, after checking every buffer against the plan and the shapes.
-    pub fn args(&self, dims: &IndexerDims) -> Result<LaunchArgs> {
+    /// The stage's arguments, after checking every buffer against the plan and the shapes.
+    pub fn args(&self, dims: &IndexerDims) -> Result<StageArgs> {
         let rows = self.plan.n_rows as usize;
         let need = |what: &str, have: usize, want: usize| -> Result<()> {
             if have < want {
@@ -364,21 +422,28 @@ impl StageBuffers<'_> {
                 "the cache read and the cache written differ in size",
             ));
         }
-        let (key, query) = (self.boxes.key, self.boxes.query);
-        if key.slots() < self.plan.n_rows || query.slots() < self.plan.n_rows {
+        let (key, query, run) = (self.boxes.key, self.boxes.query, self.boxes.run);
+        if key.slots() < self.plan.n_rows
+            || query.slots() < self.plan.n_rows
+            || run.slots() < self.plan.n_runs
+        {
             return Err(shape(
                 "indexer launch",
                 format!(
-                    "the boxes hold {} rows; the launch has {}",
+                    "the boxes hold {} rows and {} runs; the launch has {} and {}",
                     key.slots().min(query.slots()),
-                    self.plan.n_rows
+                    run.slots(),
+                    self.plan.n_rows,
+                    self.plan.n_runs
                 ),
             ));
         }
-        let boxes_end = u64::from(key.offset() + key.slots() * key.stride())
-            .max(u64::from(query.offset() + query.slots() * query.stride()));
+        let end = |offset: u32, slots: u32, stride: u32| u64::from(offset + slots * stride);
+        let boxes_end = end(key.offset(), key.slots(), key.stride())
+            .max(end(query.offset(), query.slots(), query.stride()))
+            .max(end(run.offset(), run.slots(), run.stride()));
         need("scratch", self.scratch.len(), boxes_end as usize)?;
-        Ok(LaunchArgs {
+        Ok(StageArgs {
             key_proj: self.key_proj.device_ptr(),
             norm_weight: self.norm_weight.device_ptr(),
             norm_bias: self.norm_bias.device_ptr(),
@@ -387,60 +452,81 @@ impl StageBuffers<'_> {
             inv_freq: self.inv_freq.device_ptr(),
             rows: self.plan.rows.device_ptr(),
             requests: self.plan.requests.device_ptr(),
-            tasks: self.plan.tasks.device_ptr(),
+            runs: self.plan.runs.device_ptr(),
             page_list: self.plan.pages.device_ptr(),
             cache_read: self.cache_read.device_ptr(),
             cache_write: self.cache_write.device_ptr(),
             scores: self.scores.device_ptr(),
-            scratch: self.scratch.device_ptr(),
-            epoch: self.epoch.device_ptr(),
-            diag: self.diag.device_ptr(),
             trace: self.trace.map_or(0, |t| t.device_ptr()),
-            launches_per_step: self.tags.launches_per_step(),
-            launch_index: self.launch_index,
-            n_rows: self.plan.n_rows,
-            n_runs: self.plan.n_runs,
             stride: self.plan.stride,
             key_box_offset: key.offset(),
             key_box_stride: key.stride(),
             query_box_offset: query.offset(),
             query_box_stride: query.stride(),
+            run_box_offset: run.offset(),
+            run_box_stride: run.stride(),
             weight_scale: dims.weight_scale() as f32,
         })
     }
+
+    /// The task-list arguments of `table` under this launch's tag.
+    fn table(&self, table: &DeviceTable) -> Result<LaunchTable> {
+        LaunchTable::new(
+            table,
+            self.scratch,
+            self.epoch,
+            self.diag,
+            self.tags,
+            self.launch_index,
+        )
+        .map_err(|e| shape("indexer launch", e.to_string()))
+    }
 }
 
-/// The built entry points.
+/// The built entry point.
 pub struct IndexerKernels {
     // Declared before the module: a kernel must not outlive its module.
-    launch: Kernel,
-    score: Kernel,
+    tasks: Kernel,
     _module: Module,
     dims: IndexerDims,
     lds_bytes: u32,
+    ctas: u32,
     overlap_prior: bool,
 }
 
 impl IndexerKernels {
+    /// Builds the entry point and checks that one CTA a SM of it is resident at once.
     pub fn build(dev: &Device, config: &KernelConfig) -> Result<Self> {
         config.check()?;
         let module = dev.build(&config.source())?;
+        let tasks = module.kernel("indexer_tasks")?;
+        let lds_bytes = config.score_lds_bytes();
+        let ctas = dev.info().multiprocessors;
+        let resident = tasks.max_coresident_grid(CTA_THREADS, lds_bytes)?;
+        if resident < ctas {
+            return Err(shape(
+                "indexer kernels",
+                format!("{resident} CTAs of {CTA_THREADS} threads are resident at once; the launch needs one on each of {ctas} multiprocessors"),
+            ));
+        }
         Ok(IndexerKernels {
-            launch: module.kernel("indexer_launch")?,
-            score: module.kernel("indexer_score")?,
+            tasks,
             _module: module,
             dims: config.dims,
-            lds_bytes: config.score_lds_bytes(),
+            lds_bytes,
+            ctas,
             overlap_prior: false,
         })
     }
 
+    /// CTAs of a launch: one a multiprocessor.
+    pub fn ctas(&self) -> u32 {
+        self.ctas
+    }
+
     /// Whether [`IndexerKernels::score`] launches may start while the kernel before them on the
     /// stream still runs (CUDA's programmatic dependent launch; HIP launches as usual). Such a
-    /// launch reads its tasks, page lists and cached pages, and waits on the tagged pairs, before
-    /// that kernel has finished, and waits for it only before writing scores: so the kernel right
-    /// before must not write the plan or the pages this launch reads, other than this launch's
-    /// own new keys (the pairs replace those). Off by default.
+    /// launch is scheduled early and waits for that kernel before its first task. Off by default.
     pub fn set_overlapping(&mut self, on: bool) {
         self.overlap_prior = on;
     }
@@ -449,43 +535,59 @@ impl IndexerKernels {
         self.overlap_prior
     }
 
-    /// The most runs a whole-stage launch of `rows` rows may plan: its grid (keys, queries,
-    /// runs) must be resident at once.
+    /// The most runs a whole-stage launch of `rows` rows may plan.
     pub fn max_runs(&self, rows: u32) -> Result<u32> {
-        let resident = self.launch.max_coresident_grid(BLOCK, self.lds_bytes)?;
-        resident
-            .checked_sub(2 * rows)
-            .filter(|&runs| runs > 0)
-            .ok_or_else(|| {
-                shape(
-                    "indexer launch",
-                    format!("{rows} rows leave no resident CTA for scoring ({resident} resident)"),
-                )
-            })
+        max_runs(self.ctas, rows).ok_or_else(|| {
+            shape(
+                "indexer launch",
+                format!(
+                    "{rows} rows leave no CTA for scoring ({} in a launch)",
+                    self.ctas
+                ),
+            )
+        })
+    }
+
+    /// The layout of a launch's tasks over `boxes` in a scratch of `scratch_boxes`.
+    pub fn grid(&self, boxes: IndexerBoxes, scratch_boxes: u32) -> Grid {
+        Grid {
+            ctas: self.ctas,
+            boxes,
+            scratch_boxes,
+        }
+    }
+
+    fn run(
+        &self,
+        stream: &Stream,
+        buffers: &StageBuffers,
+        table: &DeviceTable,
+        launch: Launch,
+    ) -> Result<()> {
+        let args = buffers.args(&self.dims)?;
+        let table = buffers.table(table)?;
+        stream
+            .launch(&self.tasks, launch, &Args::new().value(&table).value(&args))
+            .map_err(IndexerError::from)
     }
 
     /// The whole stage in one cooperative launch: keys, queries, then scoring that waits on them.
     pub fn launch(&self, stream: &Stream, buffers: &StageBuffers) -> Result<()> {
-        let args = buffers.args(&self.dims)?;
-        let grid = 2 * args.n_rows + args.n_runs;
-        let launch = Launch::new(grid, BLOCK)
+        let table = &buffers.plan.whole;
+        let launch = Launch::new(table.ctas, CTA_THREADS)
             .shared(self.lds_bytes)
             .cooperative();
-        stream
-            .launch(&self.launch, launch, &Args::new().value(&args))
-            .map_err(IndexerError::from)
+        self.run(stream, buffers, table, launch)
     }
 
     /// Scoring alone. The scratch must already hold this launch's queries and new keys (an
     /// earlier [`IndexerKernels::launch`] with the same tag).
     pub fn score(&self, stream: &Stream, buffers: &StageBuffers) -> Result<()> {
-        let args = buffers.args(&self.dims)?;
-        let mut launch = Launch::new(args.n_runs, BLOCK).shared(self.lds_bytes);
+        let table = &buffers.plan.score_only;
+        let mut launch = Launch::new(table.ctas, CTA_THREADS).shared(self.lds_bytes);
         if self.overlap_prior {
             launch = launch.overlap_prior();
         }
-        stream
-            .launch(&self.score, launch, &Args::new().value(&args))
-            .map_err(IndexerError::from)
+        self.run(stream, buffers, table, launch)
     }
 }

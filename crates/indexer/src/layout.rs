@@ -6,10 +6,13 @@
 //!   a key is read once for all of them;
 //! - runs: a group's pages cut into runs of at least [`MIN_RUN_PAGES`] pages, one run a CTA, at
 //!   most [`Limits::max_runs`] runs in a launch;
-//! - the hand-off boxes of new keys and queries, and the score rows the select stage reads.
+//! - the hand-off boxes of new keys and queries, the score rows the select stage reads and each
+//!   run's completion box;
+//! - the stage's task list: key, query and score tasks placed on the CTAs of a launch.
 
 use bytemuck::{Pod, Zeroable};
-use mailbox::layout::{LayoutBuilder, Region};
+use mailbox::layout::{BoxRange, LayoutBuilder, Region};
+use mailbox::{Placement, Stage, Task};
 
 use crate::error::{shape, Result};
 
@@ -19,8 +22,11 @@ pub const PAGE_TOKENS: u32 = model::INDEX_K_PAGE_TOKENS as u32;
 pub const MAX_GROUP_ROWS: u32 = 4;
 /// A run is at least this long, so a CTA always has a next batch to load while it scores one.
 pub const MIN_RUN_PAGES: u32 = 2;
-/// Default bound on scoring CTAs in a launch: about two per SM on an H200 or MI355X.
+/// Default bound on runs in a launch: about two per SM on an H200 or MI355X (a CTA of the fused
+/// shape scores [`RUNS_PER_SCORE_TASK`] at once).
 pub const MAX_RUNS: u32 = 256;
+/// Runs one score task takes: one a run team of 256 threads, two in a CTA of 512.
+pub const RUNS_PER_SCORE_TASK: u32 = 2;
 /// Bytes of one fp32 scale.
 const SCALE_BYTES: u32 = 4;
 
@@ -377,28 +383,157 @@ pub fn key_box_words(head_dim: u32) -> u32 {
 }
 
 /// Boxes that carry one row's query: heads * head_dim / 2 words of two bf16 (head-major, dims in
-/// order), then one f32 head weight per head. An FP8 query (`IDX_FP8_QUERY`) uses the first
+/// order), then one f32 head weight per head. An FP8 query (the wgmma scorer's) uses the first
 /// heads * head_dim / 4 words for E4M3 codes, four a word, and its weights follow them.
 pub fn query_box_words(heads: u32, head_dim: u32) -> u32 {
     heads * head_dim / 2 + heads
 }
 
-/// The indexer's regions of a launch's scratch: a slot per row for its key and for its query.
+/// The indexer's regions of a launch's scratch: a slot per row for its key and for its query, and
+/// a slot per run whose one box says the run's scores are written (a release before it).
 #[derive(Clone, Copy, Debug)]
 pub struct IndexerBoxes {
     pub key: Region<u32>,
     pub query: Region<u32>,
+    pub run: Region<u32>,
 }
 
 impl IndexerBoxes {
-    pub fn add(builder: &mut LayoutBuilder, rows: u32, heads: u32, head_dim: u32) -> Result<Self> {
-        let region = |b: &mut LayoutBuilder, name, words| {
-            b.region::<u32>(name, rows, words)
+    pub fn add(
+        builder: &mut LayoutBuilder,
+        rows: u32,
+        runs: u32,
+        heads: u32,
+        head_dim: u32,
+    ) -> Result<Self> {
+        let region = |b: &mut LayoutBuilder, name, slots, words| {
+            b.region::<u32>(name, slots, words)
                 .map_err(|e| shape("indexer boxes", e.to_string()))
         };
         Ok(IndexerBoxes {
-            key: region(builder, "idx_key", key_box_words(head_dim))?,
-            query: region(builder, "idx_query", query_box_words(heads, head_dim))?,
+            key: region(builder, "idx_key", rows, key_box_words(head_dim))?,
+            query: region(builder, "idx_query", rows, query_box_words(heads, head_dim))?,
+            run: region(builder, "idx_run", runs, 1)?,
         })
     }
+
+    /// Slots `first..first + n` of `region`, padding included: a slot is its one writer's, so a
+    /// task that writes a slot owns its padding, and a range over several slots has no gap.
+    fn slots(region: &Region<u32>, first: u32, n: u32) -> BoxRange {
+        BoxRange::new(
+            region.offset() + first * region.stride(),
+            n * region.stride(),
+        )
+    }
+}
+
+/// The indexer's task kinds (`IDX_KIND_*` in `kernels/idx_common.h`), within [`Stage::Indexer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    /// args: [row]. The row's index key, stored into its cache slot and published.
+    Key = 0,
+    /// args: [row]. The row's index query, published.
+    Query = 1,
+    /// args: [first run, runs]. The runs' scores, then each run's completion box.
+    Score = 2,
+}
+
+impl TaskKind {
+    /// The task descriptor's kind word.
+    pub const fn kind(self) -> u32 {
+        Task::kind_of(Stage::Indexer, self as u32)
+    }
+}
+
+/// Which tasks a launch's list holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageTasks {
+    /// Keys, queries, then scoring that waits on them: the stage's step.
+    Whole,
+    /// Scoring alone, reading queries and new keys an earlier launch with the same tag published
+    /// (benchmarks): its tasks wait on no box of their own launch.
+    ScoreOnly,
+}
+
+/// Runs a launch of `ctas` CTAs can score at once beside the key and query tasks of `rows` rows
+/// (each on a CTA of its own), or `None` when none is left for scoring.
+pub fn max_runs(ctas: u32, rows: u32) -> Option<u32> {
+    ctas.checked_sub(2 * rows)
+        .filter(|&c| c > 0)
+        .map(|c| c * RUNS_PER_SCORE_TASK)
+}
+
+/// The stage's task list on `ctas` CTAs. Orders: row r's key task r, its query task rows + r, then
+/// score task k (runs [`RUNS_PER_SCORE_TASK`] k ..) 2 rows + k. Score task k runs on CTA k, the
+/// key and query tasks on the CTAs after the scorers' (wrapping around when there are too few,
+/// where they run before the scoring on the same CTA). A score task waits on its runs' groups'
+/// query slots and on the key slots of their requests' rows up to the group's last.
+pub fn stage_placement(
+    plan: &ScorePlan,
+    boxes: &IndexerBoxes,
+    ctas: u32,
+    which: StageTasks,
+) -> Result<Placement> {
+    let rows = plan.rows.len() as u32;
+    let runs = plan.runs.len() as u32;
+    if ctas == 0 {
+        return Err(shape("indexer tasks", "a launch needs at least one CTA"));
+    }
+    if boxes.key.slots() < rows || boxes.query.slots() < rows || boxes.run.slots() < runs {
+        return Err(shape(
+            "indexer tasks",
+            format!(
+                "the boxes hold {} rows and {} runs; the plan has {rows} and {runs}",
+                boxes.key.slots().min(boxes.query.slots()),
+                boxes.run.slots()
+            ),
+        ));
+    }
+    let task = |kind: TaskKind, order, out, inputs: &[BoxRange], args| {
+        Task::new(kind.kind(), order, out, inputs, args)
+            .map_err(|e| shape("indexer tasks", e.to_string()))
+    };
+    let mut lists = vec![Vec::new(); ctas as usize];
+    let score_tasks = runs.div_ceil(RUNS_PER_SCORE_TASK);
+    let whole = which == StageTasks::Whole;
+    if whole {
+        for r in 0..rows {
+            let key = IndexerBoxes::slots(&boxes.key, r, 1);
+            let query = IndexerBoxes::slots(&boxes.query, r, 1);
+            let cta = |i: u32| ((score_tasks + 2 * r + i) % ctas) as usize;
+            lists[cta(0)].push(task(TaskKind::Key, r, key, &[], [r, 0, 0])?);
+            lists[cta(1)].push(task(TaskKind::Query, rows + r, query, &[], [r, 0, 0])?);
+        }
+    }
+    for k in 0..score_tasks {
+        let first = k * RUNS_PER_SCORE_TASK;
+        let n = RUNS_PER_SCORE_TASK.min(runs - first);
+        let mut inputs: Vec<BoxRange> = Vec::new();
+        if whole {
+            for run in &plan.runs[first as usize..(first + n) as usize] {
+                let group = plan.groups[run.group as usize];
+                let request = plan.requests[group.request as usize];
+                let last_row = group.first_row + group.n_rows - 1;
+                for range in [
+                    IndexerBoxes::slots(&boxes.query, group.first_row, group.n_rows),
+                    IndexerBoxes::slots(
+                        &boxes.key,
+                        request.first_row,
+                        last_row + 1 - request.first_row,
+                    ),
+                ] {
+                    if !inputs.contains(&range) {
+                        inputs.push(range);
+                    }
+                }
+            }
+        }
+        let out = IndexerBoxes::slots(&boxes.run, first, n);
+        let order = if whole { 2 * rows + k } else { k };
+        lists[(k % ctas) as usize].push(task(TaskKind::Score, order, out, &inputs, [first, n, 0])?);
+    }
+    for list in &mut lists {
+        list.sort_by_key(|t| t.order);
+    }
+    Ok(Placement::new(lists))
 }

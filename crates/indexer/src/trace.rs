@@ -6,7 +6,7 @@
 
 /// Words per warpgroup (`IDX_TRACE_WORDS`).
 pub const WORDS_PER_WARPGROUP: usize = 64;
-/// Warpgroups per scoring CTA (`IDX_BATCH_PAGES`).
+/// Warpgroups per run (`IDX_BATCH_PAGES`).
 pub const WARPGROUPS: usize = 2;
 /// Pages per warpgroup with marks (`IDX_MARK_MAX_PAGES`).
 pub const MARKED_PAGES: usize = 14;
@@ -16,7 +16,6 @@ const SM: usize = 1;
 const START: usize = 2;
 const TASK: usize = 3;
 const QUERIES: usize = 4;
-const PRIOR: usize = 5;
 const PAGES: usize = 6;
 const MARKS_A_PAGE: usize = 4;
 const END: usize = 62;
@@ -27,25 +26,24 @@ pub fn words(runs: u32) -> usize {
     runs as usize * WARPGROUPS * WORDS_PER_WARPGROUP
 }
 
-/// One warpgroup's marks: cycles since its CTA's start for each phase, in the order they end.
+/// One warpgroup's marks: cycles since its run's start for each phase, in the order they end.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Warpgroup {
-    /// The run (CTA) and its warpgroup.
+    /// The run and its warpgroup.
     pub run: u32,
     pub warpgroup: u32,
     pub sm: u32,
     pub start_ns: u64,
     pub end_ns: u64,
-    /// The task's group loaded, the queries in the B tile, the kernel before done.
+    /// The task's group loaded, the queries in the B tile.
     pub task: u64,
     pub queries: u64,
-    pub prior: u64,
     /// Per page of the warpgroup (up to [`MARKED_PAGES`]).
     pub pages: Vec<Page>,
     pub end: u64,
 }
 
-/// A page's marks (`IDX_MARK_WAITING` ..), cycles since the CTA's start.
+/// A page's marks (`IDX_MARK_WAITING` ..), cycles since the run's start.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Page {
     /// The warpgroup starts waiting for the page's bytes.
@@ -86,7 +84,6 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
                 end_ns: w[END_NS],
                 task: since(TASK),
                 queries: since(QUERIES),
-                prior: since(PRIOR),
                 pages,
                 end: since(END),
             }
@@ -95,7 +92,7 @@ pub fn parse(words: &[u64], runs: u32) -> Vec<Warpgroup> {
 }
 
 /// One line a warpgroup, for plotting or joining against the SM ids: the run, the warpgroup, the
-/// SM, the global timer at the start and the end (ns), then the phases in us since the CTA's start
+/// SM, the global timer at the start and the end (ns), then the phases in us since the run's start
 /// at `mhz` (the task, the queries, the end) and the pages marked.
 pub fn csv(marks: &[Warpgroup], mhz: f64) -> String {
     let us = |cycles: u64| cycles as f64 / mhz;
@@ -140,9 +137,9 @@ pub fn clock_mhz(marks: &[Warpgroup]) -> Vec<f64> {
         .collect()
 }
 
-/// Per phase, p10 / p50 / p90 over the warpgroups in us since their CTA's start (`mhz`: the SM
+/// Per phase, p10 / p50 / p90 over the warpgroups in us since their run's start (`mhz`: the SM
 /// clock), then how long the steps of a page take (over every page but each warpgroup's first,
-/// whose wait holds the CTA's start), then the spread of the CTAs' starts and the launch's span
+/// whose wait holds the run's start), then the spread of the CTAs' starts and the launch's span
 /// (first start to last end) from the global timer.
 pub fn phases(marks: &[Warpgroup], mhz: f64) -> Vec<(String, [f64; 3])> {
     let us = |cycles: u64| cycles as f64 / mhz;
@@ -157,7 +154,6 @@ pub fn phases(marks: &[Warpgroup], mhz: f64) -> Vec<(String, [f64; 3])> {
         "queries".into(),
         marks.iter().map(|m| us(m.queries)).collect(),
     );
-    add("prior".into(), marks.iter().map(|m| us(m.prior)).collect());
     add(
         "page 0 landed".into(),
         marks
@@ -213,7 +209,6 @@ mod tests {
             m[START] = start;
             m[TASK] = start + 10;
             m[QUERIES] = start + 20;
-            m[PRIOR] = start + 30;
             for j in 0..pages {
                 for (k, at) in [40, 43, 46, 50].into_iter().enumerate() {
                     m[PAGES + MARKS_A_PAGE * j + k] = start + at + 20 * j as u64;
@@ -234,10 +229,7 @@ mod tests {
             (2, 0, 1)
         );
         assert_eq!(marks[4].sm, 2);
-        assert_eq!(
-            (marks[4].task, marks[4].queries, marks[4].prior),
-            (10, 20, 30)
-        );
+        assert_eq!((marks[4].task, marks[4].queries), (10, 20));
         let page = |t: u64| Page {
             waiting: t,
             landed: t + 3,

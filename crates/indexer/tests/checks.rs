@@ -76,6 +76,8 @@ fn reference_launch(scene: &Scene, set: &[usize], poisoned: bool) -> Launched {
         scores.extend(score_row(&dims, &queries[r], &all, row.position.into()).unwrap());
     }
     Launched {
+        run_tags: vec![1; plan.runs.len()],
+        tag: 1,
         plan,
         scores,
         queries,

@@ -1,9 +1,9 @@
-//! Builds every kernel source of the crate for both targets without a GPU, at GLM-5's shape and at
-//! the tiny preset's, with each variant switch. With MONO_REQUIRE_COMPILERS=1 (CI) a missing
-//! compiler fails instead of skipping.
+//! Builds every kernel source of the crate for both targets without a GPU: the production one (the
+//! kernel table's), and GLM-5's and the tiny preset's shapes with each scorer, variant switch and
+//! fault. With MONO_REQUIRE_COMPILERS=1 (CI) a missing compiler fails instead of skipping.
 
 use device::{Clang, Compiler, KernelSource, Nvrtc};
-use indexer::gpu::{sources, KernelConfig};
+use indexer::gpu::{sources, Fault, KernelConfig};
 use indexer::reference::{IndexerDims, IndexerOptions};
 use model::numerics::RopeStyle;
 use model::ModelConfig;
@@ -23,37 +23,30 @@ fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<
     }
 }
 
-/// Each preset with its variant switches; with `fp8` (NVIDIA only) also with FP8 queries.
-fn configs(fp8: bool) -> Vec<KernelConfig> {
+/// Each preset with its variant switches and faults; with `wgmma` (NVIDIA only) also the wgmma
+/// scorer where the shape allows it, traced and not.
+fn configs(wgmma: bool) -> Vec<KernelConfig> {
     let mut out = Vec::new();
     for preset in ["glm-5", "tiny"] {
         let cfg = ModelConfig::preset(preset).unwrap();
         let dims = IndexerDims::new(&cfg).unwrap();
         let mut options = vec![IndexerOptions::kernels(&cfg)];
-        if fp8 {
+        let fp8 = KernelConfig::new(dims, &IndexerOptions::deepseek(&cfg)).unwrap();
+        if wgmma && fp8.check().is_ok() {
             options.push(IndexerOptions::deepseek(&cfg));
+            out.push(KernelConfig { trace: true, ..fp8 });
         }
         for opts in options {
             let base = KernelConfig::new(dims, &opts).unwrap();
             out.push(base);
-            let wgmma = KernelConfig {
-                wgmma: true,
-                ..base
-            };
-            if wgmma.check().is_ok() {
-                out.push(wgmma);
+            for fault in [Fault::PatchGroupOnly, Fault::SkipPriorWait] {
                 out.push(KernelConfig {
-                    trace: true,
-                    ..wgmma
+                    rope: RopeStyle::HalfSplit,
+                    hadamard: false,
+                    fault: Some(fault),
+                    ..base
                 });
             }
-            out.push(KernelConfig {
-                rope: RopeStyle::HalfSplit,
-                hadamard: false,
-                patch_group_only: true,
-                skip_prior_wait: true,
-                ..base
-            });
         }
     }
     out
@@ -102,7 +95,7 @@ fn builds_everything(compiler: &dyn Compiler) {
             );
             if compiler.target().starts_with("sm_") {
                 assert_eq!(r.spills, 0, "{} spills on {}", r.kernel, compiler.target());
-                // Two scoring CTAs a SM keep a batch's loads in flight while the other scores.
+                // The fused shape: 512 threads, one CTA a SM, 128 registers a thread.
                 assert!(
                     r.registers <= 128,
                     "{} needs {} registers",
@@ -115,7 +108,7 @@ fn builds_everything(compiler: &dyn Compiler) {
     }
     built.sort();
     built.dedup();
-    assert_eq!(built, ["indexer_launch", "indexer_score"]);
+    assert_eq!(built, ["indexer_tasks"]);
 }
 
 #[test]

@@ -1,22 +1,22 @@
-//! The indexer on a GPU against the CPU reference: the check matrix (caches x row sets x
-//! positions), the poison check and its negative control, the checkers' own negative controls,
-//! overlapped scoring launches and their negative control, and the tiny preset and the variant
-//! switches; each for both scoring methods (bf16 queries on f16
-//! matrix ops, and FP8 queries on FP8 ones).
+//! The indexer on a GPU against the CPU reference, through the stage's task-list entry point: the
+//! check matrix (caches x row sets x positions), each run's completion box, the poison check and
+//! its negative control, the checkers' own negative controls, overlapped scoring launches and
+//! their negative control, and the tiny preset and the variant switches; each for both scorers
+//! (bf16 queries on the mma path, FP8 queries on wgmma).
 //!
 //! `cargo test -p indexer --release --test gpu -- --ignored --nocapture --test-threads 1`
 
 mod support;
 
 use device::{Args, Buffer, Device, Launch};
-use indexer::gpu::KernelConfig;
+use indexer::gpu::{Fault, KernelConfig};
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
 use mailbox::gpu::{DebugBound, Variant};
 use model::numerics::RopeStyle;
 use model::ModelConfig;
 use support::{
-    check_rows, check_scores, check_stored, CacheKind, Inputs, LaunchBuffers, Launched, Request,
-    Scene, Stage,
+    check_rows, check_runs_done, check_scores, check_stored, CacheKind, Inputs, LaunchBuffers,
+    Launched, Request, Scene, Stage,
 };
 
 const POSITIONS: [u32; 4] = [8447, 131_071, 262_143, 524_287];
@@ -76,16 +76,15 @@ fn config(preset: &str) -> KernelConfig {
     }
 }
 
-/// The scoring methods of `preset`: q bf16 (keys widened to f16), q FP8 (keys as cached) on
-/// mma.sync, and q FP8 on wgmma where the preset's shape allows it (GLM-5's, not tiny's).
+/// The scorers of `preset`: the mma path (q bf16, keys widened to f16), and wgmma (q FP8, keys as
+/// cached) where the preset's shape allows it (GLM-5's, not tiny's).
 fn methods(preset: &str) -> Vec<(&'static str, KernelConfig)> {
     let base = config(preset);
-    let fp8 = KernelConfig {
+    let wgmma = KernelConfig {
         query: VectorFormat::Fp8,
         ..base
     };
-    let wgmma = KernelConfig { wgmma: true, ..fp8 };
-    let mut out = vec![("f16", base), ("fp8", fp8)];
+    let mut out = vec![("f16", base)];
     if wgmma.check().is_ok() {
         out.push(("wgmma", wgmma));
     }
@@ -113,6 +112,7 @@ fn launch(
         .launch(scene, &plan, &inputs, read, write)
         .map_err(|e| e.to_string())?;
     check_rows(&stage.config, &launched, &inputs)?;
+    check_runs_done(&launched)?;
     Ok((launched, inputs))
 }
 
@@ -262,7 +262,7 @@ fn patching_only_the_groups_own_keys_fails_the_poison_check() {
         .flat_map(|m| [(m, false), (m, true)])
     {
         let stage = stage(KernelConfig {
-            patch_group_only,
+            fault: patch_group_only.then_some(Fault::PatchGroupOnly),
             ..config
         });
         let read = stage.dev.upload(&scene.bytes).unwrap();
@@ -275,7 +275,7 @@ fn patching_only_the_groups_own_keys_fails_the_poison_check() {
 }
 
 /// The checkers themselves fail on wrong results: a score's bits flipped, a published key code
-/// off by a few steps, a published query element moved.
+/// off by a few steps, a published query element moved, a run's completion box of another launch.
 #[test]
 #[ignore = "needs a GPU"]
 fn checkers_catch_corrupted_results() {
@@ -307,6 +307,14 @@ fn checkers_catch_corrupted_results() {
         check_rows(&stage.config, &bad_query, &inputs).is_err(),
         "a wrong query passed"
     );
+
+    check_runs_done(&launched).unwrap();
+    let mut stale = launched.clone();
+    stale.run_tags[1] = launched.tag - 1;
+    assert!(
+        check_runs_done(&stale).is_err(),
+        "a stale completion box passed"
+    );
 }
 
 /// Other shapes and switches: the tiny preset (8 heads of 64: a half-empty head tile, a narrower
@@ -328,7 +336,7 @@ fn tiny_preset_and_variant_switches() {
     let tiny = methods("tiny");
     assert_eq!(
         (glm5.len(), tiny.len()),
-        (3, 2),
+        (2, 1),
         "wgmma takes GLM-5's shape only"
     );
     let mut cases: Vec<(String, KernelConfig)> = tiny
@@ -398,7 +406,7 @@ fn overlapped_scoring_waits_for_the_kernel_before() {
         .flat_map(|m| [(m, false), (m, true)])
     {
         let mut stage = stage(KernelConfig {
-            skip_prior_wait,
+            fault: skip_prior_wait.then_some(Fault::SkipPriorWait),
             ..config
         });
         let verdict = score_around_a_reader(&mut stage, &scene, &doubled);

@@ -234,10 +234,85 @@ fn coverage_check_catches_a_missing_run() {
 #[test]
 fn boxes_hold_a_key_and_a_query_per_row() {
     let mut builder = ScratchLayout::builder();
-    let boxes = IndexerBoxes::add(&mut builder, 8, 32, 128).unwrap();
+    let boxes = IndexerBoxes::add(&mut builder, 8, 20, 32, 128).unwrap();
     assert_eq!(boxes.key.words(), 33);
     assert_eq!(boxes.query.words(), 32 * 64 + 32);
     assert_eq!(boxes.query.slots(), 8);
+    assert_eq!((boxes.run.slots(), boxes.run.words()), (20, 1));
     let layout = builder.build();
     assert!(layout.region("idx_key").is_some() && layout.region("idx_query").is_some());
+}
+
+/// The stage's task lists pass the placement rule for plans of one or several requests, on grids
+/// with room for every task and on grids so small that key and query tasks share CTAs with the
+/// scorers; the negative control: a score task ordered before the queries it waits on is rejected.
+#[test]
+fn stage_task_lists_pass_the_placement_rule() {
+    use indexer::layout::{stage_placement, StageTasks, TaskKind};
+    use mailbox::{Limits as PlacementLimits, PlacementError};
+    let table = PageTable::new(&[(0..300).collect(), (300..340).collect()]).unwrap();
+    let row = |request, position| Row { request, position };
+    let rows = [
+        row(0, 19_000),
+        row(0, 19_001),
+        row(0, 19_002),
+        row(0, 19_003),
+        row(0, 19_004),
+        row(1, 2_000),
+    ];
+    let mut builder = ScratchLayout::builder();
+    let boxes = IndexerBoxes::add(&mut builder, 8, 64, 32, 128).unwrap();
+    let scratch_boxes = builder.build().boxes();
+    for ctas in [3, 20, 132] {
+        let limits = Limits {
+            max_runs: indexer::layout::max_runs(ctas, rows.len() as u32)
+                .unwrap_or(4)
+                .min(64),
+            ..Limits::default()
+        };
+        let plan = ScorePlan::new(&rows, &table, limits).unwrap();
+        let grid = PlacementLimits {
+            max_resident: ctas,
+            scratch_boxes,
+        };
+        for which in [StageTasks::Whole, StageTasks::ScoreOnly] {
+            let placement = stage_placement(&plan, &boxes, ctas, which).unwrap();
+            let scores = placement
+                .tasks()
+                .filter(|(_, t)| t.kind == TaskKind::Score.kind())
+                .count();
+            assert_eq!(
+                scores,
+                plan.runs.len().div_ceil(2),
+                "{ctas} CTAs, {which:?}"
+            );
+            placement
+                .validate(grid)
+                .unwrap_or_else(|e| panic!("{ctas} CTAs, {which:?}: {e}"));
+        }
+        let mut early = stage_placement(&plan, &boxes, ctas, StageTasks::Whole).unwrap();
+        let first_score = early
+            .lists_mut()
+            .iter_mut()
+            .flatten()
+            .find(|t| t.kind == TaskKind::Score.kind())
+            .unwrap();
+        first_score.order = 1_000_000;
+        let queries = TaskKind::Query.kind();
+        for t in early
+            .lists_mut()
+            .iter_mut()
+            .flatten()
+            .filter(|t| t.kind == queries)
+        {
+            t.order += 2_000_000;
+        }
+        for list in early.lists_mut() {
+            list.sort_by_key(|t| t.order);
+        }
+        assert!(matches!(
+            early.validate(grid),
+            Err(PlacementError::WaitsOnLater { .. })
+        ));
+    }
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each user (tests/gpu.rs, benches/gpu.rs) takes the part it needs
 
 use device::{Buffer, Device, Stream};
-use indexer::gpu::{inv_freq, IndexerKernels, KernelConfig, PlanBuffers, StageBuffers};
+use indexer::gpu::{inv_freq, Grid, IndexerKernels, KernelConfig, PlanBuffers, StageBuffers};
 use indexer::layout::{
     pages_through, CacheLayout, IndexerBoxes, Limits, PageTable, Row, ScorePlan, MAX_RUNS,
 };
@@ -11,7 +11,7 @@ use indexer::reference::{
     key_from_projection, key_score, query_heads_from_projection, row_query, IndexerDims, RowQuery,
     ScaledVector, VectorFormat,
 };
-use mailbox::layout::{ScratchLayout, Tags};
+use mailbox::layout::{tag_of, ScratchLayout, Tags};
 use mailbox::Stall;
 use model::numerics::{bf16_round, e4m3_decode, ue8m0_scale};
 use rand::rngs::StdRng;
@@ -238,6 +238,8 @@ pub struct Stage {
     pub diag: Buffer<u32>,
     pub tags: Tags,
     pub inv_freq: Buffer<f64>,
+    /// Where the launches' tasks go.
+    pub grid: Grid,
     /// The epoch of the next launch: every launch gets a fresh tag.
     next_epoch: std::cell::Cell<u32>,
 }
@@ -249,11 +251,13 @@ impl Stage {
         let boxes = IndexerBoxes::add(
             &mut builder,
             MAX_ROWS,
+            MAX_RUNS,
             config.dims.heads as u32,
             config.dims.head_dim as u32,
         )?;
         let layout = builder.build();
         Ok(Stage {
+            grid: kernels.grid(boxes, layout.boxes()),
             scratch: dev.alloc_zeroed(layout.boxes() as usize)?,
             epoch: dev.alloc_zeroed(1)?,
             diag: dev.alloc_zeroed(mailbox::DIAG_WORDS)?,
@@ -282,6 +286,9 @@ impl Stage {
 #[derive(Clone)]
 pub struct Launched {
     pub plan: ScorePlan,
+    /// The launch's tag, and the tag in each run's completion box.
+    pub tag: u32,
+    pub run_tags: Vec<u32>,
     pub scores: Vec<f32>,
     /// Per row: the published query (bf16 values, head weights).
     pub queries: Vec<RowQuery>,
@@ -309,7 +316,7 @@ impl LaunchBuffers {
     ) -> Result<Self, Error> {
         let dev = &stage.dev;
         Ok(LaunchBuffers {
-            plan: PlanBuffers::upload(dev, plan, &scene.table)?,
+            plan: PlanBuffers::upload(dev, plan, &scene.table, &stage.grid)?,
             key_proj: dev.upload(&inputs.key_proj)?,
             query_proj: dev.upload(&inputs.query_proj)?,
             gates: dev.upload(&inputs.gates)?,
@@ -348,12 +355,14 @@ impl LaunchBuffers {
 }
 
 impl Stage {
-    /// Sets a fresh epoch (so a fresh tag) for the next launch and clears the diagnostics.
-    pub fn next_tag(&self) -> Result<(), Error> {
-        self.epoch.write(&[self.next_epoch.get()])?;
-        self.next_epoch.set(self.next_epoch.get() + 1);
+    /// Sets a fresh epoch (so a fresh tag) for the next launch and clears the diagnostics;
+    /// returns the tag.
+    pub fn next_tag(&self) -> Result<u32, Error> {
+        let epoch = self.next_epoch.get();
+        self.epoch.write(&[epoch])?;
+        self.next_epoch.set(epoch + 1);
         self.diag.zero()?;
-        Ok(())
+        Ok(self.tags.tag(epoch, 0)?)
     }
 
     /// One whole-stage launch of `buffers` on `stream` under a fresh tag (key tasks store into
@@ -365,11 +374,11 @@ impl Stage {
         buffers: &LaunchBuffers,
         cache_read: &Buffer<u8>,
         cache_write: &Buffer<u8>,
-    ) -> Result<(), Error> {
-        self.next_tag()?;
+    ) -> Result<u32, Error> {
+        let tag = self.next_tag()?;
         self.kernels
             .launch(stream, &buffers.stage(self, cache_read, cache_write))?;
-        Ok(())
+        Ok(tag)
     }
 
     /// The whole stage once, on `plan`'s rows, then everything read back. `cache_write` is where
@@ -384,7 +393,7 @@ impl Stage {
     ) -> Result<Launched, Error> {
         let buffers = LaunchBuffers::new(self, scene, plan, inputs)?;
         let stream = self.dev.stream();
-        self.publish(stream, &buffers, cache_read, cache_write)?;
+        let tag = self.publish(stream, &buffers, cache_read, cache_write)?;
         stream.sync()?;
         let diag = self.diag.download()?;
         if let Some((stall, count)) = Stall::from_diag(&diag, self.poll_limit()) {
@@ -432,8 +441,15 @@ impl Stage {
             let scale = f32::from_bits(value(k_box(d.head_dim as u32 / 4)));
             keys.push(ScaledVector { values, scale });
         }
+        let run_tags = (0..plan.runs.len() as u32)
+            .map(|r| {
+                tag_of(words[self.boxes.run.box_index(r, 0).expect("run in the boxes") as usize])
+            })
+            .collect();
         Ok(Launched {
             plan: plan.clone(),
+            tag,
+            run_tags,
             scores: buffers.scores.download()?,
             queries,
             keys,
@@ -445,6 +461,18 @@ impl Stage {
             .mailbox
             .debug
             .map_or(u64::MAX, |d| u64::from(d.poll_limit))
+    }
+}
+
+/// Every run's completion box holds the launch's tag (the scores it vouches for are checked by
+/// [`check_scores`]).
+pub fn check_runs_done(launched: &Launched) -> Result<(), String> {
+    match launched.run_tags.iter().position(|&t| t != launched.tag) {
+        None => Ok(()),
+        Some(r) => Err(format!(
+            "run {r}'s completion box holds tag {}, not the launch's {}",
+            launched.run_tags[r], launched.tag
+        )),
     }
 }
 

@@ -1,0 +1,41 @@
+// Wave-scope matrix operations: one warp's (NVIDIA, 32 lanes) or one wave's (AMD, 64 lanes) matrix
+// instruction on register fragments, f16 inputs and f32 accumulators. The fragment shapes differ by
+// vendor (NVIDIA mma.sync m16n8k16, AMD MFMA 16x16x16), so each has its own function, defined only
+// on its platform; a stage's innermost tile function picks one behind `#if MONO_NVIDIA`.
+#pragma once
+#include "prelude.h"
+
+// Two f32 to an f16 pair (round to nearest even), `lo` in the low half.
+MONO_DEV u32 mono_pack_f16x2(float lo, float hi) {
+#if MONO_NVIDIA
+  u16 l, h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+  return (u32)l | ((u32)h << 16);
+#else
+  return (u32)__builtin_bit_cast(u16, (_Float16)lo) | ((u32)__builtin_bit_cast(u16, (_Float16)hi) << 16);
+#endif
+}
+
+#if MONO_NVIDIA
+// mma.sync.m16n8k16 f16 x f16 + f32: d (+)= A B with A 16 x 16 (a[0..4), two f16 each), B 16 x 8
+// (b0, b1), d 16 x 8. Lane (g = lane / 4, q = lane % 4): a[0]/a[1] are rows g/g + 8 at k 2q, 2q + 1;
+// a[2]/a[3] the same rows at k 2q + 8, 2q + 9; b0 is column g at k 2q, 2q + 1, b1 at k 2q + 8, 2q + 9;
+// d[0], d[1] are row g at columns 2q, 2q + 1, d[2], d[3] row g + 8.
+MONO_DEV void mono_mma_m16n8k16_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+typedef float mono_f32x4 __attribute__((ext_vector_type(4)));
+// v_mfma_f32_16x16x16f16: acc + A B with A 16 x 16 and B 16 x 16. Lane (r = lane % 16, kg = lane /
+// 16): (a0, a1) are A row r at k 4kg .. 4kg + 3 (two f16 each), (b0, b1) B column r at the same k;
+// the result's element i is row 4kg + i, column r.
+MONO_DEV mono_f32x4 mono_mfma_16x16x16_f16(mono_f32x4 acc, u32 a0, u32 a1, u32 b0, u32 b1) {
+  typedef _Float16 half4 __attribute__((ext_vector_type(4)));
+  typedef u32 u32x2 __attribute__((ext_vector_type(2)));
+  const u32x2 a = {a0, a1}, b = {b0, b1};
+  return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(half4, a), __builtin_bit_cast(half4, b), acc, 0, 0, 0);
+}
+#endif
