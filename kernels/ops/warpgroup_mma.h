@@ -1,7 +1,7 @@
 // Warpgroup-scope matrix operations (NVIDIA sm_90a): wgmma, the shared-memory matrix descriptors
 // it reads its B (and optionally A) operand through, and the 128-byte swizzle those tiles are laid
 // out in. A warpgroup is four consecutive warps (128 threads, the first a multiple of 128): a
-// mono_team<128> from team.split<128>(). Every thread of the warpgroup calls each function.
+// mono_team<128, CTA> from team.split<128>(). Every thread of the warpgroup calls each function.
 //
 // The shapes here are m64nNk16 with f16 inputs and f32 accumulators, A from registers ("rs"): the
 // form the indexer's scorer uses. Other shapes and types are added beside them as a stage needs

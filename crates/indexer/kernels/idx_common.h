@@ -274,14 +274,6 @@ MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LAN
   return scale;
 }
 
-// A thread's index in its team, from the thread register: a team is Team::size consecutive threads
-// starting at a multiple of its size (ops/team.h), so this is team.thread. ptxas recomputes it
-// where a copy held in a register would take one of the scoring loop's 128 (held, the loop spilled).
-template <class Team>
-MONO_DEV u32 idx_thread_in(const Team&) {
-  return mono_thread() % Team::size;
-}
-
 // ---- a team's waits on many boxes ------------------------------------------------------------------
 #define IDX_POLL_BATCH 8
 // Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`), box
@@ -294,7 +286,7 @@ MONO_DEV bool idx_wait_slots(const Team& team, const mbx_ctx& c, u32 first, u32 
   constexpr u32 threads = Team::size;
   const u32 n = slots * words;
   bool ok = true;
-  for (u32 base = team.thread; base < n; base += IDX_POLL_BATCH * threads) {
+  for (u32 base = team.thread(); base < n; base += IDX_POLL_BATCH * threads) {
     u64 w[IDX_POLL_BATCH];
 #pragma unroll
     for (u32 k = 0; k < IDX_POLL_BATCH; ++k) {

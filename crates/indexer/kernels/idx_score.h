@@ -119,7 +119,7 @@ MONO_DEV bool idx_patch_tokens(const Team& team, const idx_args& a, const mbx_ct
   if (first > last) return true;
   const u32 row0 = q.first_row + (first - q.first_position);
   bool ok = true;
-  for (u32 i = team.thread; i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += Team::size) {
+  for (u32 i = team.thread(); i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += Team::size) {
     const u32 key = i / IDX_KEY_WORDS, word = i % IDX_KEY_WORDS;
     u32 value;
     ok = mbx_poll(c, idx_key_box(a, row0 + key, word), &value);
@@ -202,7 +202,7 @@ template <class Team>
 MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& a, u32 run_index, u8* lds) {
   static_assert(Team::size == IDX_RUN_THREADS, "a run's team");
   idx_score_smem& sm = *(idx_score_smem*)lds;
-  const u32 thread = team.thread, wave = team.wave();
+  const u32 thread = team.thread(), wave = team.wave();
   const idx_run_task& task = a.runs[run_index];
   const idx_run run = task.run;
   const idx_group grp = task.group;

@@ -170,7 +170,7 @@ MONO_DEV bool idx_ring_queries(const Team& team, const idx_args& a, const mbx_ct
                                const idx_query_boxes& boxes, const idx_ring& ring) {
   constexpr u32 head_words = IDX_HEAD_DIM / 4, heads_per_round = IDX_RUN_THREADS / head_words;
   constexpr u32 value_loads = IDX_QUERY_VALUE_WORDS / IDX_RUN_THREADS;
-  const u32 t = idx_thread_in(team);
+  const u32 t = team.thread();
   const u32 kk = idx_wg_k_of_dim(4u * (t % head_words));
   u8* const lo = ring.query + idx_wg_offset(t / head_words, kk);
   u8* const hi = ring.query + idx_wg_offset(t / head_words, kk + 8u);
@@ -229,7 +229,7 @@ MONO_DEV bool idx_ring_run(const Warpgroup& wg, const idx_args& a, const mbx_ctx
                            const idx_group& grp, const idx_run& run, const idx_ring& ring, u32 w, u32 next,
                            const idx_marker& marks) {
   const u32 pages = idx_wg_pages(run, w);
-  const u32 t = idx_thread_in(wg);
+  const u32 t = wg.thread();
   // The lane's row's score of its first token of page j, advanced a page pair at a time: computed
   // from the row every page, its 64-bit address costs about a dozen instructions a page.
   float* out = a.scores + (u64)(grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS +
@@ -278,8 +278,8 @@ template <class Team>
 MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& a, u32 run_index, u8* lds) {
   static_assert(Team::size == IDX_RUN_THREADS, "a run's team");
   const auto wg = team.template split<IDX_WG_THREADS>();
-  const u32 w = idx_thread_in(team) / IDX_WG_THREADS;
-  const idx_marker marks = idx_marker_of(a, run_index, w, idx_thread_in(wg) == 0);
+  const u32 w = team.thread() / IDX_WG_THREADS;
+  const idx_marker marks = idx_marker_of(a, run_index, w, wg.thread() == 0);
   marks.mark(IDX_MARK_START_NS, mono_timer_ns());
   marks.mark(IDX_MARK_SM, mono_sm_id());
   marks.cycles(IDX_MARK_START);
@@ -295,11 +295,11 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   if (team.leader())
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + 8u * s);
   idx_query_boxes boxes;
-  idx_ring_query_loads(a, c, idx_thread_in(team), grp, boxes);
+  idx_ring_query_loads(a, c, team.thread(), grp, boxes);
   team.sync();
   const u32 pages = idx_wg_pages(run, w);
 #pragma unroll
-  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, idx_thread_in(wg) == 0, j < pages, first[j]);
+  for (u32 j = 0; j + 1 < IDX_RING; ++j) idx_ring_load(a, ring, w, j, wg.thread() == 0, j < pages, first[j]);
   const u32 next = first[IDX_RING - 1];
   if (!idx_ring_queries(team, a, c, grp, boxes, ring)) return false;
   idx_lds_written();  // the B tile, for the tensor units: both warpgroups' writes, before either reads
@@ -316,7 +316,7 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
     ok = idx_ring_run<3>(wg, a, c, q, grp, run, ring, w, next, marks);
   else
     ok = idx_ring_run<IDX_GROUP_ROWS>(wg, a, c, q, grp, run, ring, w, next, marks);
-  idx_write_tail(a, idx_thread_in(team), grp, run);
+  idx_write_tail(a, team.thread(), grp, run);
   if (!team.all(ok)) return false;
   // Every copy was waited for: the barriers' words may become plain LDS for the next task.
   if (team.leader())

@@ -83,7 +83,7 @@ MONO_DEV float mla_neg_inf() { return mono_bits_f32(0xff800000u); }
 template <class Team>
 MONO_DEV bool mla_wait(const Team& team, const mbx_ctx& c, u32 first, u32 n, i32* dst) {
   bool ok = true;
-  for (u32 i = team.thread; i < n && ok; i += Team::size) {
+  for (u32 i = team.thread(); i < n && ok; i += Team::size) {
     u32 v = 0;
     ok = mbx_poll(c, first + i, &v);
     if (dst) dst[i] = (i32)v;
@@ -140,9 +140,9 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
       if (team.lane() == 0) *(float*)(rec + MLA_LATENT + 4 * tile) = scale;
     }
 #else
-    for (u32 i = team.thread; i < MLA_LATENT; i += Team::size) ((u16*)rec)[i] = latent[i];
+    for (u32 i = team.thread(); i < MLA_LATENT; i += Team::size) ((u16*)rec)[i] = latent[i];
 #endif
-    for (u32 i = team.thread; i < MLA_ROPE; i += Team::size)
+    for (u32 i = team.thread(); i < MLA_ROPE; i += Team::size)
       ((u16*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES))[i] = rope[i];
   }
   mla_done(team, task, c, 1u);
@@ -184,14 +184,14 @@ MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
 template <class Team>
 MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, u32 n_rows, u32 block, u32* first) {
   const u32 n = n_rows * block;
-  for (u32 i = team.thread; i < n; i += Team::size) {
+  for (u32 i = team.thread(); i < n; i += Team::size) {
     const i32 slot = s.entries[i];
     bool is_first = slot >= 0;
     for (u32 j = 0; j < i && is_first; ++j) is_first = s.entries[j] != slot;
     first[i] = is_first;
   }
   team.sync();
-  for (u32 i = team.thread; i < n; i += Team::size) {
+  for (u32 i = team.thread(); i < n; i += Team::size) {
     if (!first[i]) continue;
     const i32 slot = s.entries[i];
     u32 index = 0, rows = 0;
@@ -221,7 +221,7 @@ MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_
   // to memory, and one at a time would cost one each.
   constexpr u32 batch = 8;
   const u32 total = rows16 * chunks;
-  for (u32 base = team.thread; base < total; base += batch * Team::size) {
+  for (u32 base = team.thread(); base < total; base += batch * Team::size) {
     mono_u32x4 v[batch];
     float scale[batch];
 #pragma unroll
@@ -273,7 +273,7 @@ template <class Team>
 MONO_DEV void mla_load_queries(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 q0,
                                u32 nq) {
   constexpr u32 latent_chunks = MLA_LATENT / 8, chunks = latent_chunks + MLA_ROPE / 8;
-  for (u32 i = team.thread; i < nq * chunks; i += Team::size) {
+  for (u32 i = team.thread(); i < nq * chunks; i += Team::size) {
     const u32 q = i / chunks, j = i % chunks;
     const u64 query = (u64)first_row * MLA_HEADS + q0 + q;
     const u16* src = j < latent_chunks ? a.q_abs + query * MLA_LATENT + j * 8 : a.q_pe + query * MLA_ROPE + (j - latent_chunks) * 8;
@@ -291,7 +291,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
       return false;
   const u32 n = mla_distinct(team, s, n_rows, block, (u32*)s.scores);
   bool fresh = false;
-  for (u32 u = team.thread; u < n; u += Team::size)
+  for (u32 u = team.thread(); u < n; u += Team::size)
     for (u32 r = 0; r < n_rows; ++r) fresh |= (u32)s.slots[u] == a.new_slots[first_row + r];
   if (task.n_inputs > 1 && !team.all(!fresh)) {
     if (!mla_wait(team, c, task.in[1].first, task.in[1].len, nullptr)) return false;
@@ -373,7 +373,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   const u32 q0 = task.args[2] & 0xffffu, nq = task.args[2] >> 16;
   const u32 stride = n_splits ? task.in[0].len / n_splits : 0;
   bool ok = true;
-  for (u32 sp = team.thread; sp < n_splits && ok; sp += Team::size) {
+  for (u32 sp = team.thread(); sp < n_splits && ok; sp += Team::size) {
     u32 v;
     ok = mbx_poll(c, task.in[0].first + sp * stride, &v);
   }
@@ -384,7 +384,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   float* ml = (float*)smem;
   float* weight = ml + 2 * nq * n_splits;
   float* total = weight + nq * n_splits;
-  for (u32 i = team.thread; i < nq * n_splits; i += Team::size) {
+  for (u32 i = team.thread(); i < nq * n_splits; i += Team::size) {
     const u32 query = q0 + i / n_splits, sp = i % n_splits;
     const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
     const float* at = a.part_ml + (((u64)row * a.max_splits + sp) * MLA_HEADS + head) * 2;
@@ -392,7 +392,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
     ml[2 * i + 1] = at[1];
   }
   team.sync();
-  for (u32 q = team.thread; q < nq; q += Team::size) {
+  for (u32 q = team.thread(); q < nq; q += Team::size) {
     float m = mla_neg_inf(), l = 0.f;
     for (u32 sp = 0; sp < n_splits; ++sp) m = mono_fmaxf(m, ml[2 * (q * n_splits + sp)]);
     for (u32 sp = 0; sp < n_splits; ++sp) {
@@ -405,7 +405,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   }
   team.sync();
   constexpr u32 batch = 8;
-  for (u32 i = team.thread; i < nq * MLA_LATENT; i += Team::size) {
+  for (u32 i = team.thread(); i < nq * MLA_LATENT; i += Team::size) {
     const u32 q = i / MLA_LATENT, d = i % MLA_LATENT, query = q0 + q;
     const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
     const float* part = a.part_o + ((u64)row * a.max_splits * MLA_HEADS + head) * MLA_LATENT + d;
