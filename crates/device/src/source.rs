@@ -8,8 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const PRELUDE: (&str, &str) = ("prelude.h", include_str!("../../../kernels/prelude.h"));
 /// bf16/FP8 conversions and wave reductions, included by the prelude.
 pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels/numerics.h"));
-/// The ops layer, by scope: teams and their barriers (`ops/team.h`).
-pub const OPS: &[(&str, &str)] = &[("ops/team.h", include_str!("../../../kernels/ops/team.h"))];
+/// The ops layer, by scope: teams and their barriers (`ops/team.h`), the weight-streaming linear
+/// tile (`ops/linear.h`).
+pub const OPS: &[(&str, &str)] = &[
+    ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
+    ("ops/linear.h", include_str!("../../../kernels/ops/linear.h")),
+];
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.
 #[derive(Clone, Debug)]

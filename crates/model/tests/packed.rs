@@ -139,13 +139,20 @@ proptest! {
 fn bf16_sources_are_stored_little_endian_in_place() {
     let (n, k) = (TILE_ROWS + 3, WEIGHT_BLOCK);
     let bits: Vec<u16> = (0..n * k).map(|i| i as u16 ^ 0x5a00).collect();
-    let src = SourceWeight::Bf16 { rows: n, cols: k, bits: &bits };
+    let src = SourceWeight::Bf16 {
+        rows: n,
+        cols: k,
+        bits: &bits,
+    };
     let p = pack(Pairing::Plain, &[src]).unwrap();
     assert!(p.scales.is_empty());
     for row in 0..n {
         for kk in 0..k {
             let at = 2 * p.layout.position(0, row, kk);
-            assert_eq!(u16::from_le_bytes([p.bytes[at], p.bytes[at + 1]]), bits[row * k + kk]);
+            assert_eq!(
+                u16::from_le_bytes([p.bytes[at], p.bytes[at + 1]]),
+                bits[row * k + kk]
+            );
         }
     }
 }
@@ -154,10 +161,17 @@ fn bf16_sources_are_stored_little_endian_in_place() {
 fn mismatched_sources_are_errors() {
     let a = Fp8Weight::quantise(&[0.5; 16 * 128], 16, 128).unwrap();
     let b = Fp8Weight::quantise(&[0.5; 8 * 128], 8, 128).unwrap();
-    let err = pack(Pairing::GateUp, &[SourceWeight::Fp8(&a), SourceWeight::Fp8(&b)]);
+    let err = pack(
+        Pairing::GateUp,
+        &[SourceWeight::Fp8(&a), SourceWeight::Fp8(&b)],
+    );
     assert!(err.unwrap_err().to_string().contains("share shape"));
     assert!(pack(Pairing::GateUp, &[SourceWeight::Fp8(&a)]).is_err());
     let bits = [0u16; 16 * 100];
-    let odd = SourceWeight::Bf16 { rows: 16, cols: 100, bits: &bits };
+    let odd = SourceWeight::Bf16 {
+        rows: 16,
+        cols: 100,
+        bits: &bits,
+    };
     assert!(pack(Pairing::Plain, &[odd]).is_err());
 }

@@ -48,7 +48,10 @@ pub fn dequantise(source: &SourceWeight) -> Vec<f32> {
 }
 
 fn dot(w: &[f32], x: &[f32]) -> f64 {
-    w.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
+    w.iter()
+        .zip(x)
+        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+        .sum()
 }
 
 /// The linear of `rows` rows of `x` (`[rows, k]`, bf16 values) with `sources` (one, or gate then

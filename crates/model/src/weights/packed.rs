@@ -171,7 +171,14 @@ impl PackedLayout {
     }
 
     /// Where element `i` of lane `lane`'s load `j` of k-block `kb` of `tile` comes from.
-    pub fn element(&self, tile: usize, kb: usize, j: usize, lane: usize, i: usize) -> SourceElement {
+    pub fn element(
+        &self,
+        tile: usize,
+        kb: usize,
+        j: usize,
+        lane: usize,
+        i: usize,
+    ) -> SourceElement {
         let (g, t) = (lane / 4, lane % 4);
         let (s, reg, e) = (i / 8, (i % 8) / 2, i % 2);
         let row_in_tile = g + HALF_ROWS * (reg & 1);
@@ -284,9 +291,7 @@ pub fn pack(pairing: Pairing, sources: &[SourceWeight]) -> Result<PackedWeight, 
             SourceWeight::Bf16 { bits, .. } => bits.len(),
         };
         if stored != n * k {
-            return Err(bad(format!(
-                "[{n}, {k}] weight holds {stored} elements"
-            )));
+            return Err(bad(format!("[{n}, {k}] weight holds {stored} elements")));
         }
     }
     let layout = PackedLayout::new(format, pairing, n, k)?;
@@ -339,14 +344,20 @@ mod tests {
     fn sizes_of_the_glm_shapes() {
         // q_a at TP 8: 2048 x 6144 FP8 is 128 tiles of 48 k-blocks of 2 KB.
         let q_a = PackedLayout::new(WeightFormat::Fp8, Pairing::Plain, 2048, 6144).unwrap();
-        assert_eq!((q_a.tiles(), q_a.k_blocks(), q_a.block_bytes()), (128, 48, 2048));
+        assert_eq!(
+            (q_a.tiles(), q_a.k_blocks(), q_a.block_bytes()),
+            (128, 48, 2048)
+        );
         assert_eq!(q_a.bytes(), 2048 * 6144);
         // An expert's gate/up at TP 8: 256 rows each, 32 tiles of 8 + 8 rows.
         let gu = PackedLayout::new(WeightFormat::Fp8, Pairing::GateUp, 256, 6144).unwrap();
         assert_eq!(gu.tiles(), 32);
         assert_eq!(gu.bytes(), 2 * 256 * 6144);
         let bf = PackedLayout::new(WeightFormat::Bf16, Pairing::Plain, 200, 256).unwrap();
-        assert_eq!((bf.tiles(), bf.block_bytes(), bf.loads_per_block()), (13, 4096, 8));
+        assert_eq!(
+            (bf.tiles(), bf.block_bytes(), bf.loads_per_block()),
+            (13, 4096, 8)
+        );
         assert!(PackedLayout::new(WeightFormat::Fp8, Pairing::Plain, 16, 100).is_err());
     }
 }
