@@ -4,10 +4,11 @@
 // k-blocks of 128, each lane's 16-byte load holding its m16n8k16 A operand).
 //
 // A team runs a range of tiles of one matrix (lin_tiles). Its threads form groups of 32 (a warp
-// on NVIDIA, half a wave on AMD); a group streams (tile, k-block) batches, each batch's loads
+// on NVIDIA, half a wave on AMD); a group streams batches of 4 loads a lane (a k-block of FP8,
+// half one of bf16), each batch's loads
 // issued while the batch before it is being multiplied, the very first before the caller's
 // `ready` (the wait on the input: weights never wait on a hand-off). The groups split a round of
-// tiles: G groups share a tile's k-blocks, P = groups / G tiles a round; each group's sums go to
+// tiles: G groups share a tile's batches, P = groups / G tiles a round; each group's sums go to
 // LDS, then the team adds the G parts of each output in a fixed order and applies the epilogue.
 //
 // NVIDIA: bf16 mma.sync m16n8k16 with the weights as the M side (the 16 packed rows) and the x
@@ -56,29 +57,32 @@ MONO_DEV u32 lin_partial_floats(u32 groups, u32 row_tiles) { return groups * LIN
 MONO_DEV u32 lin_x_stride(u32 k) { return k + LIN_X_PAD; }
 
 // ---- how a team's groups share its tiles ----------------------------------------------------------
+// A batch is LIN_LOADS loads of a lane (2 KB of a tile for the group): a k-block of FP8, half of
+// one of bf16 ("units", `units` a tile).
+#define LIN_LOADS 4u
 struct lin_plan {
-  u32 share;   // G: groups per tile (a power of two, at most the k-blocks)
+  u32 share;   // G: groups per tile (a power of two, at most the units)
   u32 across;  // P: tiles a round
   u32 rounds;
-  u32 k_blocks;
+  u32 units;
   u32 count;   // tiles of the range
 };
-MONO_DEV lin_plan lin_plan_of(u32 groups, u32 k_blocks, u32 count) {
+MONO_DEV lin_plan lin_plan_of(u32 groups, u32 units, u32 count) {
   lin_plan p;
   p.share = 1;
-  while (p.share * 2 <= groups && p.share * 2 <= k_blocks) p.share *= 2;
+  while (p.share * 2 <= groups && p.share * 2 <= units) p.share *= 2;
   p.across = groups / p.share;
   p.rounds = (count + p.across - 1) / p.across;
-  p.k_blocks = k_blocks;
+  p.units = units;
   p.count = count;
   return p;
 }
 // The i-th batch of group `grp` in round r: false when there is none.
-MONO_DEV bool lin_batch(const lin_plan& p, u32 grp, u32 r, u32 i, u32* tile, u32* kb) {
+MONO_DEV bool lin_batch(const lin_plan& p, u32 grp, u32 r, u32 i, u32* tile, u32* unit) {
   const u32 t = r * p.across + grp / p.share, b = grp % p.share + i * p.share;
-  if (t >= p.count || b >= p.k_blocks) return false;
+  if (t >= p.count || b >= p.units) return false;
   *tile = t;
-  *kb = b;
+  *unit = b;
   return true;
 }
 
@@ -126,11 +130,12 @@ struct lin_acc {
   }
 };
 
-// Multiplies one batch (k-block kb) into `acc`: the group's L loads in `w`, x in LDS (xs: 8 RT
-// rows of lin_x_stride(k)), s0/s1 the halves' scales (FP8).
-template <bool FP8, u32 RT, u32 L>
-MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs, u32 xstride, u32 kb, float s0,
+// Multiplies one batch (its first k is k_base) into `acc`: the lane's loads in `w`, x in LDS (xs:
+// 8 RT rows of lin_x_stride(k)), s0/s1 the halves' scales (FP8).
+template <bool FP8, u32 RT>
+MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs, u32 xstride, u32 k_base, float s0,
                            float s1, u32 lane) {
+  constexpr u32 L = LIN_LOADS;
   const u32 g = lane / 4, t = lane % 4;
   constexpr u32 KL = FP8 ? 32u : 16u;  // k of one load
 #if MONO_NVIDIA
@@ -154,7 +159,7 @@ MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs,
       } else {
         a[0] = w[j].x, a[1] = w[j].y, a[2] = w[j].z, a[3] = w[j].w;
       }
-      const u32 k0 = kb * LIN_K_BLOCK + j * KL + 16 * s + 2 * t;
+      const u32 k0 = k_base + j * KL + 16 * s + 2 * t;
 #pragma unroll
       for (u32 rt = 0; rt < RT; ++rt) {
         const u16* xr = xs + (8 * rt + g) * xstride + k0;
@@ -182,7 +187,7 @@ MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs,
       const float wv = FP8 ? mono_e4m3_to_f32((u8)(word >> (8 * (i % 4))))
                            : mono_bf16_to_f32((u16)(word >> (16 * (i % 2))));
       const u32 s = i / 8, reg = (i % 8) / 2, e = i % 2;
-      const u32 h = reg & 1u, k = kb * LIN_K_BLOCK + j * KL + 16 * s + 2 * t + 8 * (reg >> 1) + e;
+      const u32 h = reg & 1u, k = k_base + j * KL + 16 * s + 2 * t + 8 * (reg >> 1) + e;
       for (u32 r = 0; r < 8 * RT; ++r) {
         const float p = wv * mono_bf16_to_f32(xs[r * xstride + k]);
         if (FP8)
@@ -227,13 +232,11 @@ MONO_DEV void lin_flush(lin_acc<RT>& acc, float* part, u32 lane) {
 MONO_DEV float lin_silu(float v) { return v / (1.f + mono_expf(-v)); }
 MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v)); }
 
-// Issues the loads of batch (tile, kb) for lane `lane` of a group.
-template <u32 L>
-MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 tile, u32 kb, u32 lane) {
-  const mono_u32x4* src =
-      (const mono_u32x4*)m.w + ((u64)tile * (m.k / LIN_K_BLOCK) + kb) * (L * LIN_GROUP) + lane;
+// Issues the loads of batch (tile, unit) for lane `lane` of a group.
+MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 units, u32 tile, u32 unit, u32 lane) {
+  const mono_u32x4* src = (const mono_u32x4*)m.w + ((u64)tile * units + unit) * (LIN_LOADS * LIN_GROUP) + lane;
 #pragma unroll
-  for (u32 j = 0; j < L; ++j) dst[j] = src[j * LIN_GROUP];
+  for (u32 j = 0; j < LIN_LOADS; ++j) dst[j] = src[j * LIN_GROUP];
 }
 
 // Tiles first .. first + count of matrix m, by the team; `ready()` is called by every thread after
@@ -242,17 +245,18 @@ MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 tile, u32 kb, u
 template <bool FP8, u32 RT, class Team, class Ready>
 MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, Ready ready) {
   static_assert(Team::size % LIN_GROUP == 0, "a team of whole groups of 32");
-  constexpr u32 L = FP8 ? 4u : 8u, RS = 8 * RT, groups = Team::size / LIN_GROUP;
+  constexpr u32 L = LIN_LOADS, RS = 8 * RT, groups = Team::size / LIN_GROUP;
+  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
   const u32 grp = team.thread / LIN_GROUP, lane = team.thread % LIN_GROUP;
-  const lin_plan p = lin_plan_of(groups, m.k / LIN_K_BLOCK, count);
+  const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
   float* parts = (float*)smem;
   u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
   const u32 xstride = lin_x_stride(m.k);
 
   mono_u32x4 cur[L], nxt[L];
-  u32 cr = 0, ci = 0, ctile = 0, ckb = 0;
-  bool have = lin_batch(p, grp, 0, 0, &ctile, &ckb);
-  if (have) lin_load<L>(cur, m, first + ctile, ckb, lane);
+  u32 cr = 0, ci = 0, ctile = 0, cunit = 0;
+  bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit);
+  if (have) lin_load(cur, m, p.units, first + ctile, cunit, lane);
   if (!ready()) return false;
 
   // x to LDS, rows past m.rows as zeros.
@@ -270,22 +274,22 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
     lin_acc<RT> acc;
     acc.zero();
     while (have && cr == r) {
-      u32 nr = cr, ni = ci + 1, ntile = 0, nkb = 0;
-      bool nhave = lin_batch(p, grp, nr, ni, &ntile, &nkb);
+      u32 nr = cr, ni = ci + 1, ntile = 0, nunit = 0;
+      bool nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
       if (!nhave) {
         nr = cr + 1, ni = 0;
-        nhave = lin_batch(p, grp, nr, ni, &ntile, &nkb);
+        nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
       }
-      if (nhave) lin_load<L>(nxt, m, first + ntile, nkb, lane);
+      if (nhave) lin_load(nxt, m, p.units, first + ntile, nunit, lane);
       float s0 = 0.f, s1 = 0.f;
       if (FP8) {
-        const float* sc = m.scales + ((u64)(first + ctile) * p.k_blocks + ckb) * 2;
+        const float* sc = m.scales + ((u64)(first + ctile) * p.units + cunit) * 2;
         s0 = sc[0], s1 = sc[1];
       }
-      lin_multiply<FP8, RT, L>(acc, cur, xs, xstride, ckb, s0, s1, lane);
+      lin_multiply<FP8, RT>(acc, cur, xs, xstride, cunit * unit_k, s0, s1, lane);
 #pragma unroll
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
-      cr = nr, ci = ni, ctile = ntile, ckb = nkb, have = nhave;
+      cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
     lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
     team.sync();
