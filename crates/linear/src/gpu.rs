@@ -218,3 +218,81 @@ pub fn decode_y(bytes: &[u8], out_f32: bool) -> Vec<f32> {
             .collect()
     }
 }
+
+/// A launch plan in device memory: its task table, scratch, epoch word, diagnostics and matrices.
+pub struct DevicePlan {
+    pub table: mailbox::gpu::DeviceTable,
+    pub scratch: Buffer<u64>,
+    pub epoch: Buffer<u32>,
+    pub diag: Buffer<u32>,
+    pub mats: Buffer<LinMatrix>,
+    /// Dynamic shared memory of each CTA.
+    pub lds: u32,
+}
+
+impl DevicePlan {
+    /// Checks `plan` against what `kernel` can keep resident with `lds` bytes and uploads it.
+    pub fn new(
+        dev: &Device,
+        kernel: &LinearKernel,
+        plan: &crate::layout::LaunchPlan,
+        mats: &[LinMatrix],
+        lds: u32,
+    ) -> Result<Self> {
+        let limits = mailbox::Limits {
+            max_resident: kernel.max_resident(lds)?,
+            scratch_boxes: plan.boxes,
+        };
+        let valid = plan
+            .placement
+            .clone()
+            .check(limits)
+            .map_err(mailbox::gpu::GpuError::from)?;
+        Ok(DevicePlan {
+            table: mailbox::gpu::DeviceTable::upload(dev, &valid)?,
+            scratch: dev.alloc_zeroed(plan.boxes as usize)?,
+            epoch: dev.alloc_zeroed(1)?,
+            diag: dev.alloc_zeroed(mailbox::DIAG_WORDS)?,
+            mats: dev.upload(mats)?,
+            lds,
+        })
+    }
+
+    /// Enqueues launch `index` of a step of `tags` (the epoch word is advanced by the caller's
+    /// epoch node, once a step).
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        kernel: &LinearKernel,
+        tags: mailbox::Tags,
+        index: u32,
+    ) -> Result<()> {
+        self.launch_with(stream, kernel, tags, index, &self.mats)
+    }
+
+    /// The same launch over another set of matrices of the same shapes (another copy of the
+    /// weights): the plan's table, scratch and epoch are shared.
+    pub fn launch_with(
+        &self,
+        stream: &Stream,
+        kernel: &LinearKernel,
+        tags: mailbox::Tags,
+        index: u32,
+        mats: &Buffer<LinMatrix>,
+    ) -> Result<()> {
+        let table = LaunchTable::new(
+            &self.table,
+            &self.scratch,
+            &self.epoch,
+            &self.diag,
+            tags,
+            index,
+        )?;
+        let args = LinArgs {
+            mats: mats.device_ptr(),
+            n_mats: mats.len() as u32,
+            pad: 0,
+        };
+        kernel.launch(stream, &table, &args, self.lds)
+    }
+}

@@ -24,6 +24,10 @@ pub enum LayoutError {
     Threads { threads: u32 },
     #[error("matrix {matrix}: k = {k} is not a positive multiple of {WEIGHT_BLOCK}")]
     K { matrix: usize, k: usize },
+    #[error("matrix {matrix} waits on matrix {after}, which is not earlier")]
+    After { matrix: usize, after: usize },
+    #[error("matrix {matrix} has no tiles")]
+    NoTiles { matrix: usize },
     #[error("no CTAs to place on")]
     NoCtas,
     #[error(transparent)]
@@ -78,14 +82,14 @@ pub fn split_tiles(tiles: u32, parts: u32) -> Vec<TileRange> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatrixPlan {
     pub tiles: u32,
-    /// Whether its tasks wait for every task of the matrix before it (its x is that matrix's y).
-    pub after_previous: bool,
+    /// The earlier matrix whose tasks its tasks all wait for (its x is that matrix's y).
+    pub after: Option<usize>,
 }
 
 /// The tasks of a launch of several matrices, in order: each matrix split over `ctas` CTAs into
 /// at most `ctas` tasks, the split of matrix m starting on the CTA after matrix m - 1's last one,
 /// so that small matrices spread over the grid. Every task writes one line of boxes (its own);
-/// a task of a matrix that comes after the previous one waits on all of that matrix's lines.
+/// a task of a matrix that comes after an earlier one waits on all of that matrix's lines.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchPlan {
     pub placement: Placement,
@@ -103,12 +107,17 @@ pub fn place(matrices: &[MatrixPlan], ctas: u32) -> Result<LaunchPlan, LayoutErr
     let (mut order, mut cta, mut next_box) = (0u32, 0u32, 0u32);
     let mut tasks: Vec<Vec<(u32, TileRange, BoxRange)>> = Vec::new();
     for (m, plan) in matrices.iter().enumerate() {
-        let inputs: Vec<BoxRange> = match (plan.after_previous, tasks.last()) {
-            (true, Some(prev)) if !prev.is_empty() => {
-                let (first, last) = (prev[0].2.first, prev[prev.len() - 1].2);
+        if plan.tiles == 0 {
+            return Err(LayoutError::NoTiles { matrix: m });
+        }
+        let inputs: Vec<BoxRange> = match plan.after {
+            Some(a) if a < m => {
+                let before = &tasks[a];
+                let (first, last) = (before[0].2.first, before[before.len() - 1].2);
                 vec![BoxRange::new(first, last.first + last.len - first)]
             }
-            _ => Vec::new(),
+            Some(a) => return Err(LayoutError::After { matrix: m, after: a }),
+            None => Vec::new(),
         };
         let mut mine = Vec::new();
         for range in split_tiles(plan.tiles, ctas) {

@@ -14,3 +14,4 @@ pub mod check;
 pub mod gpu;
 pub mod layout;
 pub mod reference;
+pub mod shapes;

@@ -238,7 +238,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         .zip(&packed)
         .map(|((_, after), w)| MatrixPlan {
             tiles: w.layout.tiles() as u32,
-            after_previous: after.is_some(),
+            after: *after,
         })
         .collect();
     let plan = place(&plans, CTAS).unwrap();
