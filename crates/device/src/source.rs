@@ -12,7 +12,10 @@ pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels
 /// tile (`ops/linear.h`).
 pub const OPS: &[(&str, &str)] = &[
     ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
-    ("ops/linear.h", include_str!("../../../kernels/ops/linear.h")),
+    (
+        "ops/linear.h",
+        include_str!("../../../kernels/ops/linear.h"),
+    ),
 ];
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.

@@ -83,8 +83,14 @@ impl Bench {
 
     /// One launch of `problems` (matrix m after `after[m]`), weights in enough copies to be cold.
     fn linear_us(&self, problems: &[(Problem, Option<usize>)]) -> Result<(f64, usize), Error> {
-        let packed: Vec<_> = problems.iter().map(|(p, _)| p.packed()).collect::<Result<_, _>>()?;
-        let bytes: usize = packed.iter().map(|w| w.bytes.len() + 4 * w.scales.len()).sum();
+        let packed: Vec<_> = problems
+            .iter()
+            .map(|(p, _)| p.packed())
+            .collect::<Result<_, _>>()?;
+        let bytes: usize = packed
+            .iter()
+            .map(|w| w.bytes.len() + 4 * w.scales.len())
+            .sum();
         let copies = COLD_BYTES.div_ceil(bytes).clamp(1, LAUNCHES);
         let lds = problems
             .iter()
@@ -128,7 +134,12 @@ impl Bench {
         Ok((us, bytes))
     }
 
-    fn line(&self, name: &str, rows: usize, problems: &[(Problem, Option<usize>)]) -> Result<(), Error> {
+    fn line(
+        &self,
+        name: &str,
+        rows: usize,
+        problems: &[(Problem, Option<usize>)],
+    ) -> Result<(), Error> {
         let (us, bytes) = self.linear_us(problems)?;
         let copy = self.copy_us(bytes)?;
         let floor = bytes as f64 / self.bandwidth * 1e6;
@@ -174,18 +185,45 @@ fn main() -> Result<(), Error> {
     let matrices = rank_matrices("glm-5.2", 8)?;
     for rows in [1, 4, 16] {
         for m in matrices.iter().filter(|m| rows <= 4 || m.name != "lm_head") {
-            let p = Problem::new(Pattern::Random, m.format, m.pairing, m.n, m.k, rows, m.finish, 1)?;
+            let p = Problem::new(
+                Pattern::Random,
+                m.format,
+                m.pairing,
+                m.n,
+                m.k,
+                rows,
+                m.finish,
+                1,
+            )?;
             bench.line(m.name, rows, &[(p, None)])?;
         }
         // The nine expert slices of a MoE layer: gate/up 0..9, then down e after gate/up e.
         let (gu, down) = (&matrices[2], &matrices[3]);
         let mut chain = Vec::new();
         for e in 0..9u64 {
-            let p = Problem::new(Pattern::Random, gu.format, gu.pairing, gu.n, gu.k, rows, gu.finish, e)?;
+            let p = Problem::new(
+                Pattern::Random,
+                gu.format,
+                gu.pairing,
+                gu.n,
+                gu.k,
+                rows,
+                gu.finish,
+                e,
+            )?;
             chain.push((p, None));
         }
         for e in 0..9 {
-            let p = Problem::new(Pattern::Random, down.format, down.pairing, down.n, down.k, rows, down.finish, 100 + e as u64)?;
+            let p = Problem::new(
+                Pattern::Random,
+                down.format,
+                down.pairing,
+                down.n,
+                down.k,
+                rows,
+                down.finish,
+                100 + e as u64,
+            )?;
             chain.push((p, Some(e)));
         }
         bench.line("9 experts, one launch", rows, &chain)?;

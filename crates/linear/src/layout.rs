@@ -116,7 +116,12 @@ pub fn place(matrices: &[MatrixPlan], ctas: u32) -> Result<LaunchPlan, LayoutErr
                 let (first, last) = (before[0].2.first, before[before.len() - 1].2);
                 vec![BoxRange::new(first, last.first + last.len - first)]
             }
-            Some(a) => return Err(LayoutError::After { matrix: m, after: a }),
+            Some(a) => {
+                return Err(LayoutError::After {
+                    matrix: m,
+                    after: a,
+                })
+            }
             None => Vec::new(),
         };
         let mut mine = Vec::new();

@@ -33,11 +33,53 @@ pub fn rank_matrices(preset: &str, tp: usize) -> model::Result<Vec<RankMatrix>> 
     };
     use WeightFormat::{Bf16, Fp8};
     Ok(vec![
-        m("q_a", Fp8, Pairing::Plain, cfg.q_lora_rank, cfg.hidden_size, Finish::Rounded),
-        m("o_proj", Fp8, Pairing::Plain, cfg.hidden_size, s.o_proj_cols, Finish::Residual),
-        m("expert gate/up", Fp8, Pairing::GateUp, s.expert_intermediate, cfg.hidden_size, Finish::Rounded),
-        m("expert down", Fp8, Pairing::Plain, cfg.hidden_size, s.expert_intermediate, Finish::RowScaleResidual),
-        m("router", Bf16, Pairing::Plain, cfg.n_routed_experts, cfg.hidden_size, Finish::Fp32),
-        m("lm_head", Bf16, Pairing::Plain, s.vocab_rows, cfg.hidden_size, Finish::Rounded),
+        m(
+            "q_a",
+            Fp8,
+            Pairing::Plain,
+            cfg.q_lora_rank,
+            cfg.hidden_size,
+            Finish::Rounded,
+        ),
+        m(
+            "o_proj",
+            Fp8,
+            Pairing::Plain,
+            cfg.hidden_size,
+            s.o_proj_cols,
+            Finish::Residual,
+        ),
+        m(
+            "expert gate/up",
+            Fp8,
+            Pairing::GateUp,
+            s.expert_intermediate,
+            cfg.hidden_size,
+            Finish::Rounded,
+        ),
+        m(
+            "expert down",
+            Fp8,
+            Pairing::Plain,
+            cfg.hidden_size,
+            s.expert_intermediate,
+            Finish::RowScaleResidual,
+        ),
+        m(
+            "router",
+            Bf16,
+            Pairing::Plain,
+            cfg.n_routed_experts,
+            cfg.hidden_size,
+            Finish::Fp32,
+        ),
+        m(
+            "lm_head",
+            Bf16,
+            Pairing::Plain,
+            s.vocab_rows,
+            cfg.hidden_size,
+            Finish::Rounded,
+        ),
     ])
 }

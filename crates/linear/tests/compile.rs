@@ -30,7 +30,11 @@ fn builds(compiler: &dyn Compiler) {
         let compiled = compiler
             .compile(&source(threads, variant))
             .unwrap_or_else(|e| panic!("{e}"));
-        let names: Vec<_> = compiled.resources.iter().map(|r| r.kernel.as_str()).collect();
+        let names: Vec<_> = compiled
+            .resources
+            .iter()
+            .map(|r| r.kernel.as_str())
+            .collect();
         assert_eq!(names, ["linear_tasks"], "{}", compiler.target());
         for r in &compiled.resources {
             eprintln!("{} {threads} threads: {r:?}", compiler.target());

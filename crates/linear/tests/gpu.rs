@@ -113,7 +113,12 @@ fn a_down_waits_for_its_gate_up() {
         let gu = problem(2, Pattern::Random, rows, 100 + rows as u64);
         let mut down = problem(3, Pattern::Random, rows, 200 + rows as u64);
         let (wg, wd) = (gu.packed().unwrap(), down.packed().unwrap());
-        let y = run(&dev, &kernel, &[(gu.clone(), wg, None), (down.clone(), wd, Some(0))], false);
+        let y = run(
+            &dev,
+            &kernel,
+            &[(gu.clone(), wg, None), (down.clone(), wd, Some(0))],
+            false,
+        );
         report(&gu, &y[0]).unwrap();
         down.x = y[0].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
         report(&down, &y[1]).unwrap();
@@ -127,7 +132,9 @@ fn negative_controls_fail() {
     let kernel = LinearKernel::build(&dev, THREADS, Variant::default()).unwrap();
     let p = problem(0, Pattern::Random, 4, 7);
     let mut w = p.packed().unwrap();
-    let other = (1..w.scales.len()).find(|&i| w.scales[i] != w.scales[0]).unwrap();
+    let other = (1..w.scales.len())
+        .find(|&i| w.scales[i] != w.scales[0])
+        .unwrap();
     w.scales.swap(0, other);
     let y = run(&dev, &kernel, &[(p.clone(), w, None)], false);
     let err = check(&p, &y[0]).expect_err("swapped scales passed");
