@@ -144,3 +144,12 @@ MONO_DEV bool mono_named_all(u32 id, u32 threads, bool ok) { return emu_agree_on
 MONO_DEV bool mono_block_all(bool ok) {
   return emu_agree_on(0, ok, [](u32, u32) { emu_sync_block(); }, emu_block_dim);
 }
+
+MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
+MONO_DEV float mono_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+MONO_DEV float mono_fminf(float a, float b) { return __builtin_fminf(a, b); }
+MONO_DEV float mono_sqrtf(float a) { return __builtin_sqrtf(a); }
+MONO_DEV float mono_expf(float a) { return __builtin_expf(a); }
+
+// The conversions and wave reductions are the device's own (their portable paths).
+#include "numerics.h"

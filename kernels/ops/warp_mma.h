@@ -1,5 +1,5 @@
 // Wave-scope matrix operations: one warp's (NVIDIA, 32 lanes) or one wave's (AMD, 64 lanes) matrix
-// instruction on register fragments, f16 inputs and f32 accumulators. The fragment shapes differ by
+// instruction on register fragments, f16 or bf16 inputs and f32 accumulators. The fragment shapes differ by
 // vendor (NVIDIA mma.sync m16n8k16, AMD MFMA 16x16x16), so each has its own function, defined only
 // on its platform; a stage's innermost tile function picks one behind `#if MONO_NVIDIA`.
 #pragma once
@@ -24,6 +24,12 @@ MONO_DEV u32 mono_pack_f16x2(float lo, float hi) {
 // d[0], d[1] are row g at columns 2q, 2q + 1, d[2], d[3] row g + 8.
 MONO_DEV void mono_mma_m16n8k16_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The same shape and fragments with bf16 inputs.
+MONO_DEV void mono_mma_m16n8k16_bf16(float* d, const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

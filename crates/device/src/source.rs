@@ -9,8 +9,9 @@ pub const PRELUDE: (&str, &str) = ("prelude.h", include_str!("../../../kernels/p
 /// bf16/FP8 conversions and wave reductions, included by the prelude.
 pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels/numerics.h"));
 /// The ops layer, by scope: teams and their barriers (`ops/team.h`), asynchronous copies into LDS
-/// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA) and
-/// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma).
+/// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA),
+/// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma), and
+/// the weight-streaming linear tile (`ops/linear.h`).
 pub const OPS: &[(&str, &str)] = &[
     ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
     ("ops/copy.h", include_str!("../../../kernels/ops/copy.h")),
@@ -21,6 +22,10 @@ pub const OPS: &[(&str, &str)] = &[
     (
         "ops/warpgroup_mma.h",
         include_str!("../../../kernels/ops/warpgroup_mma.h"),
+    ),
+    (
+        "ops/linear.h",
+        include_str!("../../../kernels/ops/linear.h"),
     ),
 ];
 

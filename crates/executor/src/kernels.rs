@@ -30,6 +30,7 @@ pub fn registry() -> Vec<RegisteredSource> {
         .chain(register("crates/select", select::gpu::sources()))
         .chain(register("crates/indexer", indexer::gpu::sources()))
         .chain(register("crates/mla", mla::gpu::sources()))
+        .chain(register("crates/linear", linear::gpu::sources()))
         .collect()
 }
 

@@ -60,6 +60,9 @@ pub enum WeightError {
         len: usize,
     },
 
+    #[error("packing a weight for the device: {reason}")]
+    Packing { reason: String },
+
     #[error(transparent)]
     Config(#[from] ModelError),
 }

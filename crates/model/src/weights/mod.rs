@@ -5,8 +5,10 @@
 
 mod error;
 mod fp8;
+pub mod linear;
 mod matrix;
 mod names;
+pub mod packed;
 mod safetensors;
 mod synthetic;
 

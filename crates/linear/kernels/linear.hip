@@ -1,0 +1,12 @@
+// The linear stage's standalone entry: the generic task-list loop over a one-stage list (tasks
+// from src/layout.rs). Launch with MONO_CTA_THREADS threads and lds_bytes() of dynamic shared memory.
+#include "prelude.h"
+#include "mailbox.h"
+#include "lin_task.h"
+
+extern __shared__ __attribute__((aligned(16))) u8 lin_lds[];
+
+MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) linear_tasks(mbx_launch l, lin_args a) {
+  const auto team = mono_cta_team<MONO_CTA_THREADS>();
+  mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) { return lin_decode(team, t, c, a, lin_lds); });
+}

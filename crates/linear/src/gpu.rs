@@ -1,0 +1,303 @@
+//! Host side of the standalone linear launch (`kernels/linear.hip`): the source and its build,
+//! the kernel arguments (`LinMatrix`, `LinArgs`: twins of `lin_matrix`, `lin_args`), a problem's
+//! buffers on the device, and the launch.
+
+use crate::cases::{bf16_value, Problem};
+use crate::layout::{lds_bytes, LayoutError};
+use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
+use mailbox::gpu::{LaunchTable, Variant};
+use model::weights::packed::{PackedWeight, Pairing};
+use model::weights::WeightError;
+use model::WeightFormat;
+
+pub const LINEAR_HIP: (&str, &str) = ("linear.hip", include_str!("../kernels/linear.hip"));
+pub const LIN_TASK_H: (&str, &str) = ("lin_task.h", include_str!("../kernels/lin_task.h"));
+
+/// `lin_matrix.flags` (`kernels/ops/linear.h`).
+pub const FLAG_FP8: u32 = 1;
+pub const FLAG_OUT_F32: u32 = 2;
+pub const FLAG_SWIGLU: u32 = 4;
+pub const FLAG_RESIDUAL: u32 = 8;
+pub const FLAG_ROW_SCALE: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Mailbox(#[from] mailbox::gpu::GpuError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// One matrix of a launch, in the byte layout of `struct lin_matrix`. Pointers are device
+/// addresses (0 where unused).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LinMatrix {
+    pub w: u64,
+    pub scales: u64,
+    pub x: u64,
+    pub y: u64,
+    pub residual: u64,
+    pub row_scale: u64,
+    pub k: u32,
+    pub n: u32,
+    pub tiles: u32,
+    pub rows: u32,
+    pub x_stride: u32,
+    pub y_stride: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<LinMatrix>() == 80);
+
+/// The stage's kernel argument, `struct lin_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LinArgs {
+    pub mats: u64,
+    pub n_mats: u32,
+    pub pad: u32,
+}
+
+/// The flags of a problem's matrix.
+pub fn flags(p: &Problem) -> u32 {
+    let mut f = 0;
+    if p.format == WeightFormat::Fp8 {
+        f |= FLAG_FP8;
+    }
+    if p.out_f32() {
+        f |= FLAG_OUT_F32;
+    }
+    if p.pairing == Pairing::GateUp {
+        f |= FLAG_SWIGLU;
+    }
+    if p.has_residual() {
+        f |= FLAG_RESIDUAL;
+    }
+    if p.has_row_scale() {
+        f |= FLAG_ROW_SCALE;
+    }
+    f
+}
+
+/// `linear.hip` for CTAs of `threads`.
+pub fn source(threads: u32, variant: Variant) -> KernelSource {
+    variant
+        .apply(mailbox::gpu::source(LINEAR_HIP).header(LIN_TASK_H.0, LIN_TASK_H.1))
+        .define("MONO_CTA_THREADS", threads)
+}
+
+/// The production build for the kernel table: the fused shape's 512 threads.
+pub fn sources() -> Vec<KernelSource> {
+    vec![source(512, Variant::default())]
+}
+
+/// The built standalone entry `linear_tasks`.
+pub struct LinearKernel {
+    kernel: Kernel,
+    threads: u32,
+    _module: Module,
+}
+
+impl LinearKernel {
+    pub fn build(dev: &Device, threads: u32, variant: Variant) -> Result<Self> {
+        lds_bytes(threads, 128, 1)?;
+        let module = dev.build(&source(threads, variant))?;
+        Ok(LinearKernel {
+            kernel: module.kernel("linear_tasks")?,
+            threads,
+            _module: module,
+        })
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.threads
+    }
+
+    /// The largest grid whose CTAs are all resident with `lds` bytes of shared memory each.
+    pub fn max_resident(&self, lds: u32) -> Result<u32> {
+        Ok(self.kernel.max_coresident_grid(self.threads, lds)?)
+    }
+
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        table: &LaunchTable,
+        args: &LinArgs,
+        lds: u32,
+    ) -> Result<()> {
+        let launch = Launch::new(table.n_ctas, self.threads).shared(lds);
+        Ok(stream.launch(&self.kernel, launch, &Args::new().value(table).value(args))?)
+    }
+}
+
+/// One problem's buffers on the device.
+pub struct DeviceProblem {
+    pub weight: Buffer<u8>,
+    pub scales: Buffer<f32>,
+    pub x: Buffer<u16>,
+    /// `[rows, n]` bf16 or fp32 bytes.
+    pub y: Buffer<u8>,
+    pub residual: Buffer<u16>,
+    pub row_scale: Buffer<f32>,
+    pub matrix: LinMatrix,
+    out_f32: bool,
+}
+
+fn at_least_one<T: Copy>(v: &[T], zero: T) -> Vec<T> {
+    if v.is_empty() {
+        vec![zero]
+    } else {
+        v.to_vec()
+    }
+}
+
+impl DeviceProblem {
+    /// Uploads `p` with its packed weight `w` (usually `p.packed()`; tests pass altered ones).
+    pub fn upload(dev: &Device, p: &Problem, w: &PackedWeight) -> Result<Self> {
+        let out_bytes = if p.out_f32() { 4 } else { 2 };
+        let weight = dev.upload(&w.bytes)?;
+        let scales = dev.upload(&at_least_one(&w.scales, 0.0))?;
+        let x = dev.upload(&p.x)?;
+        let y = dev.alloc_zeroed::<u8>(p.rows * p.n * out_bytes)?;
+        let residual = dev.upload(&at_least_one(&p.residual, 0))?;
+        let row_scale = dev.upload(&at_least_one(&p.row_scale, 0.0))?;
+        let matrix = LinMatrix {
+            w: weight.device_ptr(),
+            scales: scales.device_ptr(),
+            x: x.device_ptr(),
+            y: y.device_ptr(),
+            residual: residual.device_ptr(),
+            row_scale: row_scale.device_ptr(),
+            k: p.k as u32,
+            n: p.n as u32,
+            tiles: w.layout.tiles() as u32,
+            rows: p.rows as u32,
+            x_stride: p.k as u32,
+            y_stride: p.n as u32,
+            flags: flags(p),
+            pad: 0,
+        };
+        Ok(DeviceProblem {
+            weight,
+            scales,
+            x,
+            y,
+            residual,
+            row_scale,
+            matrix,
+            out_f32: p.out_f32(),
+        })
+    }
+
+    /// Fills y with all-ones bits (NaN in bf16 and fp32), so that unwritten outputs fail a check.
+    pub fn poison(&self, stream: &Stream) -> Result<()> {
+        stream.memset(self.y.device_ptr(), 0xff, self.y.bytes())?;
+        Ok(())
+    }
+
+    /// y as f32 values.
+    pub fn read_y(&self) -> Result<Vec<f32>> {
+        Ok(decode_y(&self.y.download()?, self.out_f32))
+    }
+}
+
+/// Output bytes as f32 values (fp32, or bf16 widened).
+pub fn decode_y(bytes: &[u8], out_f32: bool) -> Vec<f32> {
+    if out_f32 {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    } else {
+        bytes
+            .chunks_exact(2)
+            .map(|c| bf16_value(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
+    }
+}
+
+/// A launch plan in device memory: its task table, scratch, epoch word, diagnostics and matrices.
+pub struct DevicePlan {
+    pub table: mailbox::gpu::DeviceTable,
+    pub scratch: Buffer<u64>,
+    pub epoch: Buffer<u32>,
+    pub diag: Buffer<u32>,
+    pub mats: Buffer<LinMatrix>,
+    /// Dynamic shared memory of each CTA.
+    pub lds: u32,
+}
+
+impl DevicePlan {
+    /// Checks `plan` against what `kernel` can keep resident with `lds` bytes and uploads it.
+    pub fn new(
+        dev: &Device,
+        kernel: &LinearKernel,
+        plan: &crate::layout::LaunchPlan,
+        mats: &[LinMatrix],
+        lds: u32,
+    ) -> Result<Self> {
+        let limits = mailbox::Limits {
+            max_resident: kernel.max_resident(lds)?,
+            scratch_boxes: plan.boxes,
+        };
+        let valid = plan
+            .placement
+            .clone()
+            .check(limits)
+            .map_err(mailbox::gpu::GpuError::from)?;
+        Ok(DevicePlan {
+            table: mailbox::gpu::DeviceTable::upload(dev, &valid)?,
+            scratch: dev.alloc_zeroed(plan.boxes as usize)?,
+            epoch: dev.alloc_zeroed(1)?,
+            diag: dev.alloc_zeroed(mailbox::DIAG_WORDS)?,
+            mats: dev.upload(mats)?,
+            lds,
+        })
+    }
+
+    /// Enqueues launch `index` of a step of `tags` (the epoch word is advanced by the caller's
+    /// epoch node, once a step).
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        kernel: &LinearKernel,
+        tags: mailbox::Tags,
+        index: u32,
+    ) -> Result<()> {
+        self.launch_with(stream, kernel, tags, index, &self.mats)
+    }
+
+    /// The same launch over another set of matrices of the same shapes (another copy of the
+    /// weights): the plan's table, scratch and epoch are shared.
+    pub fn launch_with(
+        &self,
+        stream: &Stream,
+        kernel: &LinearKernel,
+        tags: mailbox::Tags,
+        index: u32,
+        mats: &Buffer<LinMatrix>,
+    ) -> Result<()> {
+        let table = LaunchTable::new(
+            &self.table,
+            &self.scratch,
+            &self.epoch,
+            &self.diag,
+            tags,
+            index,
+        )?;
+        let args = LinArgs {
+            mats: mats.device_ptr(),
+            n_mats: mats.len() as u32,
+            pad: 0,
+        };
+        kernel.launch(stream, &table, &args, self.lds)
+    }
+}

@@ -1,0 +1,144 @@
+//! Pure shape and placement math of the linear stage: the task kind, how a matrix's tiles are
+//! split into tasks over CTAs, the boxes tasks publish and wait on, and the shared memory a CTA
+//! needs (`kernels/ops/linear.h` and `kernels/lin_task.h` hold the device twins).
+
+use mailbox::layout::{BoxRange, BOXES_PER_LINE};
+use mailbox::{Placement, Stage, Task};
+use model::weights::packed::TILE_ROWS;
+use model::WEIGHT_BLOCK;
+
+/// `LIN_KIND_TILES`: a range of one matrix's tiles.
+pub const KIND_TILES: u32 = Task::kind_of(Stage::Linear, 1);
+/// Rows of x a launch multiplies at most (`LIN_MAX_ROWS`).
+pub const MAX_ROWS: usize = 16;
+/// Threads of a group that streams together (`LIN_GROUP`).
+pub const GROUP: u32 = 32;
+/// bf16 elements a row of x is padded by in LDS (`LIN_X_PAD`).
+const X_PAD: usize = 8;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{rows} rows: the linear takes 1 to {MAX_ROWS}")]
+    Rows { rows: usize },
+    #[error("a CTA of {threads} threads: the linear needs whole groups of {GROUP}, a power of two of them")]
+    Threads { threads: u32 },
+    #[error("matrix {matrix}: k = {k} is not a positive multiple of {WEIGHT_BLOCK}")]
+    K { matrix: usize, k: usize },
+    #[error("matrix {matrix} waits on matrix {after}, which is not earlier")]
+    After { matrix: usize, after: usize },
+    #[error("matrix {matrix} has no tiles")]
+    NoTiles { matrix: usize },
+    #[error("no CTAs to place on")]
+    NoCtas,
+    #[error(transparent)]
+    Task(#[from] mailbox::task::TooManyInputs),
+}
+
+/// 8-row blocks of x the tile multiplies (`RT`): 1 up to 8 rows, 2 up to 16.
+pub fn row_tiles(rows: usize) -> Result<usize, LayoutError> {
+    match rows {
+        1..=8 => Ok(1),
+        9..=MAX_ROWS => Ok(2),
+        _ => Err(LayoutError::Rows { rows }),
+    }
+}
+
+/// Dynamic shared memory of a CTA of `threads` for a matrix of `k` and `rows`: the groups' partial
+/// sums (16 packed rows x 8 RT x fp32 each), then x (8 RT rows of k + 8 bf16).
+pub fn lds_bytes(threads: u32, k: usize, rows: usize) -> Result<u32, LayoutError> {
+    if threads % GROUP != 0 || !(threads / GROUP).is_power_of_two() {
+        return Err(LayoutError::Threads { threads });
+    }
+    let rt = row_tiles(rows)?;
+    let groups = (threads / GROUP) as usize;
+    let partials = groups * TILE_ROWS * 8 * rt * 4;
+    Ok((partials + 8 * rt * (k + X_PAD) * 2) as u32)
+}
+
+/// A contiguous run of one matrix's tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileRange {
+    pub first: u32,
+    pub count: u32,
+}
+
+/// `tiles` split into at most `parts` runs of nearly equal size (longer runs first), none empty.
+pub fn split_tiles(tiles: u32, parts: u32) -> Vec<TileRange> {
+    let parts = parts.min(tiles).max(1);
+    let (base, extra) = (tiles / parts, tiles % parts);
+    let mut first = 0;
+    (0..parts)
+        .map(|p| {
+            let count = base + u32::from(p < extra);
+            let r = TileRange { first, count };
+            first += count;
+            r
+        })
+        .filter(|r| r.count > 0)
+        .collect()
+}
+
+/// One matrix of a launch as the placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixPlan {
+    pub tiles: u32,
+    /// The earlier matrix whose tasks its tasks all wait for (its x is that matrix's y).
+    pub after: Option<usize>,
+}
+
+/// The tasks of a launch of several matrices, in order: each matrix split over `ctas` CTAs into
+/// at most `ctas` tasks, the split of matrix m starting on the CTA after matrix m - 1's last one,
+/// so that small matrices spread over the grid. Every task writes one line of boxes (its own);
+/// a task of a matrix that comes after an earlier one waits on all of that matrix's lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchPlan {
+    pub placement: Placement,
+    /// Boxes the scratch needs.
+    pub boxes: u32,
+    /// The tasks of each matrix: (CTA, tile range, box range).
+    pub tasks: Vec<Vec<(u32, TileRange, BoxRange)>>,
+}
+
+pub fn place(matrices: &[MatrixPlan], ctas: u32) -> Result<LaunchPlan, LayoutError> {
+    if ctas == 0 {
+        return Err(LayoutError::NoCtas);
+    }
+    let mut lists = vec![Vec::new(); ctas as usize];
+    let (mut order, mut cta, mut next_box) = (0u32, 0u32, 0u32);
+    let mut tasks: Vec<Vec<(u32, TileRange, BoxRange)>> = Vec::new();
+    for (m, plan) in matrices.iter().enumerate() {
+        if plan.tiles == 0 {
+            return Err(LayoutError::NoTiles { matrix: m });
+        }
+        let inputs: Vec<BoxRange> = match plan.after {
+            Some(a) if a < m => {
+                let before = &tasks[a];
+                let (first, last) = (before[0].2.first, before[before.len() - 1].2);
+                vec![BoxRange::new(first, last.first + last.len - first)]
+            }
+            Some(a) => {
+                return Err(LayoutError::After {
+                    matrix: m,
+                    after: a,
+                })
+            }
+            None => Vec::new(),
+        };
+        let mut mine = Vec::new();
+        for range in split_tiles(plan.tiles, ctas) {
+            let out = BoxRange::new(next_box, BOXES_PER_LINE);
+            next_box += BOXES_PER_LINE;
+            let args = [m as u32, range.first, range.count];
+            lists[cta as usize].push(Task::new(KIND_TILES, order, out, &inputs, args)?);
+            mine.push((cta, range, out));
+            order += 1;
+            cta = (cta + 1) % ctas;
+        }
+        tasks.push(mine);
+    }
+    Ok(LaunchPlan {
+        placement: Placement::new(lists),
+        boxes: next_box.max(BOXES_PER_LINE),
+        tasks,
+    })
+}

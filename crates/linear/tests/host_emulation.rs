@@ -1,0 +1,294 @@
+//! The linear task's own source (`kernels/linear.hip`, `lin_task.h`, the workspace's
+//! `kernels/ops/linear.h`) run on CPU threads through the host stand-in of the prelude
+//! (`kernels/host/prelude.h`) and a driver (`tests/host/`): one launch of several matrices
+//! (FP8 and bf16, plain and gate/up, 1 / 4 / 9 / 16 rows, N not a multiple of the tile, zeros and
+//! outliers, every epilogue, and a matrix whose x is the y of the one before it, so it must wait
+//! for it), checked against the reference by `check::check`; then the negative controls, which
+//! must fail: two scale blocks swapped, a task (a range of columns) dropped. This runs the
+//! portable path of the tile (the lanes' own FMAs), not the mma.sync path the H200 runs
+//! (tests/gpu.rs), but the same layout, partition, sums over groups, epilogues and hand-offs.
+//! Needs g++ with C++20, so ignored:
+//! `cargo test --release -p linear --test host_emulation -- --ignored --nocapture`
+
+use linear::cases::{Finish, Pattern, Problem};
+use linear::check::check;
+use linear::gpu::{decode_y, flags, LinMatrix};
+use linear::layout::{lds_bytes, place, LaunchPlan, MatrixPlan};
+use model::weights::packed::{PackedWeight, Pairing};
+use model::WeightFormat;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
+/// The host prelude, found before the real one; then the ops layer beside the real one.
+const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
+const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
+const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+
+/// Four groups of 32: a small CTA, so that the emulated threads stay few.
+const THREADS: u32 = 128;
+const CTAS: u32 = 3;
+const NONE: u64 = u64::MAX;
+
+fn compile(dir: &Path, lds: u32) -> PathBuf {
+    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
+    let hip = std::fs::read_to_string(format!("{KERNELS}/linear.hip")).unwrap();
+    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 lin_lds[];";
+    assert!(hip.contains(dynamic));
+    let hip = hip.replace(dynamic, &format!("alignas(16) static u8 lin_lds[{lds}];"));
+    std::fs::write(dir.join("linear.hip"), hip).unwrap();
+    let exe = dir.join("linear_host");
+    let out = Command::new("g++")
+        .args(["-std=c++20", "-O2", "-pthread", "-w"])
+        .arg(format!("-I{}", dir.display()))
+        .arg(format!("-I{HOST}"))
+        .arg(format!("-I{HOST_PRELUDE}"))
+        .arg(format!("-I{KERNELS}"))
+        .arg(format!("-I{MAILBOX}"))
+        .arg(format!("-I{OPS}"))
+        .arg(format!("-DMONO_CTA_THREADS={THREADS}"))
+        .args([
+            "-DMBX_DEBUG=1",
+            "-DMBX_DEBUG_TRAP=0",
+            "-DMBX_POLL_LIMIT=200000000u",
+        ])
+        .arg(format!("{HOST}/driver.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("g++: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// A launch's device memory as one byte arena; pointers become offsets into it.
+#[derive(Default)]
+struct Arena {
+    bytes: Vec<u8>,
+}
+
+impl Arena {
+    fn put(&mut self, data: &[u8]) -> u64 {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.bytes.resize(at, 0);
+        self.bytes.extend_from_slice(data);
+        at as u64
+    }
+}
+
+fn as_bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// A matrix of the launch: its problem, its packed weight, where its y lives.
+struct Placed {
+    problem: Problem,
+    matrix: LinMatrix,
+    /// The matrix before it whose y is this one's x.
+    after: Option<usize>,
+}
+
+fn put_matrix(arena: &mut Arena, p: &Problem, w: &PackedWeight, x: Option<u64>) -> LinMatrix {
+    let out_bytes = if p.out_f32() { 4 } else { 2 };
+    let x = x.unwrap_or_else(|| arena.put(&as_bytes(&p.x)));
+    LinMatrix {
+        w: arena.put(&w.bytes),
+        scales: if w.scales.is_empty() {
+            NONE
+        } else {
+            arena.put(&as_bytes(&w.scales))
+        },
+        x,
+        y: arena.put(&vec![0xff; p.rows * p.n * out_bytes]),
+        residual: arena.put(&as_bytes(&p.residual)),
+        row_scale: arena.put(&as_bytes(&p.row_scale)),
+        k: p.k as u32,
+        n: p.n as u32,
+        tiles: w.layout.tiles() as u32,
+        rows: p.rows as u32,
+        x_stride: p.k as u32,
+        y_stride: p.n as u32,
+        flags: flags(p),
+        pad: 0,
+    }
+}
+
+fn run(
+    exe: &Path,
+    plan: &LaunchPlan,
+    mats: &[LinMatrix],
+    arena: &Arena,
+) -> Result<Vec<u8>, String> {
+    let table = plan.placement.table();
+    let mut input: Vec<u8> = Vec::new();
+    for w in [
+        CTAS,
+        table.tasks.len() as u32,
+        mats.len() as u32,
+        plan.boxes,
+        arena.bytes.len() as u32,
+    ] {
+        input.extend(w.to_le_bytes());
+    }
+    input.extend(as_bytes(&table.tasks));
+    input.extend(as_bytes(&table.offsets));
+    input.extend(as_bytes(mats));
+    input.extend(&arena.bytes);
+    let dir = exe.parent().unwrap();
+    let (i, o) = (dir.join("input"), dir.join("output"));
+    std::fs::write(&i, input).unwrap();
+    let out = Command::new(exe).arg(&i).arg(&o).output().unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "driver status {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(std::fs::read(&o).unwrap())
+}
+
+fn problems() -> Vec<(Problem, Option<usize>)> {
+    use Finish::*;
+    use Pairing::*;
+    use Pattern::*;
+    use WeightFormat::*;
+    let p = |pattern, format, pairing, n, k, rows, finish, seed| {
+        Problem::new(pattern, format, pairing, n, k, rows, finish, seed).unwrap()
+    };
+    vec![
+        (p(Random, Fp8, Plain, 200, 512, 1, Rounded, 1), None),
+        (
+            p(Random, Fp8, Plain, 200, 384, 4, RowScaleResidual, 2),
+            None,
+        ),
+        (p(Random, Fp8, Plain, 64, 256, 16, Fp32, 3), None),
+        (p(Random, Bf16, Plain, 136, 256, 16, Rounded, 4), None),
+        (p(Random, Bf16, GateUp, 100, 256, 4, Rounded, 5), None),
+        (p(Random, Fp8, GateUp, 72, 384, 9, Rounded, 6), None),
+        (p(Zeros, Fp8, Plain, 48, 256, 4, Residual, 7), None),
+        (p(Outliers, Fp8, Plain, 160, 512, 4, Rounded, 8), None),
+        (p(Outliers, Bf16, Plain, 40, 256, 1, Fp32, 9), None),
+        (p(Random, Fp8, GateUp, 128, 512, 4, Rounded, 10), None),
+        // x is the y of the gate/up before it: 128 SwiGLU columns.
+        (p(Random, Fp8, Plain, 100, 128, 4, Residual, 11), Some(9)),
+    ]
+}
+
+/// Builds the launch: every matrix's weight from `packed` (altered by the negative controls).
+fn build(problems: &[(Problem, Option<usize>)], packed: &[PackedWeight]) -> (Arena, Vec<Placed>) {
+    let mut arena = Arena::default();
+    let mut placed: Vec<Placed> = Vec::new();
+    for ((p, after), w) in problems.iter().zip(packed) {
+        let x = after.map(|a| placed[a].matrix.y);
+        let matrix = put_matrix(&mut arena, p, w, x);
+        placed.push(Placed {
+            problem: p.clone(),
+            matrix,
+            after: *after,
+        });
+    }
+    (arena, placed)
+}
+
+/// Each matrix's check, with a chained matrix's x taken from the device's y of its producer.
+fn check_all(placed: &[Placed], out: &[u8]) -> Vec<Result<linear::check::Measured, String>> {
+    let ys: Vec<Vec<f32>> = placed
+        .iter()
+        .map(|m| {
+            let p = &m.problem;
+            let bytes = p.rows * p.n * if p.out_f32() { 4 } else { 2 };
+            let at = m.matrix.y as usize;
+            decode_y(&out[at..at + bytes], p.out_f32())
+        })
+        .collect();
+    placed
+        .iter()
+        .zip(&ys)
+        .map(|(m, y)| {
+            let mut p = m.problem.clone();
+            if let Some(a) = m.after {
+                p.x = ys[a].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            }
+            check(&p, y)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn kernel_source_on_cpu_threads_matches_the_reference() {
+    let dir = std::env::temp_dir().join(format!("linear-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let problems = problems();
+    let lds = problems
+        .iter()
+        .map(|(p, _)| lds_bytes(THREADS, p.k, p.rows).unwrap())
+        .max()
+        .unwrap();
+    let exe = compile(&dir, lds);
+    let packed: Vec<PackedWeight> = problems.iter().map(|(p, _)| p.packed().unwrap()).collect();
+    let plans: Vec<MatrixPlan> = problems
+        .iter()
+        .zip(&packed)
+        .map(|((_, after), w)| MatrixPlan {
+            tiles: w.layout.tiles() as u32,
+            after: *after,
+        })
+        .collect();
+    let plan = place(&plans, CTAS).unwrap();
+
+    let (arena, placed) = build(&problems, &packed);
+    let mats: Vec<LinMatrix> = placed.iter().map(|m| m.matrix).collect();
+    let out = run(&exe, &plan, &mats, &arena).unwrap();
+    let mut failures = Vec::new();
+    for (m, verdict) in placed.iter().zip(check_all(&placed, &out)) {
+        match verdict {
+            Ok(v) => eprintln!(
+                "{}: {} outputs, {} off the reference's rounding (at most {} bf16 steps), fp32 error {:.2e} x sum|xw|",
+                m.problem.name, v.outputs, v.off_reference, v.max_steps, v.max_sum_error
+            ),
+            Err(e) => {
+                eprintln!("FAILED {e}");
+                failures.push(m.problem.name.clone());
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+
+    // Negative control 1: two scale blocks of matrix 1 swapped (they differ) must fail its check.
+    let mut swapped = packed.clone();
+    let scales = &mut swapped[1].scales;
+    let other = (1..scales.len()).find(|&i| scales[i] != scales[0]).unwrap();
+    scales.swap(0, other);
+    let (arena, placed) = build(&problems, &swapped);
+    let out = run(&exe, &plan, &mats_of(&placed), &arena).unwrap();
+    let verdicts = check_all(&placed, &out);
+    assert!(verdicts[1].is_err(), "swapped scales passed the check");
+    eprintln!("swapped scales: {}", verdicts[1].as_ref().unwrap_err());
+
+    // Negative control 2: the last task of matrix 0 dropped: its columns are never written.
+    let mut dropped = plan.clone();
+    let (cta, _, _) = *plan.tasks[0].last().unwrap();
+    let list = &mut dropped.placement.lists_mut()[cta as usize];
+    let at = list.iter().position(|t| t.args[0] == 0).unwrap();
+    list.remove(at);
+    let (arena, placed) = build(&problems, &packed);
+    let out = run(&exe, &dropped, &mats_of(&placed), &arena).unwrap();
+    let verdicts = check_all(&placed, &out);
+    assert!(
+        verdicts[0].is_err(),
+        "a dropped column range passed the check"
+    );
+    eprintln!("dropped task: {}", verdicts[0].as_ref().unwrap_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn mats_of(placed: &[Placed]) -> Vec<LinMatrix> {
+    placed.iter().map(|m| m.matrix).collect()
+}
