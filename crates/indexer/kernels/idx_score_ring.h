@@ -31,34 +31,39 @@ static_assert(IDX_RING * IDX_BATCH_PAGES <= IDX_TASK_PAGES, "the first ring fill
 #define IDX_RUN_LDS_BYTES \
   (1024 + IDX_RING_QUERY_BYTES + IDX_RING_WEIGHT_BYTES + IDX_BATCH_PAGES * IDX_RING * IDX_RING_PAGE_BYTES)
 
+// A run team's LDS: the B tile (every head of every row in f16, idx_wg_offset) at `query`, 1024-byte
+// aligned, then the weights [GROUP_ROWS][HEADS], the [2][RING] barriers of the slots (a slot's
+// copies have landed) and the [2][RING] page slots as cached, each at a fixed offset from it. Only
+// the base is held (as a pointer and as an LDS address): the rest are constant offsets the loads
+// and copies take as immediates, where held apart they took registers of the page loop.
 struct idx_ring {
-  u8* query;        // the B tile: every head of every row in f16 (idx_wg_offset)
-  u32 query_start;  // its descriptors' start field (mono_smem_desc_start)
-  float* weights;   // [GROUP_ROWS][HEADS]
-  u32 landed;       // LDS address of [2][RING] barriers: a slot's copies have landed
-  u8* slots;        // [2][RING] pages as cached
-  u32 slots_lds;    // their LDS address, for the copies
+  u8* query;
+  u32 lds;  // LDS address of `query`
 };
+#define IDX_RING_WEIGHTS_AT IDX_RING_QUERY_BYTES
+#define IDX_RING_LANDED_AT (IDX_RING_WEIGHTS_AT + IDX_GROUP_ROWS * IDX_HEADS * 4)
+#define IDX_RING_SLOTS_AT (IDX_RING_WEIGHTS_AT + IDX_RING_WEIGHT_BYTES)
 static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_BATCH_PAGES * IDX_RING * 8 <= IDX_RING_WEIGHT_BYTES,
               "the barriers follow the weights");
 
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
   u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
-  u8* weights = query + IDX_RING_QUERY_BYTES;
-  u8* slots = weights + IDX_RING_WEIGHT_BYTES;
-  return idx_ring{query, mono_smem_desc_start(query), (float*)weights,
-                  mono_lds_address(weights + IDX_GROUP_ROWS * IDX_HEADS * 4), slots, mono_lds_address(slots)};
+  return idx_ring{query, mono_lds_address(query)};
 }
+MONO_DEV float* idx_ring_weights(const idx_ring& ring) { return (float*)(ring.query + IDX_RING_WEIGHTS_AT); }
+// The B tile's descriptors' start field (mono_smem_desc_start).
+MONO_DEV u32 idx_ring_query_start(const idx_ring& ring) { return (ring.lds & 0x3ffffu) >> 4; }
+MONO_DEV u32 idx_ring_landed(const idx_ring& ring) { return ring.lds + IDX_RING_LANDED_AT; }
 
 // Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page (to read, and as an
 // LDS address for the copies), its barrier.
 MONO_DEV u32 idx_slot_offset(u32 w, u32 s) { return (w * IDX_RING + s) * IDX_RING_PAGE_BYTES; }
-MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) { return ring.slots + idx_slot_offset(w, s); }
+MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) { return ring.query + IDX_RING_SLOTS_AT + idx_slot_offset(w, s); }
 MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 s) {
   return (float*)(idx_slot_keys(ring, w, s) + IDX_PAGE_KEY_BYTES);
 }
-MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) { return ring.slots_lds + idx_slot_offset(w, s); }
-MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return ring.landed + 8u * (w * IDX_RING + s); }
+MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) { return ring.lds + IDX_RING_SLOTS_AT + idx_slot_offset(w, s); }
+MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return idx_ring_landed(ring) + 8u * (w * IDX_RING + s); }
 
 // Pages of the run that warpgroup w scores.
 MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u - w) / 2u; }
@@ -193,7 +198,7 @@ MONO_DEV bool idx_ring_queries(const Team& team, const idx_args& a, const mbx_ct
       idx_e4m3x4_to_f16_exact(value, (u32*)(lo + columns), (u32*)(hi + columns));
     }
     if (t < IDX_QUERY_WORDS - IDX_QUERY_VALUE_WORDS && value_of(r, value_loads, value))
-      ring.weights[r * IDX_HEADS + t] = mono_bits_f32(value);
+      idx_ring_weights(ring)[r * IDX_HEADS + t] = mono_bits_f32(value);
   }
   return team.all(ok);
 }
@@ -206,7 +211,7 @@ template <u32 R, class Meanwhile>
 MONO_DEV void idx_ring_page(u32 t, const idx_group& grp, const idx_ring& ring, const u8* keys, const float* scales,
                             u32 t0, float* out, Meanwhile meanwhile) {
   float s[2];
-  idx_wg_page<R>(t, keys, ring.query_start, ring.weights, s, meanwhile);
+  idx_wg_page<R>(t, keys, idx_ring_query_start(ring), idx_ring_weights(ring), s, meanwhile);
   const u32 r = t & 3u;
   if (r >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
@@ -293,7 +298,7 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   marks.cycles(IDX_MARK_TASK, grp.first_row);
   const idx_ring ring = idx_ring_of(lds);
   if (team.leader())
-    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(ring.landed + 8u * s);
+    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(idx_ring_landed(ring) + 8u * s);
   idx_query_boxes boxes;
   idx_ring_query_loads(a, c, team.thread(), grp, boxes);
   team.sync();
@@ -320,7 +325,7 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   if (!team.all(ok)) return false;
   // Every copy was waited for: the barriers' words may become plain LDS for the next task.
   if (team.leader())
-    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_inval(ring.landed + 8u * s);
+    for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_inval(idx_ring_landed(ring) + 8u * s);
   idx_run_done(team, a, c, run_index);
   marks.cycles(IDX_MARK_END);
   marks.mark(IDX_MARK_END_NS, mono_timer_ns());
