@@ -38,8 +38,8 @@ pub fn json(t: &Timeline) -> String {
             "ph": "X",
             "pid": 0,
             "tid": s.cta,
-            "ts": b.start_us,
-            "dur": b.end_us - b.start_us,
+            "ts": to_ns(b.start_us),
+            "dur": to_ns(b.end_us - b.start_us),
             "args": {
                 "task": s.order,
                 "kind": s.kind,
@@ -56,4 +56,9 @@ pub fn json(t: &Timeline) -> String {
         "otherData": { "title": t.title, "time base": t.base.describe() },
     })
     .to_string()
+}
+
+/// Microseconds kept to the nanosecond, so the file carries no float noise past the stamps.
+fn to_ns(us: f64) -> f64 {
+    (us * 1e3).round() / 1e3
 }

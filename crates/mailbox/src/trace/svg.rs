@@ -107,8 +107,10 @@ pub fn svg(t: &Timeline) -> String {
         let s = &b.span;
         let x0 = x_of(b.start_us);
         let width = (x_of(b.end_us) - x0).max(MIN_BAR);
+        // A thin white edge tells apart back-to-back tasks of one colour, on bars wide enough.
+        let stroke = if width > 3.0 { 0.6 } else { 0.0 };
         w(format!(
-            r#"<rect class="span" x="{x0:.2}" y="{:.2}" width="{width:.2}" height="{:.2}" fill="{}"><title>{} task {} CTA {} SM {}: {:.3} .. {:.3} us</title></rect>"#,
+            r#"<rect class="span" x="{x0:.2}" y="{:.2}" width="{width:.2}" height="{:.2}" fill="{}" stroke="white" stroke-width="{stroke}"><title>{} task {} CTA {} SM {}: {:.3} .. {:.3} us</title></rect>"#,
             top + s.cta as f64 * row + gap / 2.0,
             row - gap,
             fill(s.kind),
