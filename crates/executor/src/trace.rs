@@ -110,7 +110,7 @@ pub fn emulated(req: &SyntheticRequest, out: &Path) -> Result<Written, String> {
 
 /// Runs the synthetic placement on `dev` with the trace on (the second of two launches, so the
 /// module is loaded) and writes `out/trace.json` and `out/trace.svg`. Spans are placed by each
-/// SM's cycles from its CTA's first start on the shared clock (whose tick is about 1 us on NVIDIA).
+/// SM's cycles from its CTA's first start on the shared clock (whose steps are coarser).
 pub fn on_gpu(dev: &Device, req: &SyntheticRequest, out: &Path) -> Result<Written, String> {
     let kernel =
         SyntheticKernel::build_traced(dev, Variant::default()).map_err(|e| e.to_string())?;

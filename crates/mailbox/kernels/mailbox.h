@@ -248,7 +248,7 @@ MONO_DEV bool mbx_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
 // ---- the task trace (src/trace.rs `Record`) -------------------------------------------------------
 // One record of MBX_TRACE_WORDS words per task position of the table (tasks[i] -> record i), by
 // thread 0 after the task's closing barrier:
-//   [0] start, [1] end: mono_timer_ns, one clock for every SM, so CTAs compare (coarse on NVIDIA)
+//   [0] start, [1] end: mono_timer_ns, one clock for every SM, so CTAs compare (in coarser steps)
 //   [2] start, [3] end: mono_clock_cycles, fine but per SM, so only durations within a CTA
 //   [4] the SM id, [5] the CTA, [6] (order << 32) | kind, [7] MBX_TRACE_MARK (the record was written)
 #define MBX_TRACE_WORDS 8

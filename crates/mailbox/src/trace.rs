@@ -21,7 +21,7 @@ pub const RECORD_MARK: u64 = 0x4d42_5854_5241_4345;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Record {
-    /// A clock shared by every SM (`mono_timer_ns`): comparable across CTAs, coarse on NVIDIA.
+    /// A clock shared by every SM (`mono_timer_ns`): comparable across CTAs, in coarser steps than the cycles.
     pub start_ns: u64,
     pub end_ns: u64,
     /// The SM's own counter (`mono_clock_cycles`): fine, but only comparable within one CTA.
