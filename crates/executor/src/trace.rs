@@ -158,3 +158,36 @@ pub fn run_synthetic(
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_emulated_trace_is_written_and_reads_back() {
+        let out = std::env::temp_dir().join(format!("mono-trace-test-{}", std::process::id()));
+        let req = SyntheticRequest {
+            ctas: Some(3),
+            tasks_per_cta: 4,
+            seed: 5,
+        };
+        let w = emulated(&req, &out).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&w.json).unwrap()).unwrap();
+        let spans = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .count();
+        assert_eq!(spans, 12);
+        let svg = std::fs::read_to_string(&w.svg).unwrap();
+        assert_eq!(svg.matches(r#"<rect class="span""#).count(), 12);
+        std::fs::remove_dir_all(&out).unwrap();
+        let none = SyntheticRequest {
+            ctas: Some(0),
+            ..req
+        };
+        assert!(emulated(&none, &out).unwrap_err().contains("--ctas"));
+    }
+}
