@@ -4,3 +4,4 @@ pub mod fused;
 pub mod info;
 pub mod kernels;
 pub mod reference;
+pub mod trace;

@@ -3,6 +3,7 @@
 
 use device::{compiler_for, compilers_required};
 use executor::fused::{fused_source, CtaShape, FusedSourceError, ENTRY};
+use mailbox::trace::traced;
 use mailbox::{Stage, StageKernel};
 
 /// A stage whose tasks each write their order to `out[args[0]]`: the smallest decoder that uses a
@@ -85,15 +86,20 @@ fn a_two_stage_launch_builds_for_both_targets_in_the_fused_shape() {
             }
             Err(e) => panic!("{target}: {e}"),
         };
-        let compiled = compiler
-            .compile(&source)
-            .unwrap_or_else(|e| panic!("{target}: {e}"));
-        let entry = compiled
-            .resources
-            .iter()
-            .find(|r| r.kernel == ENTRY)
-            .unwrap_or_else(|| panic!("{target}: no {ENTRY} in {:?}", compiled.resources));
-        assert_eq!(entry.spills, 0, "{target}: {entry:?}");
+        // With the task trace on too: its stamps are in the one task loop every launch runs.
+        for (what, source) in [("", source.clone()), (" traced", traced(source))] {
+            let compiled = compiler
+                .compile(&source)
+                .unwrap_or_else(|e| panic!("{target}{what}: {e}"));
+            let entry = compiled
+                .resources
+                .iter()
+                .find(|r| r.kernel == ENTRY)
+                .unwrap_or_else(|| {
+                    panic!("{target}{what}: no {ENTRY} in {:?}", compiled.resources)
+                });
+            assert_eq!(entry.spills, 0, "{target}{what}: {entry:?}");
+        }
         built += 1;
     }
     println!("fused test kernel built for {built} targets");

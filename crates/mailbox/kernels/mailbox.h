@@ -15,6 +15,9 @@
 //                     context unusable, diagnostics included).
 //   MBX_EPOCH_CLEAR   0: the epoch node skips clearing the scratch on wrap (only for the test that
 //                     shows why it must).
+//   MBX_TRACE         1: the task loop stamps every task's start and end into the launch's trace
+//                     buffer (mbx_launch.trace; a null pointer traces nothing). 0 (default): no
+//                     stamps, no code.
 #pragma once
 #include "prelude.h"
 
@@ -32,6 +35,9 @@
 #endif
 #ifndef MBX_EPOCH_CLEAR
 #define MBX_EPOCH_CLEAR 1
+#endif
+#ifndef MBX_TRACE
+#define MBX_TRACE 0
 #endif
 
 #define MBX_DIAG_WORDS 8
@@ -239,15 +245,40 @@ MONO_DEV bool mbx_wait_all(const mbx_ctx& c, u32 first, u32 n, u32* dst) {
   return mbx_block_agree(c, ok);
 }
 
+// ---- the task trace (src/trace.rs `Record`) -------------------------------------------------------
+// One record of MBX_TRACE_WORDS words per task position of the table (tasks[i] -> record i), by
+// thread 0 after the task's closing barrier:
+//   [0] start, [1] end: mono_timer_ns, one clock for every SM, so CTAs compare (in coarser steps)
+//   [2] start, [3] end: mono_clock_cycles, fine but per SM, so only durations within a CTA
+//   [4] the SM id, [5] the CTA, [6] (order << 32) | kind, [7] MBX_TRACE_MARK (the record was written)
+#define MBX_TRACE_WORDS 8
+#define MBX_TRACE_MARK 0x4d42585452414345ull
+
+#if MBX_TRACE
+MONO_DEV void mbx_trace_store(u64* record, const mbx_task& t, u32 cta, u32 sm, u64 start_ns, u64 start_cycles) {
+  const u64 end_ns = mono_timer_ns();
+  const u64 end_cycles = mono_clock_cycles();
+  record[0] = start_ns;
+  record[1] = end_ns;
+  record[2] = start_cycles;
+  record[3] = end_cycles;
+  record[4] = sm;
+  record[5] = cta;
+  record[6] = ((u64)t.order << 32) | t.kind;
+  record[7] = MBX_TRACE_MARK;
+}
+#endif
+
 // ---- the persistent task loop --------------------------------------------------------------------
 // What every task-list launch takes besides its stages' arguments (src/gpu.rs `LaunchTable`): the
-// placement's table, the scratch, where the tag comes from, and the diagnostics area.
+// placement's table, the scratch, where the tag comes from, the diagnostics area, and the trace.
 struct mbx_launch {
   const mbx_task* tasks;
   const u32* offsets;  // CTA c runs tasks[offsets[c] .. offsets[c + 1])
   u64* scratch;
   const u32* epoch;
   u32* diag;
+  u64* trace;  // MBX_TRACE_WORDS words per task of `tasks`, or null; read only by MBX_TRACE builds
   u32 n_ctas;
   u32 launches_per_step;
   u32 launch_index;
@@ -257,24 +288,45 @@ struct mbx_launch {
 // Runs this CTA's list: tasks[offsets[cta] .. offsets[cta+1]) in order (src/placement.rs
 // TaskTable). body(c, task) is called by every thread and returns false to stop the CTA (a debug
 // wait gave up). A block barrier separates tasks, so a task may reuse the shared memory of the last.
+// In MBX_TRACE builds with a non-null `trace`, every task that completes gets its record.
 template <class Body>
-MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets, u32 n_ctas, Body body) {
+MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets, u32 n_ctas, u64* trace,
+                           Body body) {
   const u32 cta = mono_block();
   if (cta >= n_ctas) return;
+#if MBX_TRACE
+  const bool stamps = trace != nullptr && mono_thread() == 0;
+  const u32 sm = stamps ? mono_sm_id() : 0u;
+#else
+  (void)trace;
+#endif
   const u32 end = offsets[cta + 1];
   for (u32 i = offsets[cta]; i < end; ++i) {
     // A reference into the table, not a copy: on AMD a copy indexed by input number lands in
     // scratch memory, while uniform loads from the table stay in scalar registers.
     const mbx_task& task = tasks[i];
     c.task = task.order;
+#if MBX_TRACE
+    const u64 start_ns = stamps ? mono_timer_ns() : 0ull;
+    const u64 start_cycles = stamps ? mono_clock_cycles() : 0ull;
+#endif
     if (!body(c, task)) return;
     mono_sync_block();
+#if MBX_TRACE
+    if (stamps) mbx_trace_store(trace + (u64)i * MBX_TRACE_WORDS, task, cta, sm, start_ns, start_cycles);
+#endif
   }
+}
+
+// The same without a trace.
+template <class Body>
+MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets, u32 n_ctas, Body body) {
+  mbx_run_list(c, tasks, offsets, n_ctas, nullptr, body);
 }
 
 // The same, from a launch's arguments: every thread of the CTA calls it once.
 template <class Body>
 MONO_DEV void mbx_run_launch(const mbx_launch& l, Body body) {
   mbx_ctx c = mbx_begin(l.scratch, mbx_launch_tag(l.epoch, l.launches_per_step, l.launch_index), l.diag);
-  mbx_run_list(c, l.tasks, l.offsets, l.n_ctas, body);
+  mbx_run_list(c, l.tasks, l.offsets, l.n_ctas, l.trace, body);
 }

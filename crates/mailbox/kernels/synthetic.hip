@@ -55,18 +55,19 @@ MONO_DEV u32 syn_mix_word(u32 salt, u32 i, const u32* stage, const mbx_task& t, 
 
 // One launch. The tag comes from the epoch word; the step word (advanced by mailbox_step_counter
 // after the launches of a step) salts the leaves, so replays of a graph compute new values, and
-// picks the output slot: out[(step * launches_per_step + launch_index) * out_words ...].
+// picks the output slot: out[(step * launches_per_step + launch_index) * out_words ...]. `trace`
+// (null: none) gets a record per task in MBX_TRACE builds.
 MONO_KERNEL void mailbox_synthetic(const mbx_task* tasks, const u32* offsets, u32 n_ctas, u64* scratch,
                                    const u32* epoch_word, u32 launches_per_step, u32 launch_index,
                                    const u32* inputs, const u32* step_word, u32* out, u32 out_slots,
-                                   u32 out_words, u32* diag) {
+                                   u32 out_words, u32* diag, u64* trace) {
   __shared__ u32 stage[MBX_MAX_INPUTS * MBX_SYN_ROW_MAX];
   __shared__ u32 row[MBX_SYN_ROW_MAX];
   const u32 tag = mbx_launch_tag(epoch_word, launches_per_step, launch_index);
   const u32 step = mono_ld_relaxed_u32(step_word);
   const u32 slot = step * launches_per_step + launch_index;
   mbx_ctx ctx = mbx_begin(scratch, tag, diag);
-  mbx_run_list(ctx, tasks, offsets, n_ctas, [&](mbx_ctx& c, const mbx_task& t) -> bool {
+  mbx_run_list(ctx, tasks, offsets, n_ctas, trace, [&](mbx_ctx& c, const mbx_task& t) -> bool {
     if (t.kind != MBX_SYN_LEAF && t.kind != MBX_SYN_MIX) return true;  // the host makes no others
     const u32 n_in = mbx_min(t.n_inputs, MBX_MAX_INPUTS);
     for (u32 r = 0; r < n_in; ++r) {

@@ -13,6 +13,7 @@ use crate::layout::{pack, BoxRange};
 use crate::placement::{Placement, ValidPlacement};
 use crate::protocol::{put, wait_all, Patience, PollMode};
 use crate::task::Task;
+use crate::trace::Recorder;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -158,6 +159,25 @@ pub fn run<F: TaskFn>(
     run_unchecked(placement.placement(), scratch, tag, config, task_fn)
 }
 
+/// [`run`], stamping every task's start and end into `trace` (made for this placement).
+pub fn run_traced<F: TaskFn>(
+    placement: &ValidPlacement,
+    scratch: &Scratch,
+    tag: u32,
+    config: &EmuConfig,
+    task_fn: &F,
+    trace: &Recorder,
+) -> Result<(), EmuError> {
+    run_with(
+        placement.placement(),
+        scratch,
+        tag,
+        config,
+        task_fn,
+        Some(trace),
+    )
+}
+
 /// Runs any placement, one that breaks the rule included: only for showing what the rule prevents.
 /// Its waits are bounded by `config.timeout`, so a deadlock ends in [`EmuError::Stalled`].
 pub fn run_unchecked<F: TaskFn>(
@@ -166,6 +186,17 @@ pub fn run_unchecked<F: TaskFn>(
     tag: u32,
     config: &EmuConfig,
     task_fn: &F,
+) -> Result<(), EmuError> {
+    run_with(placement, scratch, tag, config, task_fn, None)
+}
+
+fn run_with<F: TaskFn>(
+    placement: &Placement,
+    scratch: &Scratch,
+    tag: u32,
+    config: &EmuConfig,
+    task_fn: &F,
+    trace: Option<&Recorder>,
 ) -> Result<(), EmuError> {
     check_ranges(placement, scratch.len())?;
     let plans = GangPlan::of(placement, scratch.len());
@@ -181,6 +212,7 @@ pub fn run_unchecked<F: TaskFn>(
         tag,
         config,
         abort: &abort,
+        trace,
     };
     let joined = crossbeam::scope(|s| {
         for _ in 0..workers {
@@ -316,6 +348,7 @@ struct CtaRun<'a> {
     tag: u32,
     config: &'a EmuConfig,
     abort: &'a AtomicBool,
+    trace: Option<&'a Recorder>,
 }
 
 impl CtaRun<'_> {
@@ -328,7 +361,8 @@ impl CtaRun<'_> {
     ) -> Result<(), Outcome> {
         let mut rows: Vec<Vec<u32>> = Vec::new();
         let mut out = Vec::new();
-        for (task, plan) in list.iter().zip(plans) {
+        for (index, (task, plan)) in list.iter().zip(plans).enumerate() {
+            let start = self.trace.map(|t| t.start());
             rows.resize(task.inputs().len(), Vec::new());
             let failed = |source| {
                 Outcome::Failed(EmuError::Task {
@@ -363,6 +397,9 @@ impl CtaRun<'_> {
             } else {
                 task_fn.run(task, &views(&rows), &mut out).map_err(failed)?;
                 self.put(task, &out, |_| true);
+            }
+            if let (Some(trace), Some(start)) = (self.trace, start) {
+                trace.finish(cta, index, task, start);
             }
         }
         Ok(())

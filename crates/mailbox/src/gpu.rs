@@ -4,8 +4,9 @@
 use crate::diag::DIAG_WORDS;
 use crate::layout::{Tags, BOXES_PER_LINE};
 use crate::placement::{Placement, PlacementError, ValidPlacement};
-use crate::synth::ROW_MAX;
+use crate::synth::{SynthDag, ROW_MAX};
 use crate::task::Task;
+use crate::trace::{self, RECORD_WORDS};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
 
 /// `#include "mailbox.h"`: the header every stage's device code uses.
@@ -120,6 +121,8 @@ pub struct DeviceTable {
     pub tasks: Buffer<Task>,
     pub offsets: Buffer<u32>,
     pub ctas: u32,
+    /// Tasks of the table (`tasks` holds one unused task when there are none).
+    pub n_tasks: u32,
     /// The longest range any task writes or waits on.
     pub longest_range: u32,
 }
@@ -132,6 +135,7 @@ impl DeviceTable {
     /// Uploads a placement that was not checked: only for showing what the debug bound reports.
     pub fn upload_unchecked(dev: &Device, placement: &Placement) -> Result<Self> {
         let table = placement.table();
+        let n_tasks = table.tasks.len() as u32;
         // A buffer of no tasks cannot be allocated on every backend; one zero task is never read.
         let tasks = if table.tasks.is_empty() {
             vec![Task::default()]
@@ -147,8 +151,26 @@ impl DeviceTable {
             tasks: dev.upload(&tasks)?,
             offsets: dev.upload(&table.offsets)?,
             ctas: placement.ctas(),
+            n_tasks,
             longest_range,
         })
+    }
+
+    /// A zeroed trace buffer for launches of this table: [`RECORD_WORDS`] words per task.
+    pub fn trace_buffer(&self, dev: &Device) -> Result<Buffer<u64>> {
+        Ok(dev.alloc_zeroed(self.n_tasks.max(1) as usize * RECORD_WORDS)?)
+    }
+
+    fn check_trace(&self, trace: &Buffer<u64>) -> Result<()> {
+        let words = self.n_tasks as usize * RECORD_WORDS;
+        if trace.len() < words {
+            return Err(GpuError::Shape(format!(
+                "a trace of {} tasks needs {words} words; the buffer has {}",
+                self.n_tasks,
+                trace.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -162,6 +184,8 @@ pub struct LaunchTable {
     pub scratch: u64,
     pub epoch: u64,
     pub diag: u64,
+    /// The trace records (`mbx_launch.trace`); 0: none.
+    pub trace: u64,
     pub n_ctas: u32,
     pub launches_per_step: u32,
     pub launch_index: u32,
@@ -190,13 +214,26 @@ impl LaunchTable {
             scratch: scratch.device_ptr(),
             epoch: epoch.device_ptr(),
             diag: diag.device_ptr(),
+            trace: 0,
             n_ctas: table.ctas,
             launches_per_step: tags.launches_per_step(),
             launch_index,
             pad: 0,
         })
     }
+
+    /// The same launch writing its task records to `trace` (read only by kernels built with
+    /// [`trace::traced`]); `table` is the table this launch runs.
+    pub fn with_trace(self, table: &DeviceTable, trace: &Buffer<u64>) -> Result<Self> {
+        table.check_trace(trace)?;
+        Ok(LaunchTable {
+            trace: trace.device_ptr(),
+            ..self
+        })
+    }
 }
+
+const _: () = assert!(std::mem::size_of::<LaunchTable>() == 64);
 
 /// The synthetic persistent kernel and the step counter of its test graphs.
 pub struct SyntheticKernel {
@@ -219,15 +256,22 @@ pub struct SyntheticLaunch<'a> {
     pub out_words: u32,
     /// [`DIAG_WORDS`] words, zeroed.
     pub diag: &'a Buffer<u32>,
+    /// Where a kernel built with [`SyntheticKernel::build_traced`] writes its task records.
+    pub trace: Option<&'a Buffer<u64>>,
 }
 
 impl SyntheticKernel {
     pub fn build(dev: &Device, variant: Variant) -> Result<Self> {
-        let module = dev.build(
-            &variant
-                .apply(source(SYNTHETIC_HIP))
-                .define("MBX_SYN_ROW_MAX", ROW_MAX),
-        )?;
+        Self::build_source(dev, variant.apply(source(SYNTHETIC_HIP)))
+    }
+
+    /// The build that records every task's start and end (`MBX_TRACE=1`).
+    pub fn build_traced(dev: &Device, variant: Variant) -> Result<Self> {
+        Self::build_source(dev, trace::traced(variant.apply(source(SYNTHETIC_HIP))))
+    }
+
+    fn build_source(dev: &Device, src: KernelSource) -> Result<Self> {
+        let module = dev.build(&src.define("MBX_SYN_ROW_MAX", ROW_MAX))?;
         Ok(SyntheticKernel {
             kernel: module.kernel("mailbox_synthetic")?,
             step_counter: module.kernel("mailbox_step_counter")?,
@@ -252,6 +296,9 @@ impl SyntheticKernel {
                 "diagnostics need {DIAG_WORDS} words"
             )));
         }
+        if let Some(t) = l.trace {
+            l.table.check_trace(t)?;
+        }
         let out_slots = l.out.len() as u64 / l.out_words.max(1) as u64;
         let args = Args::new()
             .buf(&l.table.tasks)
@@ -266,7 +313,8 @@ impl SyntheticKernel {
             .buf(l.out)
             .u32(out_slots.min(u32::MAX as u64) as u32)
             .u32(l.out_words)
-            .buf(l.diag);
+            .buf(l.diag)
+            .u64(l.trace.map_or(0, |t| t.device_ptr()));
         Ok(stream.launch(
             &self.kernel,
             Launch::new(l.table.ctas, SYNTHETIC_BLOCK),
@@ -281,6 +329,82 @@ impl SyntheticKernel {
             Launch::new(1, 32),
             &Args::new().buf(step),
         )?)
+    }
+}
+
+/// A traced synthetic launch as the host reads it back.
+#[derive(Clone, Debug)]
+pub struct TracedLaunch {
+    /// [`RECORD_WORDS`] words per task of the table (`trace::decode` reads them).
+    pub trace: Vec<u64>,
+    /// The launch's output words (as [`SynthDag::outputs`] gathers them on the CPU).
+    pub outputs: Vec<u32>,
+    /// The diagnostics words (all zero unless a debug wait gave up).
+    pub diag: Vec<u32>,
+    /// The traced launch by events.
+    pub kernel_ms: f32,
+}
+
+impl SyntheticKernel {
+    /// Runs `placement` of `dag` twice as the two launches of one step on `inputs` (so the traced
+    /// second one finds the module loaded and the table in cache) and returns the second's trace.
+    /// Only a kernel from [`SyntheticKernel::build_traced`] writes the records.
+    pub fn run_traced(
+        &self,
+        dev: &Device,
+        dag: &SynthDag,
+        placement: &ValidPlacement,
+        inputs: &[u32],
+    ) -> Result<TracedLaunch> {
+        if inputs.len() < dag.input_words as usize {
+            return Err(GpuError::Shape(format!(
+                "the DAG reads {} input words; {} given",
+                dag.input_words,
+                inputs.len()
+            )));
+        }
+        let table = DeviceTable::upload(dev, placement)?;
+        let scratch = dev.alloc_zeroed::<u64>(dag.layout.boxes().max(1) as usize)?;
+        let epoch = dev.alloc_zeroed::<u32>(1)?;
+        let step = dev.alloc_zeroed::<u32>(1)?;
+        let input_buf = dev.upload(inputs)?;
+        let out_words = dag.out_words.max(1);
+        let out = dev.alloc_zeroed::<u32>(2 * out_words as usize)?;
+        let diag = dev.alloc_zeroed::<u32>(DIAG_WORDS)?;
+        let trace = table.trace_buffer(dev)?;
+        let tags = Tags::new(2).map_err(|e| GpuError::Shape(e.to_string()))?;
+        let stream = dev.new_stream()?;
+        let (t0, t1) = (dev.timer()?, dev.timer()?);
+        for index in 0..2 {
+            let launch = SyntheticLaunch {
+                table: &table,
+                scratch: &scratch,
+                epoch: &epoch,
+                tags,
+                launch_index: index,
+                inputs: &input_buf,
+                step: &step,
+                out: &out,
+                out_words,
+                diag: &diag,
+                trace: (index == 1).then_some(&trace),
+            };
+            if index == 1 {
+                t0.record(&stream)?;
+            }
+            self.launch(&stream, &launch)?;
+        }
+        t1.record(&stream)?;
+        stream.sync()?;
+        let mut outputs = out.download()?;
+        outputs.drain(..out_words as usize);
+        outputs.truncate(dag.out_words as usize);
+        Ok(TracedLaunch {
+            trace: trace.download()?,
+            outputs,
+            diag: diag.download()?,
+            kernel_ms: t0.elapsed_ms(&t1)?,
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule, gangs included.
 //! - [`protocol`], [`emulator`]: the protocol on CPU atomics and a one-thread-per-CTA emulator.
 //! - [`synth`]: synthetic tasks for exercising all of the above; [`gpu`]: the device side's host code.
+//! - [`trace`]: the per-task timeline a traced launch records, as spans, a Perfetto trace and an SVG.
 //! - `kernels/mailbox.h`: the device header every stage includes.
 
 pub mod diag;
@@ -15,6 +16,7 @@ pub mod protocol;
 pub mod stage;
 pub mod synth;
 pub mod task;
+pub mod trace;
 
 pub use diag::{Stall, DIAG_WORDS};
 pub use emulator::{EmuConfig, EmuError, Scratch, TaskFailed, TaskFn};

@@ -66,6 +66,15 @@ pub fn mix_row(salt: u32, inputs: &[&[u32]], out: &mut [u32]) {
     }
 }
 
+/// The legend name of a synthetic kind (`leaf`, `mix`), else the stage's own kind number.
+pub fn kind_name(kind: u32) -> String {
+    match kind {
+        KIND_LEAF => "leaf".to_string(),
+        KIND_MIX => "mix".to_string(),
+        other => crate::trace::kind_name(other),
+    }
+}
+
 /// The synthetic task function of one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct Synthetic<'a> {

@@ -18,6 +18,36 @@ pub enum Stage {
     Head = 6,
 }
 
+impl Stage {
+    pub const ALL: [Stage; 7] = [
+        Stage::Synthetic,
+        Stage::Indexer,
+        Stage::Select,
+        Stage::Linear,
+        Stage::Moe,
+        Stage::Mla,
+        Stage::Head,
+    ];
+
+    /// The stage of a kind word's stage bits ([`Task::stage_bits`]), if any stage has them.
+    pub fn from_bits(bits: u32) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|s| *s as u32 == bits)
+    }
+
+    /// The stage's name in traces and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Synthetic => "synthetic",
+            Stage::Indexer => "indexer",
+            Stage::Select => "select",
+            Stage::Linear => "linear",
+            Stage::Moe => "moe",
+            Stage::Mla => "mla",
+            Stage::Head => "head",
+        }
+    }
+}
+
 /// Bits of a kind that are the stage's own.
 pub const STAGE_SHIFT: u32 = 8;
 

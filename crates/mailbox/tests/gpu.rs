@@ -19,6 +19,7 @@ use mailbox::layout::{pack, tag_of, BoxRange, Tags, BOXES_PER_LINE};
 use mailbox::placement::{Limits, Placement, ValidPlacement};
 use mailbox::synth::{DagShape, SynthDag, Synthetic, KIND_LEAF, KIND_MIX};
 use mailbox::task::Task;
+use mailbox::trace::{self, decode, CycleClock, TimeBase, Timeline, TraceError};
 use mailbox::{Stall, DIAG_WORDS};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -140,6 +141,7 @@ impl Launchable {
             out: &self.out,
             out_words: self.out_words,
             diag: &self.diag,
+            trace: None,
         };
         k.launch(s, &l).unwrap();
     }
@@ -250,6 +252,96 @@ fn persistent_launch_matches_the_emulator() {
             "GPU outputs differ"
         );
     }
+}
+
+/// A traced synthetic launch over every SM (the production build, as `mono trace` runs it): every
+/// task of the table has one record naming its task and CTA, a CTA's records follow its list on
+/// both clocks from one SM, and the outputs are the oracle's. The untraced build given the same
+/// buffer writes nothing. With MAILBOX_TRACE_DIR set, the timeline's JSON and SVG land there.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_traced_launch_records_every_task_once() {
+    let _g = lock();
+    let dev = open();
+    let k = SyntheticKernel::build_traced(&dev, Variant::default()).unwrap();
+    let ctas = grid(&dev, &k);
+    let seed = 11;
+    let d = synthetic_dag(ctas, 8, 64, seed);
+    let limits = Limits {
+        max_resident: k.max_resident().unwrap(),
+        scratch_boxes: d.layout.boxes(),
+    };
+    let valid = d.place_random(ctas, seed).check(limits).unwrap();
+    let inputs = d.random_inputs(seed);
+    let run = k.run_traced(&dev, &d, &valid, &inputs).unwrap();
+    assert!(run.diag.iter().all(|&w| w == 0), "diagnostics written");
+    let task_fn = Synthetic {
+        inputs: &inputs,
+        step: 0,
+    };
+    let zero = vec![0; d.layout.boxes() as usize];
+    let oracle = evaluate_sequential(valid.placement(), &zero, 1, &task_fn).unwrap();
+    assert_eq!(run.outputs, d.outputs(&oracle), "traced outputs differ");
+
+    let table = valid.placement().table();
+    let trace = decode(&table, &run.trace).unwrap_or_else(|e| panic!("{e}"));
+    let mut orders: Vec<u32> = trace.spans.iter().map(|s| s.order).collect();
+    orders.sort_unstable();
+    assert_eq!(orders, (0..d.tasks.len() as u32).collect::<Vec<_>>());
+    for w in trace.spans.windows(2).filter(|w| w[0].cta == w[1].cta) {
+        assert!(w[0].order < w[1].order && w[0].sm == w[1].sm);
+        assert!(w[0].end_ns <= w[1].start_ns && w[0].end_cycles <= w[1].start_cycles);
+    }
+    let mut sms: Vec<u32> = trace.spans.iter().map(|s| s.sm).collect();
+    sms.sort_unstable();
+    sms.dedup();
+    let cycles: Vec<f64> = trace
+        .spans
+        .iter()
+        .map(|s| (s.end_cycles - s.start_cycles) as f64)
+        .collect();
+    let ns_ticks: Vec<u64> = trace
+        .spans
+        .iter()
+        .map(|s| s.end_ns - s.start_ns)
+        .filter(|&t| t > 0)
+        .collect();
+    let first = trace.spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
+    let last = trace.spans.iter().map(|s| s.end_ns).max().unwrap_or(0);
+    println!(
+        "traced launch: {} tasks on {ctas} CTAs over {} SMs; {:.1} us by events, {:.1} us first start to last end (ns clock); median task {:.0} cycles; smallest nonzero ns span {:?}",
+        d.tasks.len(),
+        sms.len(),
+        run.kernel_ms * 1000.0,
+        (last - first) as f64 / 1e3,
+        median(cycles),
+        ns_ticks.iter().min()
+    );
+    if let Ok(dir) = std::env::var("MAILBOX_TRACE_DIR") {
+        let base =
+            CycleClock::from_khz(dev.info().clock_khz).map_or(TimeBase::Timer, TimeBase::Cycles);
+        let t = Timeline::new(
+            &trace,
+            base,
+            "synthetic launch (GPU test)",
+            &trace::kind_name,
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(format!("{dir}/gpu-test.json"), trace::chrome::json(&t)).unwrap();
+        std::fs::write(format!("{dir}/gpu-test.svg"), trace::svg::svg(&t)).unwrap();
+    }
+
+    // The negative control: the same run on the untraced build leaves every record unwritten.
+    let plain = SyntheticKernel::build(&dev, Variant::default()).unwrap();
+    let run = plain.run_traced(&dev, &d, &valid, &inputs).unwrap();
+    assert!(
+        run.trace.iter().all(|&w| w == 0),
+        "the untraced build wrote records"
+    );
+    assert!(matches!(
+        decode(&table, &run.trace),
+        Err(TraceError::Missing { position: 0, .. })
+    ));
 }
 
 /// Expected outputs of `steps` replays of `k` launches (slot = step * k + index), on all cores.
@@ -540,6 +632,7 @@ fn run_hanging(dev: &Device, bound: DebugBound) -> Result<Vec<u32>, String> {
         out: &out,
         out_words: 1,
         diag: &diag,
+        trace: None,
     };
     k.launch(&s, &launch).map_err(|e| e.to_string())?;
     s.sync().map_err(|e| e.to_string())?;

@@ -3,6 +3,7 @@
 
 use device::{optional_compiler, Compiler};
 use mailbox::gpu::{source, DebugBound, Variant, KERNEL_FILES};
+use mailbox::trace::traced;
 
 fn variants() -> Vec<Variant> {
     let debug = |trap| {
@@ -38,6 +39,9 @@ fn compile_all(compiler: &dyn Compiler) {
         for v in variants() {
             builds.push((format!("{v:?}"), v.apply(source(file)), v.debug.is_none()));
         }
+        // The task loop's trace stamps are production code too.
+        let trace = traced(Variant::default().apply(source(file)));
+        builds.push(("traced".to_string(), trace, true));
         for (what, src, production) in builds {
             let compiled = compiler
                 .compile(&src)
