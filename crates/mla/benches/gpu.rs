@@ -4,15 +4,21 @@
 //! node, the slot stand-in and the attention launch; "attention us" is that minus the same graph
 //! without the attention launch. Beside it the floor (the distinct selected records' bytes over the
 //! copy bandwidth measured in the same run) and "copy us", a graph of one copy kernel moving those
-//! bytes (read and written once), timed the same way.
+//! bytes (read and written once), timed the same way. "launch us" is the attention kernel over
+//! task lists with no tasks on as many CTAs (the same threads and shared memory), timed as
+//! "attention us" is: what a launch costs before any task runs. "in-launch us" is the median over
+//! replays of a trace build's span, the global timer from the first task's start to the last
+//! one's end (a tick is about 1 us); after each case, the trace build's per-phase table.
 //! `cargo bench -p mla --bench gpu` on a GPU machine; prints "skipped" without one.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use device::{probes, Args, Device, Launch};
+use mla::layout::SplitChoice;
+use mla::trace::Timeline;
 use model::CacheFormat;
-use support::{kernel, shape, GpuScene, Pick, Request, Scene, PLAIN};
+use support::{choice, kernel, shape, Attend, GpuScene, Pick, Request, Scene, PLAIN};
 
 const TOPK: usize = 2048;
 const TIMED: usize = 30;
@@ -20,6 +26,26 @@ const TIMED: usize = 30;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The rows of each case and how its attention is cut: the tests' choice first, then the others
+/// measured beside it (more or fewer slots a split, fewer rows a group, a combine a row).
+fn cases() -> Vec<(usize, SplitChoice)> {
+    let c = |group_rows, block, combine_queries| SplitChoice {
+        group_rows,
+        block,
+        combine_queries,
+    };
+    vec![
+        (1, choice(8)),
+        (1, c(4, 128, 1)),
+        (1, c(4, 32, 1)),
+        (1, c(4, 64, 8)),
+        (4, choice(8)),
+        (4, c(2, 64, 1)),
+        (4, c(1, 128, 1)),
+        (4, c(4, 32, 8)),
+    ]
 }
 
 fn main() -> Result<(), support::Error> {
@@ -50,26 +76,61 @@ fn main() -> Result<(), support::Error> {
         }
         Ok(median(us[3..].to_vec()))
     };
+    let mut timelines = Vec::new();
     println!(
-        "| rows | context | distinct slots | MB | step us | attention us | floor us | copy us |"
+        "| rows | group rows, block, combine queries | context | distinct slots | MB | step us | attention us | launch us | in-launch us | floor us | copy us |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for context in [8192usize, 131_072] {
-        for rows in [1usize, 4] {
-            let scene = Scene::new(
-                shape(CacheFormat::Fp8, 8),
-                TOPK,
-                &[Request { context, rows }],
-                Pick::Random,
-                PLAIN,
-                5,
+        let mut scenes = std::collections::BTreeMap::new();
+        for (rows, choice) in cases() {
+            if !scenes.contains_key(&rows) {
+                let scene = Scene::new(
+                    shape(CacheFormat::Fp8, 8),
+                    TOPK,
+                    &[Request { context, rows }],
+                    Pick::Random,
+                    PLAIN,
+                    5,
+                )?;
+                scenes.insert(rows, scene);
+            }
+            let scene = scenes[&rows].clone().replan(choice)?;
+            let g = GpuScene::new(
+                &dev,
+                kernel(&dev, scene.shape, false, false)?,
+                &scene,
+                None,
+                None,
             )?;
-            let g = GpuScene::new(&dev, kernel(&dev, scene.shape, false)?, &scene, None, None)?;
-            let with = g.graph(&stream, TOPK as u32, true)?;
-            let without = g.graph(&stream, TOPK as u32, false)?;
+            let with = g.graph(&stream, TOPK as u32, Attend::Tasks)?;
+            let without = g.graph(&stream, TOPK as u32, Attend::No)?;
+            let empty = g.graph(&stream, TOPK as u32, Attend::Empty)?;
             let step = timed(&with)?;
             let base = timed(&without)?;
+            let launch = timed(&empty)? - base;
             let err = scene.error(&g.out.download()?);
+            let t = GpuScene::new(
+                &dev,
+                kernel(&dev, scene.shape, false, true)?,
+                &scene,
+                None,
+                None,
+            )?
+            .traced(&dev)?;
+            let traced = t.graph(&stream, TOPK as u32, Attend::Tasks)?;
+            traced.upload(&stream)?;
+            let (mut spans, mut timeline) = (Vec::new(), None);
+            for _ in 0..TIMED {
+                stream.memset(flush.device_ptr(), 1, flush.len())?;
+                traced.launch(&stream)?;
+                stream.sync()?;
+                let tl = Timeline::parse(&t.trace.as_ref().expect("traced").download()?);
+                spans.push(tl.span_ns() as f64 / 1e3);
+                timeline = Some(tl);
+            }
+            let in_launch = median(spans);
+            let traced_err = scene.error(&t.out.download()?);
             let bytes = scene.distinct_slots * scene.shape.cache.bytes_per_token();
             let words = bytes.div_ceil(16);
             let src = dev.alloc_zeroed::<[u32; 4]>(words)?;
@@ -84,14 +145,28 @@ fn main() -> Result<(), support::Error> {
             let copy_us = timed(&copy_graph)?;
             let floor = 2.0 * bytes as f64 / bw.bytes_per_s * 1e6 / 2.0;
             println!(
-                "| {rows} | {context} | {} | {:.2} | {step:.2} | {:.2} | {floor:.2} | {copy_us:.2} |  (error {err:.1e}, {} splits, {} combines)",
+                "| {rows} | {}, {}, {} | {context} | {} | {:.2} | {step:.2} | {:.2} | {launch:.2} | {in_launch:.2} | {floor:.2} | {copy_us:.2} |  (error {err:.1e}, traced {traced_err:.1e}, {} splits, {} combines)",
+                choice.group_rows,
+                choice.block,
+                choice.combine_queries,
                 scene.distinct_slots,
                 bytes as f64 / 1e6,
                 step - base,
                 scene.plan.splits(),
                 scene.plan.combines(),
             );
+            if choice == support::choice(8) {
+                timelines.push((rows, context, timeline.expect("replayed")));
+            }
         }
+    }
+    for (rows, context, tl) in timelines {
+        println!(
+            "\n{rows} rows, context {context}: the trace build's last replay, SM cycles at {} MHz; span {:.2} us",
+            dev.info().clock_khz / 1000,
+            tl.span_ns() as f64 / 1e3
+        );
+        print!("{}", tl.table(dev.info().clock_khz));
     }
     Ok(())
 }

@@ -10,6 +10,7 @@
 //   MLA_FP8      1: records of E4M3 latent + one fp32 scale a 128 + bf16 rope; 0: bf16 records
 //   MLA_UNION    most distinct slots one split holds in LDS (a multiple of 16)
 //   MLA_SMEM_BYTES  the dynamic shared memory the host gives a CTA
+//   MLA_TRACE    1: every task stamps its phases into a.trace (src/trace.rs reads them); default 0
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
@@ -24,6 +25,9 @@ static_assert(MLA_HEADS % 8 == 0, "heads fill whole 8-column MMA tiles");
 static_assert(MLA_ROPE % 16 == 0 && MLA_LATENT % 16 == 0, "widths are whole 16-element MMA steps");
 static_assert(!MLA_FP8 || MLA_LATENT % 128 == 0, "FP8 latents are whole 128-element scale tiles");
 static_assert(MLA_UNION % 16 == 0, "a split's slots fill whole 16-row MMA tiles");
+#ifndef MLA_TRACE
+#define MLA_TRACE 0
+#endif
 
 
 // Own kinds (src/layout.rs `MlaKind`).
@@ -75,6 +79,75 @@ struct mla_args {
   u32 slot_stride;       // boxes from one row's selected slots to the next
   u32 max_splits;
   u32 pad;
+  u64* trace;            // a trace build's marks: MLA_TRACE_WORDS words a task, by its global order
+};
+
+// ---- a trace build's marks (src/trace.rs) ------------------------------------------------------------
+// Per task: the global timer (ns) at its start and end, which compare across CTAs; its SM and kind;
+// then SM cycles: the whole task, and each phase's share (a phase's cycles summed over the task's
+// passes). The team's first thread stamps, so a phase ends when that thread leaves it: right
+// after a barrier for most, and for a gather when its own loads have landed.
+#define MLA_TRACE_WORDS 16u
+#define MLA_TRACE_START_NS 0u
+#define MLA_TRACE_END_NS 1u
+#define MLA_TRACE_WHO 2u
+#define MLA_TRACE_CYCLES 3u
+#define MLA_TRACE_PHASES 4u
+// Phases of a split.
+#define MLA_PH_SLOTS 0u     // its rows' slot boxes seen
+#define MLA_PH_DISTINCT 1u  // the distinct slots listed
+#define MLA_PH_WRITTEN 2u   // the cache write waited on (when the block lists a new slot)
+#define MLA_PH_KEYS 3u      // records gathered and dequantised into LDS
+#define MLA_PH_QUERIES 4u   // the queries' boxes seen and the queries in LDS
+#define MLA_PH_SCORES 5u
+#define MLA_PH_SOFTMAX 6u
+#define MLA_PH_VALUES 7u    // the weighted latents, written as the partial output
+#define MLA_PH_DONE 8u      // the release and the completion box
+// Phases of a combine.
+#define MLA_PH_WAITS 0u     // the splits' boxes seen
+#define MLA_PH_WEIGHTS 1u   // their maxima and sums read, the splits' weights
+#define MLA_PH_OUTPUT 2u    // partial outputs read and summed, the output written
+// Phases of a cache write: MLA_PH_WAITS (inputs), MLA_PH_OUTPUT (the records), MLA_PH_DONE.
+
+struct mla_trace {
+#if MLA_TRACE
+  u64* rec;
+  u64 start;
+  u64 last;
+#endif
+  template <class Team>
+  MONO_DEV mla_trace(const Team& team, const mbx_task& task, const mla_args& a) {
+#if MLA_TRACE
+    rec = team.leader() && a.trace ? a.trace + (u64)task.order * MLA_TRACE_WORDS : nullptr;
+    if (!rec) return;
+    for (u32 i = 0; i < MLA_TRACE_WORDS; ++i) rec[i] = 0;
+    rec[MLA_TRACE_START_NS] = mono_timer_ns();
+    rec[MLA_TRACE_WHO] = ((u64)mbx_own_kind(task.kind) << 32) | mono_sm_id();
+    start = last = mono_clock_cycles();
+#else
+    (void)team;
+    (void)task;
+    (void)a;
+#endif
+  }
+  MONO_DEV void mark(u32 phase) {
+#if MLA_TRACE
+    if (!rec) return;
+    const u64 now = mono_clock_cycles();
+    rec[MLA_TRACE_PHASES + phase] += now - last;
+    last = now;
+#else
+    (void)phase;
+#endif
+  }
+  MONO_DEV void end() {
+#if MLA_TRACE
+    if (!rec) return;
+    mark(MLA_PH_DONE);
+    rec[MLA_TRACE_CYCLES] = last - start;
+    rec[MLA_TRACE_END_NS] = mono_timer_ns();
+#endif
+  }
 };
 
 MONO_DEV float mla_neg_inf() { return mono_bits_f32(0xff800000u); }
@@ -118,7 +191,9 @@ MONO_DEV void mla_done(const Team& team, const mbx_task& task, const mbx_ctx& c,
 template <class Team>
 MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a) {
   const u32 first_row = task.args[0], n_rows = task.args[1];
+  mla_trace trace(team, task, a);
   if (!mla_wait_inputs(team, task, c, 0)) return false;
+  trace.mark(MLA_PH_WAITS);
   for (u32 row = first_row; row < first_row + n_rows; ++row) {
     const u16* latent = a.new_latent + (u64)row * MLA_LATENT;
     const u16* rope = a.new_rope + (u64)row * MLA_ROPE;
@@ -145,7 +220,9 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
     for (u32 i = team.thread(); i < MLA_ROPE; i += Team::size)
       ((u16*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES))[i] = rope[i];
   }
+  trace.mark(MLA_PH_OUTPUT);
   mla_done(team, task, c, 1u);
+  trace.end();
   return true;
 }
 
@@ -286,10 +363,13 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   const u32 first_row = task.args[0], n_rows = task.args[1] & 0xffu, split = task.args[1] >> 8;
   const u32 block = task.args[2];
   const mla_split_lds s = mla_split_lds_at(smem);
+  mla_trace trace(team, task, a);
   for (u32 r = 0; r < n_rows; ++r)
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
+  trace.mark(MLA_PH_SLOTS);
   const u32 n = mla_distinct(team, s, n_rows, block, (u32*)s.scores);
+  trace.mark(MLA_PH_DISTINCT);
   bool fresh = false;
   for (u32 u = team.thread(); u < n; u += Team::size)
     for (u32 r = 0; r < n_rows; ++r) fresh |= (u32)s.slots[u] == a.new_slots[first_row + r];
@@ -297,14 +377,17 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
     if (!mla_wait(team, c, task.in[1].first, task.in[1].len, nullptr)) return false;
     mbx_acquire();
   }
+  trace.mark(MLA_PH_WRITTEN);
   const u32 rows16 = (n + 15) / 16 * 16;
   mla_load_keys(team, s, a, n, rows16);
+  trace.mark(MLA_PH_KEYS);
   if (!mla_wait_inputs(team, task, c, 2)) return false;
   const u32 queries = n_rows * MLA_HEADS;
   for (u32 q0 = 0; q0 < queries; q0 += MLA_QCHUNK) {
     const u32 nq = queries - q0 < MLA_QCHUNK ? queries - q0 : MLA_QCHUNK;
     mla_load_queries(team, s, a, first_row, q0, nq);
     team.sync();
+    trace.mark(MLA_PH_QUERIES);
     // Scores in K parts: item = (key tile, query tile, K part).
     const u32 qtiles = nq / 8, items = rows16 / 16 * qtiles * MLA_KCHUNKS;
     for (u32 it = team.wave(); it < items; it += Team::waves) {
@@ -314,6 +397,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
                         MLA_KSTEPS, [&](u32 t, u32 q, float v) { dst[t * MLA_QCHUNK + q] = v; });
     }
     team.sync();
+    trace.mark(MLA_PH_SCORES);
     // Softmax of each query over its row's slots: a wave a query.
     for (u32 q = team.wave(); q < nq; q += Team::waves) {
       const u32 row_bit = 1u << ((q0 + q) / MLA_HEADS);
@@ -345,6 +429,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
       }
     }
     team.sync();
+    trace.mark(MLA_PH_SOFTMAX);
     // Weighted latents: item = (latent tile, query tile), straight to the partial output.
     const u32 vitems = MLA_LATENT / 16 * qtiles;
     for (u32 it = team.wave(); it < vitems; it += Team::waves) {
@@ -357,8 +442,10 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
                         });
     }
     team.sync();
+    trace.mark(MLA_PH_VALUES);
   }
   mla_done(team, task, c, 1u);
+  trace.end();
   return true;
 }
 
@@ -372,6 +459,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   const u32 first_row = task.args[0], n_splits = task.args[1];
   const u32 q0 = task.args[2] & 0xffffu, nq = task.args[2] >> 16;
   const u32 stride = n_splits ? task.in[0].len / n_splits : 0;
+  mla_trace trace(team, task, a);
   bool ok = true;
   for (u32 sp = team.thread(); sp < n_splits && ok; sp += Team::size) {
     u32 v;
@@ -379,6 +467,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   }
   if (!team.all(ok)) return false;
   mbx_acquire();
+  trace.mark(MLA_PH_WAITS);
   // Each split's max and sum of each query into LDS at once, then the splits' weights
   // exp(m_s - m) and the total: [nq][n_splits] weights, [nq] totals.
   float* ml = (float*)smem;
@@ -404,6 +493,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
     total[q] = l;
   }
   team.sync();
+  trace.mark(MLA_PH_WEIGHTS);
   constexpr u32 batch = 8;
   for (u32 i = team.thread(); i < nq * MLA_LATENT; i += Team::size) {
     const u32 q = i / MLA_LATENT, d = i % MLA_LATENT, query = q0 + q;
@@ -421,7 +511,9 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
     }
     a.out[((u64)row * MLA_HEADS + head) * MLA_LATENT + d] = mono_f32_to_bf16(total[q] > 0.f ? o / total[q] : 0.f);
   }
+  trace.mark(MLA_PH_OUTPUT);
   mla_done(team, task, c, 1u);
+  trace.end();
   return true;
 }
 

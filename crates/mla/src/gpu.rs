@@ -27,6 +27,17 @@ const PUBLISH_BLOCK: u32 = 256;
 
 /// The kernel source at `shape` for CTAs of `threads`, with `variant`'s mailbox choices.
 pub fn source(shape: &AttendShape, threads: u32, variant: Variant) -> KernelSource {
+    traced_source(shape, threads, variant, false)
+}
+
+/// [`source`], and with `trace` a build whose tasks stamp their phases into [`MlaArgs::trace`]
+/// (`MLA_TRACE`; [`crate::trace`] reads them).
+pub fn traced_source(
+    shape: &AttendShape,
+    threads: u32,
+    variant: Variant,
+    trace: bool,
+) -> KernelSource {
     let mut src = mailbox::gpu::source(MLA_HIP);
     for (name, text) in HEADERS {
         src = src.header(name, text);
@@ -40,6 +51,7 @@ pub fn source(shape: &AttendShape, threads: u32, variant: Variant) -> KernelSour
         .define("MLA_FP8", (shape.cache.format == CacheFormat::Fp8) as u32)
         .define("MLA_UNION", shape.union)
         .define("MLA_SMEM_BYTES", shape.lds_bytes())
+        .define("MLA_TRACE", trace as u32)
 }
 
 /// The production build for the kernel table: GLM-5 at a TP8 rank (8 heads), FP8 records.
@@ -83,6 +95,9 @@ pub struct MlaArgs {
     pub slot_stride: u32,
     pub max_splits: u32,
     pub pad: u32,
+    /// A trace build's marks, [`crate::trace::WORDS_PER_TASK`] words a task by global order (0:
+    /// none).
+    pub trace: u64,
 }
 
 /// The device buffers a launch's [`MlaArgs`] point at.
@@ -151,6 +166,7 @@ impl MlaArgs {
             slot_stride: boxes.slots.stride(),
             max_splits: plan.max_splits(),
             pad: 0,
+            trace: 0,
         })
     }
 }
@@ -166,9 +182,16 @@ pub struct MlaKernel {
 }
 
 impl MlaKernel {
-    pub fn build(dev: &Device, shape: AttendShape, threads: u32, variant: Variant) -> Result<Self> {
+    /// With `trace`, the tasks stamp their phases ([`traced_source`]).
+    pub fn build(
+        dev: &Device,
+        shape: AttendShape,
+        threads: u32,
+        variant: Variant,
+        trace: bool,
+    ) -> Result<Self> {
         let module = dev
-            .build(&source(&shape, threads, variant))
+            .build(&traced_source(&shape, threads, variant, trace))
             .map_err(|e| invalid("MLA kernel build", e.to_string()))?;
         let kernel = |name: &str| {
             module

@@ -6,11 +6,13 @@
 //!   launch's attention is cut into tasks (cache writes, splits, combines) and boxes.
 //! - [`reference`](mod@reference): the CPU reference, the oracle of the kernels.
 //! - [`gpu`]: the kernels' sources, arguments and standalone launch.
+//! - [`trace`]: a trace build's per-task phase marks, read back into a timeline.
 
 mod error;
 pub mod gpu;
 pub mod layout;
 pub mod reference;
+pub mod trace;
 
 pub use error::{MlaError, Result};
 pub use layout::{CacheLayout, HeadLayout};

@@ -1,11 +1,11 @@
 //! Builds the MLA kernels for both targets without a GPU, at the shapes the tests and benchmarks
 //! launch (GLM-5 at 8 and 64 heads a rank, FP8 and bf16 records, the debug build with bounded
-//! polls), and reports registers, spills and shared memory. With MONO_REQUIRE_COMPILERS=1 (CI) a
+//! polls, the trace build), and reports registers, spills and shared memory. With MONO_REQUIRE_COMPILERS=1 (CI) a
 //! missing compiler fails instead of skipping.
 
 use device::{Clang, Compiler, Nvrtc};
 use mailbox::gpu::{DebugBound, Variant};
-use mla::gpu::{source, CTA_THREADS};
+use mla::gpu::{traced_source, CTA_THREADS};
 use mla::layout::AttendShape;
 use mla::CacheLayout;
 use model::{CacheFormat, ModelConfig};
@@ -30,16 +30,17 @@ fn builds(compiler: &dyn Compiler) {
         }),
         ..Variant::default()
     };
-    for (format, heads, union, variant) in [
-        (CacheFormat::Fp8, 8, 128, Variant::default()),
-        (CacheFormat::Fp8, 64, 128, Variant::default()),
-        (CacheFormat::Bf16, 8, 128, Variant::default()),
-        (CacheFormat::Fp8, 8, 128, debug),
+    for (format, heads, union, variant, trace) in [
+        (CacheFormat::Fp8, 8, 128, Variant::default(), false),
+        (CacheFormat::Fp8, 64, 128, Variant::default(), false),
+        (CacheFormat::Bf16, 8, 128, Variant::default(), false),
+        (CacheFormat::Fp8, 8, 128, debug, false),
+        (CacheFormat::Fp8, 8, 128, Variant::default(), true),
     ] {
         let shape =
             AttendShape::new(CacheLayout::new(&cfg, format).unwrap(), heads, union).unwrap();
         let compiled = compiler
-            .compile(&source(&shape, CTA_THREADS, variant))
+            .compile(&traced_source(&shape, CTA_THREADS, variant, trace))
             .unwrap_or_else(|e| panic!("{e}"));
         let mut names: Vec<_> = compiled
             .resources
@@ -55,8 +56,9 @@ fn builds(compiler: &dyn Compiler) {
         );
         for r in &compiled.resources {
             eprintln!(
-                "{} {format:?} {heads} heads, {} B LDS: {r:?}",
+                "{} {format:?} {heads} heads{}, {} B LDS: {r:?}",
                 compiler.target(),
+                if trace { " (trace)" } else { "" },
                 shape.lds_bytes()
             );
         }

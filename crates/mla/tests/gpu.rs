@@ -9,7 +9,7 @@ mod support;
 use device::Device;
 use model::CacheFormat;
 use sha2::{Digest, Sha256};
-use support::{kernel, shape, Adversary, GpuScene, Pick, Request, Scene, PLAIN};
+use support::{kernel, shape, Adversary, Attend, GpuScene, Pick, Request, Scene, PLAIN};
 
 /// Largest relative L2 error of a (row, head) output against the f64 reference. The kernel rounds
 /// the keys (an FP8 latent times its scale) and the softmax weights to bf16 for the MMAs, and the
@@ -25,10 +25,10 @@ fn run(
     slots: Option<&[i32]>,
     scale: Option<f32>,
 ) -> (Vec<u16>, Vec<u8>, f64) {
-    let k = kernel(dev, scene.shape, true).unwrap();
+    let k = kernel(dev, scene.shape, true, false).unwrap();
     let g = GpuScene::new(dev, k, scene, slots, scale).unwrap();
     let stream = dev.stream();
-    g.enqueue(stream, TOPK as u32, true).unwrap();
+    g.enqueue(stream, TOPK as u32, Attend::Tasks).unwrap();
     stream.sync().unwrap();
     let diag = g.diag.download().unwrap();
     assert_eq!(diag[0], 0, "a wait gave up: {diag:?}");
@@ -177,10 +177,10 @@ fn replays_are_bitwise_equal() {
         11,
     )
     .unwrap();
-    let k = kernel(&dev, scene.shape, false).unwrap();
+    let k = kernel(&dev, scene.shape, false, false).unwrap();
     let g = GpuScene::new(&dev, k, &scene, None, None).unwrap();
     let stream = dev.new_stream().unwrap();
-    let graph = g.graph(&stream, TOPK as u32, true).unwrap();
+    let graph = g.graph(&stream, TOPK as u32, Attend::Tasks).unwrap();
     let mut digests = std::collections::BTreeSet::new();
     for _ in 0..100 {
         g.out.zero().unwrap();

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   a.slot_stride = slot_stride;
   a.max_splits = h[5];
   a.pad = 0;
+  a.trace = nullptr;
   const u32 n_slots = slots.bytes / 4;
   int status = emu_launch(1, 2 * MONO_WAVE, [&] {
     mla_publish_slots((const i32*)slots.data, n_slots, topk, scratch, slot_first, slot_stride, epoch, 1, 0);

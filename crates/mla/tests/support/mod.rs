@@ -19,6 +19,17 @@ use rand::{Rng, SeedableRng};
 
 pub type Error = Box<dyn std::error::Error>;
 
+/// What a step runs after the slots' publication.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Attend {
+    /// Nothing.
+    No,
+    /// The attention kernel over lists with no tasks, on as many CTAs: the launch's own cost.
+    Empty,
+    /// The attention tasks.
+    Tasks,
+}
+
 /// How a request's rows pick their slots.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Pick {
@@ -50,6 +61,7 @@ pub const PLAIN: Adversary = Adversary {
 };
 
 /// Host-side data of a launch and its expected results.
+#[derive(Clone)]
 pub struct Scene {
     pub shape: AttendShape,
     pub topk: usize,
@@ -70,6 +82,8 @@ pub struct Scene {
     pub scale: f32,
     /// Records of distinct slots the launch reads (for traffic figures).
     pub distinct_slots: usize,
+    /// The requests' rows, as the plan was made from them.
+    pub requests: Vec<RequestRows>,
 }
 
 fn bits(v: f32) -> u16 {
@@ -243,7 +257,14 @@ impl Scene {
             expected,
             scale,
             distinct_slots: distinct,
+            requests: requests_rows,
         })
+    }
+
+    /// The same scene cut into tasks by `choice`.
+    pub fn replan(mut self, choice: SplitChoice) -> Result<Scene, Error> {
+        self.plan = AttendPlan::new(&self.shape, self.topk as u32, &self.requests, choice)?;
+        Ok(self)
     }
 
     /// The largest relative L2 error of a (row, head) output against the reference.
@@ -274,6 +295,10 @@ pub struct GpuScene {
     pub kernel: MlaKernel,
     pub boxes: MlaBoxes,
     pub table: DeviceTable,
+    /// As many CTAs as `table`, with no tasks.
+    pub empty: DeviceTable,
+    /// A trace build's marks ([`GpuScene::traced`]).
+    pub trace: Option<Buffer<u64>>,
     pub scratch: Buffer<u64>,
     pub epoch: Buffer<u32>,
     pub diag: Buffer<u32>,
@@ -283,6 +308,8 @@ pub struct GpuScene {
     pub args: MlaArgs,
     pub tags: Tags,
     pub epoch_node: EpochNode,
+    /// Global orders of the launch (the slot stand-ins' and the tasks').
+    orders: usize,
     // Inputs the arguments point at.
     _inputs: Vec<Buffer<u16>>,
     _new_slots: Buffer<u32>,
@@ -314,6 +341,11 @@ impl GpuScene {
             },
         )?;
         let table = DeviceTable::upload_unchecked(dev, &placement)?;
+        let empty = DeviceTable::upload_unchecked(
+            dev,
+            &mailbox::placement::Placement::new(vec![Vec::new(); placement.ctas() as usize]),
+        )?;
+        let orders = scene.plan.rows as usize + tasks_len(&scene.plan);
         let scratch = dev.alloc_zeroed::<u64>(layout.boxes() as usize)?;
         let epoch = dev.alloc_zeroed::<u32>(1)?;
         let diag = dev.alloc_zeroed::<u32>(mailbox::DIAG_WORDS)?;
@@ -349,6 +381,8 @@ impl GpuScene {
             kernel,
             boxes,
             table,
+            empty,
+            trace: None,
             scratch,
             epoch,
             diag,
@@ -358,15 +392,24 @@ impl GpuScene {
             args,
             tags: Tags::new(1)?,
             epoch_node: EpochNode::build(dev, Variant::default())?,
+            orders,
             _inputs: vec![q_abs, q_pe, new_latent, new_rope],
             _new_slots: new_slots,
             _parts: (part_o, part_ml),
         })
     }
 
-    /// Enqueues one step: the epoch's advance, the slots' publication, then (with `attend`) the
-    /// attention tasks.
-    pub fn enqueue(&self, stream: &Stream, topk: u32, attend: bool) -> Result<(), Error> {
+    /// Gives the tasks a trace buffer (the kernel must be a trace build to fill it).
+    pub fn traced(mut self, dev: &Device) -> Result<GpuScene, Error> {
+        let words = self.orders * mla::trace::WORDS_PER_TASK;
+        let trace = dev.alloc_zeroed::<u64>(words)?;
+        self.args.trace = trace.device_ptr();
+        self.trace = Some(trace);
+        Ok(self)
+    }
+
+    /// Enqueues one step: the epoch's advance, the slots' publication, then what `attend` says.
+    pub fn enqueue(&self, stream: &Stream, topk: u32, attend: Attend) -> Result<(), Error> {
         self.epoch_node
             .enqueue(stream, &self.epoch, &self.scratch, self.tags)?;
         self.kernel.publish_slots(
@@ -379,30 +422,37 @@ impl GpuScene {
             self.tags,
             0,
         )?;
-        if attend {
-            let l = LaunchTable::new(
-                &self.table,
-                &self.scratch,
-                &self.epoch,
-                &self.diag,
-                self.tags,
-                0,
-            )?;
+        if attend != Attend::No {
+            let table = match attend {
+                Attend::Empty => &self.empty,
+                _ => &self.table,
+            };
+            let l = LaunchTable::new(table, &self.scratch, &self.epoch, &self.diag, self.tags, 0)?;
             self.kernel.launch(stream, &l, &self.args)?;
         }
         Ok(())
     }
 
     /// A graph of one step.
-    pub fn graph(&self, stream: &Stream, topk: u32, attend: bool) -> Result<Graph, Error> {
+    pub fn graph(&self, stream: &Stream, topk: u32, attend: Attend) -> Result<Graph, Error> {
         stream.begin_capture()?;
         self.enqueue(stream, topk, attend)?;
         Ok(stream.end_capture()?)
     }
 }
 
-/// Builds the kernel of `shape` (debug polls bounded, so a wrong wait reports instead of hanging).
-pub fn kernel(dev: &Device, shape: AttendShape, debug: bool) -> Result<MlaKernel, Error> {
+fn tasks_len(plan: &AttendPlan) -> usize {
+    (plan.groups.len() + plan.splits() as usize + plan.combines() as usize).max(1)
+}
+
+/// Builds the kernel of `shape` (debug polls bounded, so a wrong wait reports instead of hanging;
+/// `trace`: a trace build).
+pub fn kernel(
+    dev: &Device,
+    shape: AttendShape,
+    debug: bool,
+    trace: bool,
+) -> Result<MlaKernel, Error> {
     let variant = if debug {
         Variant {
             debug: Some(mailbox::gpu::DebugBound {
@@ -414,5 +464,5 @@ pub fn kernel(dev: &Device, shape: AttendShape, debug: bool) -> Result<MlaKernel
     } else {
         Variant::default()
     };
-    Ok(MlaKernel::build(dev, shape, CTA_THREADS, variant)?)
+    Ok(MlaKernel::build(dev, shape, CTA_THREADS, variant, trace)?)
 }
