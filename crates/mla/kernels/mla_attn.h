@@ -150,6 +150,10 @@ struct mla_trace {
   }
 };
 
+struct alignas(16) mla_f32x4 {
+  float x, y, z, w;
+};
+
 MONO_DEV float mla_neg_inf() { return mono_bits_f32(0xff800000u); }
 
 // Waits on boxes first..first + n, box i by the team's thread i % size; values to dst (if any).
@@ -240,7 +244,7 @@ struct mla_split_lds {
   i32* entries;  // [n_rows * block]: the rows' slots
   i32* slots;    // [MLA_UNION]: the distinct ones, in entry order
   u32* rows;     // [MLA_UNION]: bit r: row r's block lists the slot
-  u32* count;    // distinct slots
+  u32* count;    // [0] unused; [1]: the distinct slots hold a row's new one
 };
 
 MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
@@ -256,49 +260,73 @@ MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
   return s;
 }
 
-// The distinct non-negative entries in entry order, each with the rows that list it. `first`
-// (n words of LDS free until the scores are written) marks an entry's first occurrence.
+// The distinct non-negative entries in entry order, each with the rows that list it, and whether
+// one of them is a row's new slot (fresh). A thread an entry: one pass over the rows' blocks (LDS
+// reads every lane of a wave shares) finds whether an equal entry comes earlier and which rows list
+// it; first occurrences are numbered by a ballot in each wave and the waves' counts, which
+// `counts` (Team::waves words of LDS free until the scores are written) holds.
 template <class Team>
-MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, u32 n_rows, u32 block, u32* first) {
+MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 n_rows,
+                          u32 block, u32* counts, bool& fresh) {
   const u32 n = n_rows * block;
-  for (u32 i = team.thread(); i < n; i += Team::size) {
-    const i32 slot = s.entries[i];
+  if (team.leader()) s.count[1] = 0;
+  u32 base = 0;
+  for (u32 i0 = 0; i0 < n; i0 += Team::size) {
+    const u32 i = i0 + team.thread();
+    const i32 slot = i < n ? s.entries[i] : -1;
     bool is_first = slot >= 0;
-    for (u32 j = 0; j < i && is_first; ++j) is_first = s.entries[j] != slot;
-    first[i] = is_first;
+    u32 rows = 0;
+    if (is_first) {
+      for (u32 r = 0; r < n_rows; ++r) {
+        const i32* e = s.entries + r * block;
+        bool hit = false;
+#pragma unroll 4
+        for (u32 j = 0; j < block; ++j) {
+          const bool eq = e[j] == slot;
+          hit |= eq;
+          is_first &= !(eq && r * block + j < i);
+        }
+        rows |= (u32)hit << r;
+      }
+    }
+    const u64 ballot = mono_ballot(is_first);
+    if (team.lane() == 0) counts[team.wave()] = mono_popc64(ballot);
+    team.sync();
+    u32 index = base + mono_popc64(ballot & ((1ull << team.lane()) - 1ull));
+    u32 total = 0;
+    for (u32 w = 0; w < Team::waves; ++w) {
+      index += w < team.wave() ? counts[w] : 0u;
+      total += counts[w];
+    }
+    if (is_first) {
+      s.slots[index] = slot;
+      s.rows[index] = rows;
+      bool mine = false;
+      for (u32 r = 0; r < n_rows; ++r) mine |= (u32)slot == a.new_slots[first_row + r];
+      if (mine) s.count[1] = 1;
+    }
+    base += total;
+    team.sync();
   }
-  team.sync();
-  for (u32 i = team.thread(); i < n; i += Team::size) {
-    if (!first[i]) continue;
-    const i32 slot = s.entries[i];
-    u32 index = 0, rows = 0;
-    for (u32 j = 0; j < i; ++j) index += first[j];
-    for (u32 r = 0; r < n_rows; ++r)
-      for (u32 j = 0; j < block; ++j) rows |= (u32)(s.entries[r * block + j] == slot) << r;
-    s.slots[index] = slot;
-    s.rows[index] = rows;
-  }
-  if (team.leader()) {
-    u32 distinct = 0;
-    for (u32 i = 0; i < n; ++i) distinct += first[i];
-    *s.count = distinct;
-  }
-  team.sync();
-  return *s.count;
+  fresh = s.count[1] != 0;
+  return base;
 }
 
 // Records of the distinct slots into LDS as bf16 rows (FP8 latents times their tile's scale, as the
 // cache reads back), rows up to the next 16 zero (an MMA over them must read numbers; a zero FP8
 // scale makes the zero codes zero).
-template <class Team>
-MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_args& a, u32 n, u32 rows16) {
+// `between()` runs on every thread once the first batch's loads are in flight (the queries' wait
+// and loads, so that their round trip overlaps the records').
+template <class Team, class Between>
+MONO_DEV bool mla_load_keys(const Team& team, const mla_split_lds& s, const mla_args& a, u32 n, u32 rows16,
+                            Between between) {
   constexpr u32 latent_chunks = MLA_LATENT_BYTES / 16, rope_chunks = MLA_ROPE * 2 / 16;
   constexpr u32 chunks = latent_chunks + rope_chunks;
   // `batch` pieces a thread in flight before the first is used: a gather is a round trip
   // to memory, and one at a time would cost one each.
   constexpr u32 batch = 8;
   const u32 total = rows16 * chunks;
-  for (u32 base = team.thread(); base < total; base += batch * Team::size) {
+  for (u32 base = team.thread(), pass = 0; pass == 0 || base < total; base += batch * Team::size, ++pass) {
     mono_u32x4 v[batch];
     float scale[batch];
 #pragma unroll
@@ -317,6 +345,7 @@ MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_
 #endif
       }
     }
+    if (pass == 0 && !between()) return false;
 #pragma unroll
     for (u32 b = 0; b < batch; ++b) {
       const u32 i = base + b * Team::size, u = i / chunks, j = i % chunks;
@@ -333,8 +362,8 @@ MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_
         float f0, f1, f2, f3;
         mla_e4m3x2_to_f32(words[w], f0, f1);
         mla_e4m3x2_to_f32(words[w] >> 16, f2, f3);
-        packed[2 * w] = (u32)mono_f32_to_bf16(f0 * scale[b]) | ((u32)mono_f32_to_bf16(f1 * scale[b]) << 16);
-        packed[2 * w + 1] = (u32)mono_f32_to_bf16(f2 * scale[b]) | ((u32)mono_f32_to_bf16(f3 * scale[b]) << 16);
+        packed[2 * w] = mla_bf16x2(f0 * scale[b], f1 * scale[b]);
+        packed[2 * w + 1] = mla_bf16x2(f2 * scale[b], f3 * scale[b]);
       }
       *(mono_u32x4*)(dst + j * 16) = mono_u32x4{packed[0], packed[1], packed[2], packed[3]};
       *(mono_u32x4*)(dst + j * 16 + 8) = mono_u32x4{packed[4], packed[5], packed[6], packed[7]};
@@ -343,6 +372,7 @@ MONO_DEV void mla_load_keys(const Team& team, const mla_split_lds& s, const mla_
 #endif
     }
   }
+  return true;
 }
 
 // Queries q0 .. q0 + nq of the group (query q: row q / heads, head q % heads) into LDS.
@@ -368,24 +398,26 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
   trace.mark(MLA_PH_SLOTS);
-  const u32 n = mla_distinct(team, s, n_rows, block, (u32*)s.scores);
-  trace.mark(MLA_PH_DISTINCT);
   bool fresh = false;
-  for (u32 u = team.thread(); u < n; u += Team::size)
-    for (u32 r = 0; r < n_rows; ++r) fresh |= (u32)s.slots[u] == a.new_slots[first_row + r];
-  if (task.n_inputs > 1 && !team.all(!fresh)) {
+  const u32 n = mla_distinct(team, s, a, first_row, n_rows, block, (u32*)s.scores, fresh);
+  trace.mark(MLA_PH_DISTINCT);
+  if (task.n_inputs > 1 && fresh) {
     if (!mla_wait(team, c, task.in[1].first, task.in[1].len, nullptr)) return false;
     mbx_acquire();
   }
   trace.mark(MLA_PH_WRITTEN);
   const u32 rows16 = (n + 15) / 16 * 16;
-  mla_load_keys(team, s, a, n, rows16);
-  trace.mark(MLA_PH_KEYS);
-  if (!mla_wait_inputs(team, task, c, 2)) return false;
   const u32 queries = n_rows * MLA_HEADS;
+  const bool loaded = mla_load_keys(team, s, a, n, rows16, [&] {
+    if (!mla_wait_inputs(team, task, c, 2)) return false;
+    mla_load_queries(team, s, a, first_row, 0, queries < MLA_QCHUNK ? queries : MLA_QCHUNK);
+    return true;
+  });
+  if (!loaded) return false;
+  trace.mark(MLA_PH_KEYS);
   for (u32 q0 = 0; q0 < queries; q0 += MLA_QCHUNK) {
     const u32 nq = queries - q0 < MLA_QCHUNK ? queries - q0 : MLA_QCHUNK;
-    mla_load_queries(team, s, a, first_row, q0, nq);
+    if (q0 > 0) mla_load_queries(team, s, a, first_row, q0, nq);
     team.sync();
     trace.mark(MLA_PH_QUERIES);
     // Scores in K parts: item = (key tile, query tile, K part).
@@ -468,48 +500,93 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   if (!team.all(ok)) return false;
   mbx_acquire();
   trace.mark(MLA_PH_WAITS);
-  // Each split's max and sum of each query into LDS at once, then the splits' weights
-  // exp(m_s - m) and the total: [nq][n_splits] weights, [nq] totals.
-  float* ml = (float*)smem;
-  float* weight = ml + 2 * nq * n_splits;
-  float* total = weight + nq * n_splits;
-  for (u32 i = team.thread(); i < nq * n_splits; i += Team::size) {
-    const u32 query = q0 + i / n_splits, sp = i % n_splits;
-    const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
-    const float* at = a.part_ml + (((u64)row * a.max_splits + sp) * MLA_HEADS + head) * 2;
-    ml[2 * i] = at[0];
-    ml[2 * i + 1] = at[1];
-  }
-  team.sync();
-  for (u32 q = team.thread(); q < nq; q += Team::size) {
-    float m = mla_neg_inf(), l = 0.f;
-    for (u32 sp = 0; sp < n_splits; ++sp) m = mono_fmaxf(m, ml[2 * (q * n_splits + sp)]);
-    for (u32 sp = 0; sp < n_splits; ++sp) {
-      const float ms = ml[2 * (q * n_splits + sp)];
-      const float w = ms == mla_neg_inf() ? 0.f : mono_expf(ms - m);
-      weight[q * n_splits + sp] = w;
-      l += w * ml[2 * (q * n_splits + sp) + 1];
-    }
-    total[q] = l;
-  }
-  team.sync();
-  trace.mark(MLA_PH_WEIGHTS);
+  // A thread a (query, 4 latent columns, group of splits): the first batch of its partial outputs
+  // is in flight while a wave a query turns the splits' maxima and sums into weights
+  // exp(m_s - m) and a total in LDS. Each group sums its splits in order, then the groups are added
+  // in order: every replay gives the same bits.
+  constexpr u32 cols = MLA_LATENT / 4;
+  constexpr u32 groups = Team::size >= 2 * cols ? (Team::size / cols < 4 ? Team::size / cols : 4) : 1;
+  constexpr u32 per_pass = groups == 1 ? Team::size : Team::size / (cols * groups) * cols * groups;
   constexpr u32 batch = 8;
-  for (u32 i = team.thread(); i < nq * MLA_LATENT; i += Team::size) {
-    const u32 q = i / MLA_LATENT, d = i % MLA_LATENT, query = q0 + q;
+  float* weight = (float*)(smem + Team::size * 16);
+  float* total = weight + nq * n_splits;
+  mla_f32x4* sums = (mla_f32x4*)smem;
+  const u32 per_group = (n_splits + groups - 1) / groups;
+  const u64 split_step = (u64)MLA_HEADS * MLA_LATENT / 4;
+  for (u32 p0 = 0; p0 < nq * cols * groups; p0 += per_pass) {
+    const u32 item = p0 + team.thread(), col = item % cols, g = item / cols % groups, q = item / cols / groups;
+    const bool mine = team.thread() < per_pass && q < nq;
+    const u32 query = q0 + (mine ? q : 0u);
     const u32 row = first_row + query / MLA_HEADS, head = query % MLA_HEADS;
-    const float* part = a.part_o + ((u64)row * a.max_splits * MLA_HEADS + head) * MLA_LATENT + d;
-    const u64 split_step = (u64)MLA_HEADS * MLA_LATENT;
-    float o = 0.f;
-    for (u32 sp0 = 0; sp0 < n_splits; sp0 += batch) {
-      float v[batch];
+    const mla_f32x4* part =
+        (const mla_f32x4*)a.part_o + ((u64)row * a.max_splits * MLA_HEADS + head) * (MLA_LATENT / 4) + col;
+    const u32 sp_begin = g * per_group, sp_end = sp_begin + per_group < n_splits ? sp_begin + per_group : n_splits;
+    mla_f32x4 v[batch];
 #pragma unroll
-      for (u32 b = 0; b < batch; ++b) v[b] = sp0 + b < n_splits ? part[(sp0 + b) * split_step] : 0.f;
-#pragma unroll
-      for (u32 b = 0; b < batch; ++b)
-        if (sp0 + b < n_splits) o += weight[q * n_splits + sp0 + b] * v[b];
+    for (u32 b = 0; b < batch; ++b)
+      if (mine && sp_begin + b < sp_end) v[b] = part[(sp_begin + b) * split_step];
+    if (p0 == 0) {
+      for (u32 wq = team.wave(); wq < nq; wq += Team::waves) {
+        const u32 wquery = q0 + wq;
+        const u32 wrow = first_row + wquery / MLA_HEADS, whead = wquery % MLA_HEADS;
+        float m = mla_neg_inf();
+        for (u32 sp = team.lane(); sp < n_splits; sp += MONO_WAVE) {
+          const float* at = a.part_ml + (((u64)wrow * a.max_splits + sp) * MLA_HEADS + whead) * 2;
+          const float ms = at[0];
+          weight[wq * n_splits + sp] = ms;
+          m = mono_fmaxf(m, ms);
+        }
+        m = mono_wave_max(m);
+        float l = 0.f;
+        for (u32 sp = team.lane(); sp < n_splits; sp += MONO_WAVE) {
+          const float* at = a.part_ml + (((u64)wrow * a.max_splits + sp) * MLA_HEADS + whead) * 2;
+          const float ms = weight[wq * n_splits + sp];
+          const float w = ms == mla_neg_inf() ? 0.f : mono_expf(ms - m);
+          weight[wq * n_splits + sp] = w;
+          l += w * at[1];
+        }
+        l = mono_wave_sum(l);
+        if (team.lane() == 0) total[wq] = l;
+      }
+      team.sync();
+      trace.mark(MLA_PH_WEIGHTS);
     }
-    a.out[((u64)row * MLA_HEADS + head) * MLA_LATENT + d] = mono_f32_to_bf16(total[q] > 0.f ? o / total[q] : 0.f);
+    mla_f32x4 o = {0.f, 0.f, 0.f, 0.f};
+    for (u32 sp0 = sp_begin; mine && sp0 < sp_end; sp0 += batch) {
+      if (sp0 != sp_begin) {
+#pragma unroll
+        for (u32 b = 0; b < batch; ++b)
+          if (sp0 + b < sp_end) v[b] = part[(sp0 + b) * split_step];
+      }
+#pragma unroll
+      for (u32 b = 0; b < batch; ++b) {
+        if (sp0 + b >= sp_end) continue;
+        const float w = weight[q * n_splits + sp0 + b];
+        o.x += w * v[b].x;
+        o.y += w * v[b].y;
+        o.z += w * v[b].z;
+        o.w += w * v[b].w;
+      }
+    }
+    if (team.thread() < per_pass) sums[team.thread()] = o;
+    team.sync();
+    if (mine && g == 0) {
+      mla_f32x4 t = o;
+      for (u32 k = 1; k < groups; ++k) {
+        const mla_f32x4 u = sums[team.thread() + k * cols];
+        t.x += u.x;
+        t.y += u.y;
+        t.z += u.z;
+        t.w += u.w;
+      }
+      const float l = total[q];
+      const u32 lo = (u32)mono_f32_to_bf16(l > 0.f ? t.x / l : 0.f) | ((u32)mono_f32_to_bf16(l > 0.f ? t.y / l : 0.f) << 16);
+      const u32 hi = (u32)mono_f32_to_bf16(l > 0.f ? t.z / l : 0.f) | ((u32)mono_f32_to_bf16(l > 0.f ? t.w / l : 0.f) << 16);
+      u32* dst = (u32*)(a.out + ((u64)row * MLA_HEADS + head) * MLA_LATENT + col * 4);
+      dst[0] = lo;
+      dst[1] = hi;
+    }
+    team.sync();
   }
   trace.mark(MLA_PH_OUTPUT);
   mla_done(team, task, c, 1u);

@@ -95,6 +95,17 @@ MONO_DEV void mla_tile_cols_dot(u32 lane, const u16* v, u32 v_stride, const u16*
 #endif
 }
 
+// Two floats rounded to bf16 (nearest even), lo in the low half.
+MONO_DEV u32 mla_bf16x2(float lo, float hi) {
+#if MONO_NVIDIA
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (u32)mono_f32_to_bf16(lo) | ((u32)mono_f32_to_bf16(hi) << 16);
+#endif
+}
+
 // Two E4M3 codes (low byte first) as floats; exact on every path.
 MONO_DEV void mla_e4m3x2_to_f32(u32 pair, float& lo, float& hi) {
 #if MONO_NVIDIA

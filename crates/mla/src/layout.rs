@@ -165,6 +165,8 @@ impl MlaKind {
 /// (`MLA_KCHUNKS`).
 pub const QUERY_CHUNK: usize = 16;
 pub const K_PARTS: usize = 3;
+/// LDS a combine keeps for its threads' sums (16 bytes each of up to 512 threads).
+const COMBINE_SUM_BYTES: usize = 512 * 16;
 /// Most rows one split or combine serves: a distinct slot's rows are bits of one word, and a task
 /// holds its rows' slot range in one input.
 pub const MAX_GROUP_ROWS: u32 = 32;
@@ -329,7 +331,10 @@ impl AttendPlan {
             }
         }
         let max_splits = groups.iter().map(|g| g.splits).max().unwrap_or(0) as usize;
-        if choice.combine_queries as usize * max_splits * 16 > shape.lds_bytes() {
+        // A combine's LDS: each (query, split)'s weight, and a 16-byte sum a thread of the CTA.
+        if choice.combine_queries as usize * (max_splits + 1) * 4 + COMBINE_SUM_BYTES
+            > shape.lds_bytes()
+        {
             return Err(invalid(
                 "MLA attention plan",
                 format!(
