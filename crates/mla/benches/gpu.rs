@@ -84,16 +84,15 @@ fn main() -> Result<(), support::Error> {
     for context in [8192usize, 131_072] {
         let mut scenes = std::collections::BTreeMap::new();
         for (rows, choice) in cases() {
-            if !scenes.contains_key(&rows) {
-                let scene = Scene::new(
+            if let std::collections::btree_map::Entry::Vacant(slot) = scenes.entry(rows) {
+                slot.insert(Scene::new(
                     shape(CacheFormat::Fp8, 8),
                     TOPK,
                     &[Request { context, rows }],
                     Pick::Random,
                     PLAIN,
                     5,
-                )?;
-                scenes.insert(rows, scene);
+                )?);
             }
             let scene = scenes[&rows].clone().replan(choice)?;
             let g = GpuScene::new(

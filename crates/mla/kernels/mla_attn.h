@@ -51,12 +51,15 @@ static_assert(MLA_RECORD % 16 == 0, "records are read in 16-byte pieces");
 static_assert((MLA_QK / 16) % MLA_KCHUNKS == 0, "the K parts are whole MMA steps");
 #define MLA_KSTEPS (MLA_QK / 16 / MLA_KCHUNKS)
 #define MLA_PROW (MLA_UNION + 8u)
+// A query's scores are a row of slots, one word longer than the union so that the MMA tiles'
+// stores (a slot a lane group, queries across it) do not meet in one bank.
+#define MLA_SROW (MLA_UNION + 1u)
 
 // LDS of a split, in bytes from the task's base (src/layout.rs `split_lds_bytes`).
 #define MLA_LDS_KEYS 0u
 #define MLA_LDS_QUERY (MLA_LDS_KEYS + MLA_UNION * MLA_ROW * 2u)
 #define MLA_LDS_SCORES (MLA_LDS_QUERY + MLA_QCHUNK * MLA_ROW * 2u)
-#define MLA_LDS_PROBS (MLA_LDS_SCORES + MLA_KCHUNKS * MLA_UNION * MLA_QCHUNK * 4u)
+#define MLA_LDS_PROBS (MLA_LDS_SCORES + MLA_KCHUNKS * MLA_QCHUNK * MLA_SROW * 4u)
 #define MLA_LDS_ENTRIES (MLA_LDS_PROBS + MLA_QCHUNK * MLA_PROW * 2u)
 #define MLA_LDS_UNION (MLA_LDS_ENTRIES + MLA_UNION * 4u)
 #define MLA_LDS_MASK (MLA_LDS_UNION + MLA_UNION * 4u)
@@ -198,31 +201,36 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
   mla_trace trace(team, task, a);
   if (!mla_wait_inputs(team, task, c, 0)) return false;
   trace.mark(MLA_PH_WAITS);
-  for (u32 row = first_row; row < first_row + n_rows; ++row) {
-    const u16* latent = a.new_latent + (u64)row * MLA_LATENT;
-    const u16* rope = a.new_rope + (u64)row * MLA_ROPE;
-    u8* rec = a.cache + (u64)a.new_slots[row] * MLA_RECORD;
+  // A wave a (row, 128-element tile): the rows' tiles all at once.
 #if MLA_FP8
-    constexpr u32 per_lane = MLA_TILE / MONO_WAVE;
-    for (u32 tile = team.wave(); tile < MLA_TILES; tile += Team::waves) {
-      float v[per_lane];
-      float amax = 0.f;
-      for (u32 j = 0; j < per_lane; ++j) {
-        v[j] = mono_bf16_to_f32(latent[tile * MLA_TILE + team.lane() * per_lane + j]);
-        amax = mono_fmaxf(amax, v[j] < 0.f ? -v[j] : v[j]);
-      }
-      amax = mono_wave_max(amax);
-      const float scale = mono_fmaxf(amax / 448.f, mono_bits_f32(0x00800000u));
-      for (u32 j = 0; j < per_lane; ++j)
-        rec[tile * MLA_TILE + team.lane() * per_lane + j] =
-            mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[j] / scale, -448.f), 448.f));
-      if (team.lane() == 0) *(float*)(rec + MLA_LATENT + 4 * tile) = scale;
+  constexpr u32 per_lane = MLA_TILE / MONO_WAVE;
+  for (u32 item = team.wave(); item < n_rows * MLA_TILES; item += Team::waves) {
+    const u32 row = first_row + item / MLA_TILES, tile = item % MLA_TILES;
+    const u16* latent = a.new_latent + (u64)row * MLA_LATENT;
+    u8* rec = a.cache + (u64)a.new_slots[row] * MLA_RECORD;
+    float v[per_lane];
+    float amax = 0.f;
+    for (u32 j = 0; j < per_lane; ++j) {
+      v[j] = mono_bf16_to_f32(latent[tile * MLA_TILE + team.lane() * per_lane + j]);
+      amax = mono_fmaxf(amax, v[j] < 0.f ? -v[j] : v[j]);
     }
+    amax = mono_wave_max(amax);
+    const float scale = mono_fmaxf(amax / 448.f, mono_bits_f32(0x00800000u));
+    for (u32 j = 0; j < per_lane; ++j)
+      rec[tile * MLA_TILE + team.lane() * per_lane + j] =
+          mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[j] / scale, -448.f), 448.f));
+    if (team.lane() == 0) *(float*)(rec + MLA_LATENT + 4 * tile) = scale;
+  }
 #else
-    for (u32 i = team.thread(); i < MLA_LATENT; i += Team::size) ((u16*)rec)[i] = latent[i];
+  for (u32 i = team.thread(); i < n_rows * MLA_LATENT; i += Team::size) {
+    const u32 row = first_row + i / MLA_LATENT;
+    ((u16*)(a.cache + (u64)a.new_slots[row] * MLA_RECORD))[i % MLA_LATENT] = a.new_latent[(u64)row * MLA_LATENT + i % MLA_LATENT];
+  }
 #endif
-    for (u32 i = team.thread(); i < MLA_ROPE; i += Team::size)
-      ((u16*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES))[i] = rope[i];
+  for (u32 i = team.thread(); i < n_rows * MLA_ROPE; i += Team::size) {
+    const u32 row = first_row + i / MLA_ROPE;
+    u8* rec = a.cache + (u64)a.new_slots[row] * MLA_RECORD;
+    ((u16*)(rec + MLA_LATENT_BYTES + MLA_SCALE_BYTES))[i % MLA_ROPE] = a.new_rope[(u64)row * MLA_ROPE + i % MLA_ROPE];
   }
   trace.mark(MLA_PH_OUTPUT);
   mla_done(team, task, c, 1u);
@@ -239,7 +247,7 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
 struct mla_split_lds {
   u16* keys;     // [MLA_UNION][MLA_ROW] bf16: the distinct slots' latent ‖ rope, dequantised
   u16* query;    // [MLA_QCHUNK][MLA_ROW] bf16: q_abs ‖ q_pe of a pass's queries
-  float* scores; // [MLA_KCHUNKS][MLA_UNION][MLA_QCHUNK]: the K parts of the scores
+  float* scores; // [MLA_KCHUNKS][MLA_QCHUNK][MLA_SROW]: the K parts of the scores
   u16* probs;    // [MLA_QCHUNK][MLA_PROW] bf16: exp(score - max)
   i32* entries;  // [n_rows * block]: the rows' slots
   i32* slots;    // [MLA_UNION]: the distinct ones, in entry order
@@ -424,9 +432,9 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
     const u32 qtiles = nq / 8, items = rows16 / 16 * qtiles * MLA_KCHUNKS;
     for (u32 it = team.wave(); it < items; it += Team::waves) {
       const u32 part = it % MLA_KCHUNKS, qt = it / MLA_KCHUNKS % qtiles, kt = it / MLA_KCHUNKS / qtiles;
-      float* dst = s.scores + (part * MLA_UNION + kt * 16) * MLA_QCHUNK + qt * 8;
+      float* dst = s.scores + (part * MLA_QCHUNK + qt * 8) * MLA_SROW + kt * 16;
       mla_tile_rows_dot(team.lane(), s.keys, MLA_ROW, s.query, MLA_ROW, kt * 16, qt * 8, part * MLA_KSTEPS * 16,
-                        MLA_KSTEPS, [&](u32 t, u32 q, float v) { dst[t * MLA_QCHUNK + q] = v; });
+                        MLA_KSTEPS, [&](u32 t, u32 q, float v) { dst[q * MLA_SROW + t] = v; });
     }
     team.sync();
     trace.mark(MLA_PH_SCORES);
@@ -437,7 +445,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
       for (u32 t = team.lane(); t < n; t += MONO_WAVE) {
         if (!(s.rows[t] & row_bit)) continue;
         float sum = 0.f;
-        for (u32 p = 0; p < MLA_KCHUNKS; ++p) sum += s.scores[(p * MLA_UNION + t) * MLA_QCHUNK + q];
+        for (u32 p = 0; p < MLA_KCHUNKS; ++p) sum += s.scores[(p * MLA_QCHUNK + q) * MLA_SROW + t];
         m = mono_fmaxf(m, sum * a.scale);
       }
       m = mono_wave_max(m);
@@ -446,7 +454,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
         u16 p = 0;
         if (t < n && (s.rows[t] & row_bit)) {
           float sum = 0.f;
-          for (u32 k = 0; k < MLA_KCHUNKS; ++k) sum += s.scores[(k * MLA_UNION + t) * MLA_QCHUNK + q];
+          for (u32 k = 0; k < MLA_KCHUNKS; ++k) sum += s.scores[(k * MLA_QCHUNK + q) * MLA_SROW + t];
           p = mono_f32_to_bf16(mono_expf(sum * a.scale - m));
           l += mono_bf16_to_f32(p);
         }

@@ -223,7 +223,7 @@ impl AttendShape {
         let row = self.cache.latent + self.cache.rope + 8;
         let keys = self.union * row * 2;
         let query = QUERY_CHUNK * row * 2;
-        let scores = K_PARTS * self.union * QUERY_CHUNK * 4;
+        let scores = K_PARTS * QUERY_CHUNK * (self.union + 1) * 4;
         let probs = QUERY_CHUNK * (self.union + 8) * 2;
         keys + query + scores + probs + 3 * self.union * 4 + 16
     }

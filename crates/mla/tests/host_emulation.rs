@@ -224,7 +224,12 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         ("2 requests", vec![req(40, 1), req(300, 4)], random, PLAIN),
         ("-1 padded slots", vec![req(90, 2)], random, PLAIN),
         ("score outlier 1e4", vec![req(400, 2)], random, outlier),
-        ("every slot the same position", vec![req(300, 2)], Pick::SamePosition, PLAIN),
+        (
+            "every slot the same position",
+            vec![req(300, 2)],
+            Pick::SamePosition,
+            PLAIN,
+        ),
     ];
     let mut failures = Vec::new();
     let builds = builds();
