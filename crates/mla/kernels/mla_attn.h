@@ -438,24 +438,34 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
     }
     team.sync();
     trace.mark(MLA_PH_SCORES);
-    // Softmax of each query over its row's slots: a wave a query.
+    // Softmax of each query over its row's slots: a wave a query, a lane's scores kept in
+    // registers between the max and the weights.
+    constexpr u32 per_lane = (MLA_UNION + MONO_WAVE - 1) / MONO_WAVE;
     for (u32 q = team.wave(); q < nq; q += Team::waves) {
       const u32 row_bit = 1u << ((q0 + q) / MLA_HEADS);
       float m = mla_neg_inf();
-      for (u32 t = team.lane(); t < n; t += MONO_WAVE) {
-        if (!(s.rows[t] & row_bit)) continue;
+      float score[per_lane];
+      u32 listed = 0;
+#pragma unroll
+      for (u32 k = 0; k < per_lane; ++k) {
+        const u32 t = team.lane() + k * MONO_WAVE;
+        score[k] = 0.f;
+        if (t >= n || !(s.rows[t] & row_bit)) continue;
         float sum = 0.f;
         for (u32 p = 0; p < MLA_KCHUNKS; ++p) sum += s.scores[(p * MLA_QCHUNK + q) * MLA_SROW + t];
-        m = mono_fmaxf(m, sum * a.scale);
+        score[k] = sum * a.scale;
+        listed |= 1u << k;
+        m = mono_fmaxf(m, score[k]);
       }
       m = mono_wave_max(m);
       float l = 0.f;
-      for (u32 t = team.lane(); t < rows16; t += MONO_WAVE) {
+#pragma unroll
+      for (u32 k = 0; k < per_lane; ++k) {
+        const u32 t = team.lane() + k * MONO_WAVE;
+        if (t >= rows16) continue;
         u16 p = 0;
-        if (t < n && (s.rows[t] & row_bit)) {
-          float sum = 0.f;
-          for (u32 k = 0; k < MLA_KCHUNKS; ++k) sum += s.scores[(k * MLA_QCHUNK + q) * MLA_SROW + t];
-          p = mono_f32_to_bf16(mono_expf(sum * a.scale - m));
+        if (listed & (1u << k)) {
+          p = mono_f32_to_bf16(mono_expf(score[k] - m));
           l += mono_bf16_to_f32(p);
         }
         s.probs[q * MLA_PROW + t] = p;
