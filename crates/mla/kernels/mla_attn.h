@@ -63,7 +63,8 @@ static_assert((MLA_QK / 16) % MLA_KCHUNKS == 0, "the K parts are whole MMA steps
 #define MLA_LDS_ENTRIES (MLA_LDS_PROBS + MLA_QCHUNK * MLA_PROW * 2u)
 #define MLA_LDS_UNION (MLA_LDS_ENTRIES + MLA_UNION * 4u)
 #define MLA_LDS_MASK (MLA_LDS_UNION + MLA_UNION * 4u)
-#define MLA_LDS_COUNT (MLA_LDS_MASK + MLA_UNION * 4u)
+#define MLA_LDS_FRESH (MLA_LDS_MASK + MLA_UNION * 4u)
+#define MLA_LDS_COUNT (MLA_LDS_FRESH + MLA_UNION * 4u)
 #define MLA_LDS_BYTES (MLA_LDS_COUNT + 16u)
 static_assert(MLA_LDS_BYTES <= MLA_SMEM_BYTES, "the split's LDS exceeds the CTA's dynamic shared memory");
 
@@ -191,6 +192,24 @@ MONO_DEV void mla_done(const Team& team, const mbx_task& task, const mbx_ctx& c,
 }
 
 // ---- the cache write ------------------------------------------------------------------------------
+#if MLA_FP8
+#define MLA_TILE_LANE (MLA_TILE / MONO_WAVE)
+// A wave's share of one 128-element tile of a new latent (bf16): lane l's MLA_TILE_LANE codes from
+// element l * MLA_TILE_LANE, and the tile's scale, as MlaCache::push makes them. Every lane.
+MONO_DEV float mla_quantise_tile(u32 lane, const u16* tile, u8 (&codes)[MLA_TILE_LANE]) {
+  float v[MLA_TILE_LANE];
+  float amax = 0.f;
+  for (u32 j = 0; j < MLA_TILE_LANE; ++j) {
+    v[j] = mono_bf16_to_f32(tile[lane * MLA_TILE_LANE + j]);
+    amax = mono_fmaxf(amax, v[j] < 0.f ? -v[j] : v[j]);
+  }
+  amax = mono_wave_max(amax);
+  const float scale = mono_fmaxf(amax / 448.f, mono_bits_f32(0x00800000u));
+  for (u32 j = 0; j < MLA_TILE_LANE; ++j) codes[j] = mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[j] / scale, -448.f), 448.f));
+  return scale;
+}
+#endif
+
 // args: [first_row, n_rows]. Writes each row's new latent and rope key into the record of
 // a.new_slots[row], as crates/mla/src/reference/cache.rs MlaCache::push does: in FP8 each
 // 128-element tile gets the scale amax / 448 (at least the smallest normal float) and codes of
@@ -203,22 +222,12 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
   trace.mark(MLA_PH_WAITS);
   // A wave a (row, 128-element tile): the rows' tiles all at once.
 #if MLA_FP8
-  constexpr u32 per_lane = MLA_TILE / MONO_WAVE;
   for (u32 item = team.wave(); item < n_rows * MLA_TILES; item += Team::waves) {
     const u32 row = first_row + item / MLA_TILES, tile = item % MLA_TILES;
-    const u16* latent = a.new_latent + (u64)row * MLA_LATENT;
     u8* rec = a.cache + (u64)a.new_slots[row] * MLA_RECORD;
-    float v[per_lane];
-    float amax = 0.f;
-    for (u32 j = 0; j < per_lane; ++j) {
-      v[j] = mono_bf16_to_f32(latent[tile * MLA_TILE + team.lane() * per_lane + j]);
-      amax = mono_fmaxf(amax, v[j] < 0.f ? -v[j] : v[j]);
-    }
-    amax = mono_wave_max(amax);
-    const float scale = mono_fmaxf(amax / 448.f, mono_bits_f32(0x00800000u));
-    for (u32 j = 0; j < per_lane; ++j)
-      rec[tile * MLA_TILE + team.lane() * per_lane + j] =
-          mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v[j] / scale, -448.f), 448.f));
+    u8 codes[MLA_TILE_LANE];
+    const float scale = mla_quantise_tile(team.lane(), a.new_latent + (u64)row * MLA_LATENT + tile * MLA_TILE, codes);
+    for (u32 j = 0; j < MLA_TILE_LANE; ++j) rec[tile * MLA_TILE + team.lane() * MLA_TILE_LANE + j] = codes[j];
     if (team.lane() == 0) *(float*)(rec + MLA_LATENT + 4 * tile) = scale;
   }
 #else
@@ -241,8 +250,9 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
 // ---- a split ----------------------------------------------------------------------------------------
 // args: [first_row, n_rows | split << 8, block]. in[0]: the selected slots of rows first_row ..
 // first_row + n_rows, a.slot_stride boxes a row; the split reads entries split * block ..
-// (split + 1) * block of each. in[1]: the group's cache write, waited on only when the block lists
-// one of the rows' new slots; in[2..]: completion boxes of the queries. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
+// (split + 1) * block of each. in[1..]: completion boxes of what the launch produces for it (the
+// queries, the new latents and rope keys), waited on once the first records are in flight. A row's
+// new token is made from the new latent (mla_fresh_keys), never read back from the cache. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
 // most of them); a query attends only to the slots in its own row's block.
 struct mla_split_lds {
   u16* keys;     // [MLA_UNION][MLA_ROW] bf16: the distinct slots' latent ‖ rope, dequantised
@@ -252,7 +262,8 @@ struct mla_split_lds {
   i32* entries;  // [n_rows * block]: the rows' slots
   i32* slots;    // [MLA_UNION]: the distinct ones, in entry order
   u32* rows;     // [MLA_UNION]: bit r: row r's block lists the slot
-  u32* count;    // [0] unused; [1]: the distinct slots hold a row's new one
+  u32* fresh;    // [count[2]]: distinct index | row << 16 of each row's new slot among them
+  u32* count;    // [0] unused; [1]: the distinct slots hold a row's new one; [2]: how many
 };
 
 MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
@@ -264,20 +275,21 @@ MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
   s.entries = (i32*)(smem + MLA_LDS_ENTRIES);
   s.slots = (i32*)(smem + MLA_LDS_UNION);
   s.rows = (u32*)(smem + MLA_LDS_MASK);
+  s.fresh = (u32*)(smem + MLA_LDS_FRESH);
   s.count = (u32*)(smem + MLA_LDS_COUNT);
   return s;
 }
 
-// The distinct non-negative entries in entry order, each with the rows that list it, and whether
-// one of them is a row's new slot (fresh). A thread an entry: one pass over the rows' blocks (LDS
+// The distinct non-negative entries in entry order, each with the rows that list it, and those of
+// them that are a row's new slot (fresh: their count, listed in s.fresh). A thread an entry: one pass over the rows' blocks (LDS
 // reads every lane of a wave shares) finds whether an equal entry comes earlier and which rows list
 // it; first occurrences are numbered by a ballot in each wave and the waves' counts, which
 // `counts` (Team::waves words of LDS free until the scores are written) holds.
 template <class Team>
 MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 n_rows,
-                          u32 block, u32* counts, bool& fresh) {
+                          u32 block, u32* counts, u32& fresh) {
   const u32 n = n_rows * block;
-  if (team.leader()) s.count[1] = 0;
+  if (team.leader()) s.count[1] = s.count[2] = 0;
   u32 base = 0;
   for (u32 i0 = 0; i0 < n; i0 += Team::size) {
     const u32 i = i0 + team.thread();
@@ -309,14 +321,17 @@ MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, const mla_ar
     if (is_first) {
       s.slots[index] = slot;
       s.rows[index] = rows;
-      bool mine = false;
-      for (u32 r = 0; r < n_rows; ++r) mine |= (u32)slot == a.new_slots[first_row + r];
-      if (mine) s.count[1] = 1;
+      for (u32 r = 0; r < n_rows; ++r)
+        if ((u32)slot == a.new_slots[first_row + r]) {
+          s.count[1] = 1;
+          s.fresh[mono_fetch_add_lds_u32(&s.count[2], 1u)] = index | r << 16;
+          break;
+        }
     }
     base += total;
     team.sync();
   }
-  fresh = s.count[1] != 0;
+  fresh = s.count[2];
   return base;
 }
 
@@ -383,6 +398,32 @@ MONO_DEV bool mla_load_keys(const Team& team, const mla_split_lds& s, const mla_
   return true;
 }
 
+// The rows' new tokens among the distinct slots (s.fresh) into LDS from the new latents and rope
+// keys, as a read of the records the cache write makes would give them (FP8: the same codes and
+// scale, dequantised as mla_load_keys does), so no split waits on the cache write.
+template <class Team>
+MONO_DEV void mla_fresh_keys(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 fresh) {
+#if MLA_FP8
+  for (u32 item = team.wave(); item < fresh * MLA_TILES; item += Team::waves) {
+    const u32 f = s.fresh[item / MLA_TILES], tile = item % MLA_TILES;
+    const u32 row = first_row + (f >> 16);
+    u8 codes[MLA_TILE_LANE];
+    const float scale = mla_quantise_tile(team.lane(), a.new_latent + (u64)row * MLA_LATENT + tile * MLA_TILE, codes);
+    u16* dst = s.keys + (f & 0xffffu) * MLA_ROW + tile * MLA_TILE + team.lane() * MLA_TILE_LANE;
+    for (u32 j = 0; j < MLA_TILE_LANE; ++j) dst[j] = mono_f32_to_bf16(mono_e4m3_to_f32(codes[j]) * scale);
+  }
+#else
+  for (u32 i = team.thread(); i < fresh * MLA_LATENT; i += Team::size) {
+    const u32 f = s.fresh[i / MLA_LATENT];
+    s.keys[(f & 0xffffu) * MLA_ROW + i % MLA_LATENT] = a.new_latent[(u64)(first_row + (f >> 16)) * MLA_LATENT + i % MLA_LATENT];
+  }
+#endif
+  for (u32 i = team.thread(); i < fresh * MLA_ROPE; i += Team::size) {
+    const u32 f = s.fresh[i / MLA_ROPE];
+    s.keys[(f & 0xffffu) * MLA_ROW + MLA_LATENT + i % MLA_ROPE] = a.new_rope[(u64)(first_row + (f >> 16)) * MLA_ROPE + i % MLA_ROPE];
+  }
+}
+
 // Queries q0 .. q0 + nq of the group (query q: row q / heads, head q % heads) into LDS.
 template <class Team>
 MONO_DEV void mla_load_queries(const Team& team, const mla_split_lds& s, const mla_args& a, u32 first_row, u32 q0,
@@ -406,22 +447,22 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
   trace.mark(MLA_PH_SLOTS);
-  bool fresh = false;
+  u32 fresh = 0;
   const u32 n = mla_distinct(team, s, a, first_row, n_rows, block, (u32*)s.scores, fresh);
   trace.mark(MLA_PH_DISTINCT);
-  if (task.n_inputs > 1 && fresh) {
-    if (!mla_wait(team, c, task.in[1].first, task.in[1].len, nullptr)) return false;
-    mbx_acquire();
-  }
-  trace.mark(MLA_PH_WRITTEN);
   const u32 rows16 = (n + 15) / 16 * 16;
   const u32 queries = n_rows * MLA_HEADS;
   const bool loaded = mla_load_keys(team, s, a, n, rows16, [&] {
-    if (!mla_wait_inputs(team, task, c, 2)) return false;
+    if (!mla_wait_inputs(team, task, c, 1)) return false;
     mla_load_queries(team, s, a, first_row, 0, queries < MLA_QCHUNK ? queries : MLA_QCHUNK);
     return true;
   });
   if (!loaded) return false;
+  if (fresh > 0) {
+    // Their records were read as they stood (the cache write may not have landed): replaced.
+    team.sync();
+    mla_fresh_keys(team, s, a, first_row, fresh);
+  }
   trace.mark(MLA_PH_KEYS);
   for (u32 q0 = 0; q0 < queries; q0 += MLA_QCHUNK) {
     const u32 nq = queries - q0 < MLA_QCHUNK ? queries - q0 : MLA_QCHUNK;

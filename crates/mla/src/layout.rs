@@ -225,7 +225,7 @@ impl AttendShape {
         let query = QUERY_CHUNK * row * 2;
         let scores = K_PARTS * QUERY_CHUNK * (self.union + 1) * 4;
         let probs = QUERY_CHUNK * (self.union + 8) * 2;
-        keys + query + scores + probs + 3 * self.union * 4 + 16
+        keys + query + scores + probs + 4 * self.union * 4 + 16
     }
 }
 
@@ -416,8 +416,9 @@ fn slot_of<T: BoxValue>(region: &Region<T>, slot: u32) -> BoxRange {
 impl AttendPlan {
     /// The launch's tasks in global order from `first_order`: each group's cache write (its rows'
     /// new tokens, to the slots the kernel reads from `new_slots`), the splits, then the combines.
-    /// A split waits on its rows' slots and its group's cache write (a row attends to its own new
-    /// token); a combine on its group's splits.
+    /// A split waits on its rows' slots; a row's own new token it makes from the new latent as the
+    /// cache write does, so it never waits on the cache write (whose box is for later launches). A
+    /// combine waits on its group's splits.
     pub fn tasks(&self, boxes: &MlaBoxes, first_order: u32) -> Vec<Task> {
         let mut tasks = Vec::new();
         let mut order = first_order;
@@ -435,17 +436,16 @@ impl AttendPlan {
                 [g.first_row, g.rows, 0],
             );
         }
-        for (i, g) in self.groups.iter().enumerate() {
+        for g in &self.groups {
             let slots = BoxRange::new(
                 slot_of(&boxes.slots, g.first_row).first,
                 (g.rows - 1) * boxes.slots.stride() + self.topk,
             );
-            let written = slot_of(&boxes.cache_done, i as u32);
             for s in 0..g.splits {
                 push(
                     MlaKind::Split,
                     slot_of(&boxes.split_done, g.first_split + s),
-                    &[slots, written],
+                    &[slots],
                     [g.first_row, g.rows | s << 8, g.block],
                 );
             }
