@@ -154,14 +154,12 @@ fn main() -> Result<(), support::Error> {
                 scene.plan.splits(),
                 scene.plan.combines(),
             );
-            if choice == support::choice(8) {
-                timelines.push((rows, context, timeline.expect("replayed")));
-            }
+            timelines.push((rows, choice, context, timeline.expect("replayed")));
         }
     }
-    for (rows, context, tl) in timelines {
+    for (rows, choice, context, tl) in timelines {
         println!(
-            "\n{rows} rows, context {context}: the trace build's last replay, SM cycles at {} MHz; span {:.2} us",
+            "\n{rows} rows ({choice:?}), context {context}: the trace build's last replay, SM cycles at {} MHz; span {:.2} us",
             dev.info().clock_khz / 1000,
             tl.span_ns() as f64 / 1e3
         );
