@@ -2,10 +2,10 @@
 // threads (select's tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA; its threads
 // are std::threads. Block barriers are std::barriers; a wave's ballots and shuffles go through an
 // exchange array between two wave barriers, so every lane must reach them together, as on a GPU.
-// Device memory is shared between the CTA processes by the launcher (launch.h beside this file, or a stage's own driver).
+// Device memory is shared between the CTA processes by the launcher (launch.h beside this file, or a
+// stage's own driver).
 #pragma once
 #include <barrier>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -81,7 +81,6 @@ MONO_DEV u32 mono_shfl(u32 v, u32 src_lane) {
   return r;
 }
 MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) { return mono_shfl(v, mono_lane() ^ mask); }
-MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
 MONO_DEV u32 mono_wave_sum_u32(u32 v) {
   for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) v += mono_shfl_xor(v, m);
   return v;
@@ -148,6 +147,12 @@ MONO_DEV bool mono_block_all(bool ok) {
   return emu_agree_on(0, ok, [](u32, u32) { emu_sync_block(); }, emu_block_dim);
 }
 
+MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
+MONO_DEV float mono_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+MONO_DEV float mono_fminf(float a, float b) { return __builtin_fminf(a, b); }
+MONO_DEV float mono_sqrtf(float a) { return __builtin_sqrtf(a); }
+MONO_DEV float mono_expf(float a) { return __builtin_expf(a); }
+
 // Timers: one monotonic clock in nanoseconds serves both (every CTA shares it, so the cycle
 // counter's "comparable within one CTA" holds too); the CTA's index stands in for the SM.
 MONO_DEV u64 mono_timer_ns() {
@@ -158,10 +163,5 @@ MONO_DEV u64 mono_timer_ns() {
 MONO_DEV u64 mono_clock_cycles() { return mono_timer_ns(); }
 MONO_DEV u32 mono_sm_id() { return emu_block; }
 
-MONO_DEV float mono_fmaxf(float a, float b) { return std::fmax(a, b); }
-MONO_DEV float mono_fminf(float a, float b) { return std::fmin(a, b); }
-MONO_DEV float mono_sqrtf(float a) { return std::sqrt(a); }
-MONO_DEV float mono_expf(float a) { return std::exp(a); }
-
-// The conversions and wave reductions of the real prelude, on the stand-ins above.
+// The conversions and wave reductions are the device's own (their portable paths).
 #include "numerics.h"

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     mla_publish_slots((const i32*)slots.data, n_slots, topk, scratch, slot_first, slot_stride, epoch, 1, 0);
   });
   if (status == EMU_OK) {
-    const mbx_launch l{(const mbx_task*)tasks.data, (const u32*)offsets.data, scratch, epoch, diag, ctas, 1, 0, 0};
+    const mbx_launch l{(const mbx_task*)tasks.data, (const u32*)offsets.data, scratch, epoch, diag, nullptr, ctas, 1, 0, 0};
     status = emu_launch(ctas, MONO_CTA_THREADS, [&] { mla_tasks(l, a); });
   }
   FILE* o = fopen(argv[2], "wb");
