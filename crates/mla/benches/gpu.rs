@@ -9,11 +9,15 @@
 //! "attention us" is: what a launch costs before any task runs. "in-launch us" is the median over
 //! replays of a trace build's span, the global timer from the first task's start to the last
 //! one's end (a tick is about 1 us); after each case, the trace build's per-phase table.
+//! With `MONO_BENCH_JSON` set, each case's attention figure is also a record (`device::report`;
+//! table "mla attention", the floor and the copy beside it, the launch and in-launch times in its
+//! note) for BENCHMARKS.md.
 //! `cargo bench -p mla --bench gpu` on a GPU machine; prints "skipped" without one.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use device::report::{keys_label, Figure, Reporter};
 use device::{probes, Args, Device, Launch};
 use mla::layout::SplitChoice;
 use mla::trace::Timeline;
@@ -57,6 +61,7 @@ fn main() -> Result<(), support::Error> {
             return Ok(());
         }
     };
+    let report = Reporter::from_env(&dev.info().name);
     let bw = probes::copy_bandwidth(&dev, 256 << 20)?;
     println!("copy bandwidth {:.0} GB/s", bw.bytes_per_s / 1e9);
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
@@ -155,6 +160,23 @@ fn main() -> Result<(), support::Error> {
                 scene.plan.splits(),
                 scene.plan.combines(),
             );
+            let case = format!(
+                "{} context x {rows} {}",
+                keys_label(context as u64),
+                if rows == 1 { "row" } else { "verify rows" }
+            );
+            let what = format!(
+                "graph replay, groups of {} rows, {} slots a split, {} queries a combine",
+                choice.group_rows, choice.block, choice.combine_queries
+            );
+            report.write(
+                &Figure::new("mla attention", &case, &what, step - base, "us")
+                    .floor(floor, "distinct records' bytes at the measured copy bandwidth")
+                    .baseline(copy_us, "copy of the same bytes, one graph")
+                    .note(&format!(
+                        "launch over empty task lists {launch:.2} us, in-launch span {in_launch:.2} us"
+                    )),
+            )?;
             timelines.push((rows, choice, context, timeline.expect("replayed")));
         }
     }

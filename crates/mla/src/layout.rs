@@ -248,6 +248,18 @@ pub struct SplitChoice {
     pub combine_queries: u32,
 }
 
+impl SplitChoice {
+    /// The fastest cut measured on the H200 at GLM-5 TP8 (8 heads, k = 2048, FP8 records; see
+    /// `crates/mla/PERF.md`): a group a row, 64 slots a split, a combine a query. Verify rows apart
+    /// beat verify rows together (their shared slots loaded once) by 26.2 -> 15.9 us at 4 rows, as
+    /// a group's split runs its queries in passes over up to `union` slots.
+    pub const MEASURED_FASTEST: SplitChoice = SplitChoice {
+        group_rows: 1,
+        block: 64,
+        combine_queries: 1,
+    };
+}
+
 /// A group: consecutive rows of one request served by the same splits and combines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
