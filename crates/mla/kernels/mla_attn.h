@@ -65,9 +65,7 @@ static_assert((MLA_QK / 16) % MLA_KCHUNKS == 0, "the K parts are whole MMA steps
 #define MLA_LDS_MASK (MLA_LDS_UNION + MLA_UNION * 4u)
 #define MLA_LDS_FRESH (MLA_LDS_MASK + MLA_UNION * 4u)
 #define MLA_LDS_COUNT (MLA_LDS_FRESH + MLA_UNION * 4u)
-#define MLA_LDS_NEW (MLA_LDS_COUNT + 16u)
-#define MLA_MAX_GROUP_ROWS 32u  // src/layout.rs MAX_GROUP_ROWS
-#define MLA_LDS_BYTES (MLA_LDS_NEW + MLA_MAX_GROUP_ROWS * 4u)
+#define MLA_LDS_BYTES (MLA_LDS_COUNT + 16u)
 static_assert(MLA_LDS_BYTES <= MLA_SMEM_BYTES, "the split's LDS exceeds the CTA's dynamic shared memory");
 
 // The stage's buffers and sizes, passed by value (src/gpu.rs `MlaArgs`).
@@ -266,7 +264,6 @@ struct mla_split_lds {
   u32* rows;     // [MLA_UNION]: bit r: row r's block lists the slot
   u32* fresh;    // [count[2]]: distinct index | row << 16 of each row's new slot among them
   u32* count;    // [0] unused; [1]: the distinct slots hold a row's new one; [2]: how many
-  u32* new_slots; // [n_rows]: the rows' new slots (a.new_slots)
 };
 
 MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
@@ -280,7 +277,6 @@ MONO_DEV mla_split_lds mla_split_lds_at(u8* smem) {
   s.rows = (u32*)(smem + MLA_LDS_MASK);
   s.fresh = (u32*)(smem + MLA_LDS_FRESH);
   s.count = (u32*)(smem + MLA_LDS_COUNT);
-  s.new_slots = (u32*)(smem + MLA_LDS_NEW);
   return s;
 }
 
@@ -326,7 +322,7 @@ MONO_DEV u32 mla_distinct(const Team& team, const mla_split_lds& s, const mla_ar
       s.slots[index] = slot;
       s.rows[index] = rows;
       for (u32 r = 0; r < n_rows; ++r)
-        if ((u32)slot == s.new_slots[r]) {
+        if ((u32)slot == a.new_slots[first_row + r]) {
           s.count[1] = 1;
           s.fresh[mono_fetch_add_lds_u32(&s.count[2], 1u)] = index | r << 16;
           break;
@@ -447,13 +443,9 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   const u32 block = task.args[2];
   const mla_split_lds s = mla_split_lds_at(smem);
   mla_trace trace(team, task, a);
-  // The rows' new slots are arguments, not hand-offs: loaded before the waits, kept after them
-  // (the distinct pass reads them after its first barrier).
-  const u32 new_slot = team.thread() < n_rows ? a.new_slots[first_row + team.thread()] : 0u;
   for (u32 r = 0; r < n_rows; ++r)
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
-  if (team.thread() < n_rows) s.new_slots[team.thread()] = new_slot;
   trace.mark(MLA_PH_SLOTS);
   u32 fresh = 0;
   const u32 n = mla_distinct(team, s, a, first_row, n_rows, block, (u32*)s.scores, fresh);
@@ -576,8 +568,7 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   constexpr u32 per_pass = groups == 1 ? Team::size : Team::size / (cols * groups) * cols * groups;
   constexpr u32 batch = 8;
   float* weight = (float*)(smem + Team::size * 16);
-  float* sum = weight + nq * n_splits;
-  float* total = sum + nq * n_splits;
+  float* total = weight + nq * n_splits;
   mla_f32x4* sums = (mla_f32x4*)smem;
   const u32 per_group = (n_splits + groups - 1) / groups;
   const u64 split_step = (u64)MLA_HEADS * MLA_LATENT / 4;
@@ -602,16 +593,16 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
           const float* at = a.part_ml + (((u64)wrow * a.max_splits + sp) * MLA_HEADS + whead) * 2;
           const float ms = at[0];
           weight[wq * n_splits + sp] = ms;
-          sum[wq * n_splits + sp] = at[1];
           m = mono_fmaxf(m, ms);
         }
         m = mono_wave_max(m);
         float l = 0.f;
         for (u32 sp = team.lane(); sp < n_splits; sp += MONO_WAVE) {
+          const float* at = a.part_ml + (((u64)wrow * a.max_splits + sp) * MLA_HEADS + whead) * 2;
           const float ms = weight[wq * n_splits + sp];
           const float w = ms == mla_neg_inf() ? 0.f : mono_expf(ms - m);
           weight[wq * n_splits + sp] = w;
-          l += w * sum[wq * n_splits + sp];
+          l += w * at[1];
         }
         l = mono_wave_sum(l);
         if (team.lane() == 0) total[wq] = l;

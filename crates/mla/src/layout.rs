@@ -218,14 +218,14 @@ impl AttendShape {
     }
 
     /// Bytes of a split's LDS (`MLA_LDS_BYTES`): keys and queries as padded bf16 rows, the
-    /// scores' K parts, the weights, the slot lists and the rows' new slots.
+    /// scores' K parts, the weights, and the slot lists.
     pub fn lds_bytes(&self) -> usize {
         let row = self.cache.latent + self.cache.rope + 8;
         let keys = self.union * row * 2;
         let query = QUERY_CHUNK * row * 2;
         let scores = K_PARTS * QUERY_CHUNK * (self.union + 1) * 4;
         let probs = QUERY_CHUNK * (self.union + 8) * 2;
-        keys + query + scores + probs + 4 * self.union * 4 + 16 + MAX_GROUP_ROWS as usize * 4
+        keys + query + scores + probs + 4 * self.union * 4 + 16
     }
 }
 
@@ -343,9 +343,8 @@ impl AttendPlan {
             }
         }
         let max_splits = groups.iter().map(|g| g.splits).max().unwrap_or(0) as usize;
-        // A combine's LDS: each (query, split)'s weight and sum, each query's total, and a 16-byte
-        // sum a thread of the CTA.
-        if choice.combine_queries as usize * (2 * max_splits + 1) * 4 + COMBINE_SUM_BYTES
+        // A combine's LDS: each (query, split)'s weight, and a 16-byte sum a thread of the CTA.
+        if choice.combine_queries as usize * (max_splits + 1) * 4 + COMBINE_SUM_BYTES
             > shape.lds_bytes()
         {
             return Err(invalid(
