@@ -33,7 +33,7 @@ MONO_DEV void mono_mma_m16n8k16_bf16(float* d, const u32 (&a)[4], u32 b0, u32 b1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#else
+#elif MONO_AMD
 typedef float mono_f32x4 __attribute__((ext_vector_type(4)));
 // v_mfma_f32_16x16x16f16: acc + A B with A 16 x 16 and B 16 x 16. Lane (r = lane % 16, kg = lane /
 // 16): (a0, a1) are A row r at k 4kg .. 4kg + 3 (two f16 each), (b0, b1) B column r at the same k;
