@@ -133,7 +133,7 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 // row (the odd round's counts) in sm.pair_row and publishes it as the odd round's words at once.
 // The odd round clears the pair counts for the next pair, which no one reads before its last
 // barrier. Barriers: after the counts (even rounds), after the gather (gathered rounds; alone,
-// after the row sums), after the decision.
+// after the row sums, or before the odd round's decision), after the decision.
 template <class Src>
 MONO_DEV bool sel_round_pair(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
@@ -149,6 +149,11 @@ MONO_DEV bool sel_round_pair(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     sel_row_sums(sm, hist, stride, x, round);
     if (!x.c) mono_sync_block();  // alone, wave 0 reads sm.total next; gathered, after the polls
   }
+  // Every thread has read this round's state (above, and in the loop around it) before wave 0
+  // changes it: gathered, the wait's barrier says so; alone, the even round's barrier after its
+  // counts, and for the odd round this one (without it a late wave could read the next round's
+  // state, take the other parity and miss a barrier).
+  if (odd && !x.c) mono_sync_block();
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
   if (odd)

@@ -403,6 +403,9 @@ impl SelectPlan {
         let mut tasks = Vec::new();
         let mut cta = 0u32;
         for (row, &len) in lens.iter().enumerate() {
+            if len > MAX_ROW_KEYS {
+                return Err(LayoutError::RowTooLong { len });
+            }
             let count = match kind {
                 SelectKind::Slice => slicing
                     .slices(len, top, rows, ctas)
@@ -416,9 +419,6 @@ impl SelectPlan {
                     .count(),
                 SelectKind::OneCta | SelectKind::Registers => 1,
             };
-            if len > MAX_ROW_KEYS {
-                return Err(LayoutError::RowTooLong { len });
-            }
             for slice in 0..count {
                 let args = match kind {
                     SelectKind::Slice => [row as u32, len, slice | count << 16],

@@ -112,13 +112,15 @@ impl Build {
     }
 }
 
-fn compile(b: &Build, dir: &Path, fault: u32) -> PathBuf {
+/// The driver built for `b`; `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every
+/// check but the hang detector's control runs).
+fn compile(b: &Build, dir: &Path, fault: u32, debug: bool) -> PathBuf {
     // The one line the host cannot take as written: dynamic shared memory becomes a static array.
     let hip = std::fs::read_to_string(format!("{KERNELS}/select.hip")).unwrap();
     let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 sel_lds[];";
     assert!(hip.contains(dynamic));
     let hip = hip.replace(dynamic, "alignas(16) static u8 sel_lds[SEL_LDS_BYTES];");
-    let src = dir.join(format!("{}-{fault}", b.name));
+    let src = dir.join(format!("{}-{fault}-{debug}", b.name));
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("select.hip"), hip).unwrap();
     let exe = src.join("select");
@@ -145,11 +147,8 @@ fn compile(b: &Build, dir: &Path, fault: u32) -> PathBuf {
         .arg(format!("-DSEL_REG_RANK_ROOM={}", select::layout::REG_RANK_ROOM))
         .arg(format!("-DSEL_REG_BUCKET={}u", select::layout::REG_RANK_BUCKET))
         .arg(format!("-DSEL_FAULT={fault}"))
-        .args([
-            "-DMBX_DEBUG=1",
-            "-DMBX_DEBUG_TRAP=0",
-            "-DMBX_POLL_LIMIT=20000000u",
-        ])
+        .arg(format!("-DMBX_DEBUG={}", debug as u32))
+        .args(["-DMBX_DEBUG_TRAP=0", "-DMBX_POLL_LIMIT=20000000u"])
         .arg(format!("{HOST}/driver.cpp"))
         .arg("-o")
         .arg(&exe)
@@ -278,7 +277,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     let mut other_stops = BTreeSet::new();
     let mut reg_stops = BTreeSet::new();
     for b in &BUILDS {
-        let exe = compile(b, &dir, 0);
+        let exe = compile(b, &dir, 0, true);
         let top = b.top();
         for (i, lens) in b.batches.iter().enumerate() {
             for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
@@ -425,8 +424,8 @@ fn select_tasks_wait_for_the_scores_they_read() {
         scores: &fresh,
         ..stale_rows
     };
-    let waits = compile(b, &dir, 0);
-    let skips = compile(b, &dir, 1);
+    let waits = compile(b, &dir, 0, true);
+    let skips = compile(b, &dir, 1, true);
     for kind in KINDS {
         let launch = with_producers(b, kind, &stale_rows, &fresh);
         let (flags, out) = run(&waits, &launch).unwrap();
@@ -442,4 +441,34 @@ fn select_tasks_wait_for_the_scores_they_read() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The hang detector's negative control: tasks waiting on a box that no task writes (the placement
+/// rule bypassed), with unbounded polls, never end; the driver must stop the launch and say so
+/// rather than pass or hang the test.
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn a_wait_that_never_ends_is_reported_as_a_hang() {
+    let dir = std::env::temp_dir().join(format!("select-hang-{}", std::process::id()));
+    let b = &BUILDS[0];
+    let lens = [2000u32];
+    let scores = cases::rows(Pattern::Random, &lens, 2000, 3);
+    let rows = Rows {
+        scores: &scores,
+        stride: 2000,
+        lens: &lens,
+    };
+    let mut launch = planned(b, SelectKind::Registers, &rows, None);
+    let never = BoxRange::new(launch.scratch, 1);
+    launch.scratch += 1;
+    for t in launch.lists.iter_mut().flatten() {
+        *t = Task::new(t.kind, t.order, t.out, &[never], t.args).unwrap();
+    }
+    let exe = compile(b, &dir, 0, false);
+    let result = run(&exe, &launch);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(e) => assert!(e.contains("hung"), "{e}"),
+        Ok(out) => panic!("a launch that waits forever ended: {out:?}"),
+    }
 }

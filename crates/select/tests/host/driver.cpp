@@ -31,7 +31,7 @@
 // time (threads spinning in polls that never end), or while every thread of them sleeps for
 // STALL_SLEEP_SECONDS (threads parked at barriers that never fill). Neither counts the time a
 // loaded machine leaves them waiting to run, so a busy machine slows a launch without failing it.
-#define STALL_CPU_SECONDS 20
+#define STALL_CPU_SECONDS 10
 #define STALL_SLEEP_SECONDS 5
 
 thread_local u32 emu_thread;
