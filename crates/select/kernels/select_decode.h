@@ -1,6 +1,6 @@
-// The select stage's task functions and its decoder (DESIGN.md section 5): what the standalone
-// entry (select.hip) and the fused kernel call for a task of the select stage. A task decides its
-// work from its descriptor alone:
+// The select stage's task functions and its decoder (ARCHITECTURE.md, "Tasks, teams and
+// placement"): what the standalone entry (select.hip) and the fused kernel call for a task of the
+// select stage. A task decides its work from its descriptor alone:
 //   args[0]  the row: of the scores, the output, the flags, the page table and the stage's boxes
 //   args[1]  the row's keys (its length)
 //   args[2]  SEL_KIND_SLICE: the slice, me | count << 16 (src/layout.rs Slices); 0 otherwise

@@ -3,9 +3,9 @@
 //! the task-list launch, and reading the lists back with the tasks' error flags.
 
 use crate::layout::{
-    longest_slice, one_cta_room, reg_keys_per_thread, task_lds_bytes, LayoutError,
-    SelectBoxes, SelectKind, SelectPlan, Slicing, TopK, H200_SHARED_PER_BLOCK, MAX_ROW_KEYS,
-    MAX_SLICES, ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM,
+    longest_slice, one_cta_room, reg_keys_per_thread, task_lds_bytes, LayoutError, SelectBoxes,
+    SelectKind, SelectPlan, Slicing, TopK, H200_SHARED_PER_BLOCK, MAX_ROW_KEYS, MAX_SLICES,
+    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM,
     REG_STAGE_ROOM, ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
 };
 use crate::reference::{Pages, Rows, SelectError};
@@ -33,7 +33,7 @@ pub const SELECT_HEADERS: [(&str, &str); 7] = [
     ),
 ];
 
-/// Threads of the fused launch's CTA (`MONO_CTA_THREADS`, DESIGN.md section 5: 512 on sm_90a and
+/// Threads of the fused launch's CTA (`MONO_CTA_THREADS`, ARCHITECTURE.md "Tasks, teams and placement": 512 on sm_90a and
 /// gfx950), which every select task takes whole.
 pub const CTA_THREADS: u32 = 512;
 
@@ -359,7 +359,12 @@ pub struct Batch {
 
 impl Batch {
     /// Checks the rows (and page table) against what `sel` holds, plans its tasks and uploads them.
-    pub fn upload(dev: &Device, sel: &Selector, rows: &Rows, pages: Option<&Pages>) -> Result<Batch> {
+    pub fn upload(
+        dev: &Device,
+        sel: &Selector,
+        rows: &Rows,
+        pages: Option<&Pages>,
+    ) -> Result<Batch> {
         rows.check()?;
         if rows.count() == 0 {
             return Err(GpuError::Layout(LayoutError::NoRows));
@@ -458,15 +463,23 @@ impl Batch {
             });
         }
         let tags = Tags::new(repeats.max(1))?;
-        sel.epoch.enqueue(stream, &self.epoch, &self.scratch, tags)?;
-        let mut launch = Launch::new(self.table.ctas, sel.shape.threads).shared(sel.shape.lds_bytes());
+        sel.epoch
+            .enqueue(stream, &self.epoch, &self.scratch, tags)?;
+        let mut launch =
+            Launch::new(self.table.ctas, sel.shape.threads).shared(sel.shape.lds_bytes());
         if sel.method == Method::MultiSlice {
             launch = launch.cooperative();
         }
         launch.overlap_prior = sel.overlap_prior;
         for index in 0..repeats {
-            let table =
-                LaunchTable::new(&self.table, &self.scratch, &self.epoch, &self.diag, tags, index)?;
+            let table = LaunchTable::new(
+                &self.table,
+                &self.scratch,
+                &self.epoch,
+                &self.diag,
+                tags,
+                index,
+            )?;
             let args = Args::new().value(&table).value(&self.args);
             stream.launch(&sel.kernel, launch, &args)?;
         }

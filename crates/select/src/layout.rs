@@ -353,7 +353,11 @@ impl Slicing {
         let want = slice_count(len, self.target.max(1));
         let spread = (ctas / rows.max(1)).max(1);
         let fewest = len.div_ceil(self.keys.max(1)).max(1);
-        let start = if want > spread { fewest.max(spread) } else { want };
+        let start = if want > spread {
+            fewest.max(spread)
+        } else {
+            want
+        };
         (start..=MAX_SLICES.min(ctas))
             .filter_map(|count| Slices::new(len, count).ok())
             .find(|s| s.chunk() <= self.keys)

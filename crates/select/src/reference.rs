@@ -360,7 +360,10 @@ mod tests {
         assert_eq!(sel.list, vec![1, 3, 4, -1]);
         assert_eq!(sel.threshold, None);
         assert_eq!(select_row(&[inf; 5], top(2)).unwrap().list, vec![-1, -1]);
-        assert_eq!(select_row(&[inf, 2.0], top(3)).unwrap().list, vec![1, -1, -1]);
+        assert_eq!(
+            select_row(&[inf, 2.0], top(3)).unwrap().list,
+            vec![1, -1, -1]
+        );
         // Exactly k unmasked in a longer row: the usual order (T the smallest unmasked key).
         let sel = select_row(&[inf, 1.0, 5.0, inf, 3.0], top(3)).unwrap();
         assert_eq!(sel.list, vec![2, 4, 1]);
@@ -368,7 +371,10 @@ mod tests {
         // Masked positions among tied keys: the ties go by position, the masked ones skipped.
         let sel = select_row(&[2.0, inf, 2.0, inf, 2.0, 2.0], top(3)).unwrap();
         assert_eq!(sel.list, vec![0, 2, 4]);
-        assert_eq!(sorted_top_k(&[2.0, inf, 2.0, inf, 2.0, 2.0], top(3)).unwrap(), vec![0, 2, 4]);
+        assert_eq!(
+            sorted_top_k(&[2.0, inf, 2.0, inf, 2.0, 2.0], top(3)).unwrap(),
+            vec![0, 2, 4]
+        );
         assert_eq!(sorted_top_k(&[inf, 1.0, inf], top(2)).unwrap(), vec![1]);
     }
 

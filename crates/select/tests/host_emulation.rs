@@ -143,9 +143,18 @@ fn compile(b: &Build, dir: &Path, fault: u32, debug: bool) -> PathBuf {
         .arg(format!("-DSEL_PAGE_TOKENS={}", select::layout::PAGE_TOKENS))
         .arg(format!("-DSEL_LDS_BYTES={lds}"))
         .arg(format!("-DSEL_REG_KEYS={}", b.reg_keys))
-        .arg(format!("-DSEL_REG_STAGE_ROOM={}", select::layout::REG_STAGE_ROOM))
-        .arg(format!("-DSEL_REG_RANK_ROOM={}", select::layout::REG_RANK_ROOM))
-        .arg(format!("-DSEL_REG_BUCKET={}u", select::layout::REG_RANK_BUCKET))
+        .arg(format!(
+            "-DSEL_REG_STAGE_ROOM={}",
+            select::layout::REG_STAGE_ROOM
+        ))
+        .arg(format!(
+            "-DSEL_REG_RANK_ROOM={}",
+            select::layout::REG_RANK_ROOM
+        ))
+        .arg(format!(
+            "-DSEL_REG_BUCKET={}u",
+            select::layout::REG_RANK_BUCKET
+        ))
         .arg(format!("-DSEL_FAULT={fault}"))
         .arg(format!("-DMBX_DEBUG={}", debug as u32))
         .args(["-DMBX_DEBUG_TRAP=0", "-DMBX_POLL_LIMIT=20000000u"])
@@ -226,13 +235,25 @@ fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
         end += list.len() as u32;
         words.push(end);
     }
-    words.extend(tasks.iter().flat_map(|t| bytemuck::cast::<Task, [u32; 16]>(*t)));
+    words.extend(
+        tasks
+            .iter()
+            .flat_map(|t| bytemuck::cast::<Task, [u32; 16]>(*t)),
+    );
     words.extend(rows.lens);
-    words.extend(rows.scores[..rows.count() * rows.stride].iter().map(|s| s.to_bits()));
+    words.extend(
+        rows.scores[..rows.count() * rows.stride]
+            .iter()
+            .map(|s| s.to_bits()),
+    );
     if let Some(fresh) = l.fresh {
         words.extend(fresh.iter().map(|s| s.to_bits()));
     }
-    words.extend(l.pages.iter().flat_map(|p| p.table.iter().map(|&v| v as u32)));
+    words.extend(
+        l.pages
+            .iter()
+            .flat_map(|p| p.table.iter().map(|&v| v as u32)),
+    );
     let dir = exe.parent().unwrap();
     let (input, output) = (dir.join("input"), dir.join("output"));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -384,7 +405,13 @@ fn with_producers<'a>(
     let mut placement = plan.placement();
     for row in 0..rows {
         let out: BoxRange = done.slot(row).unwrap();
-        let producer = Task::new(Task::kind_of(Stage::Synthetic, 1), row, out, &[], [row, 0, 0]);
+        let producer = Task::new(
+            Task::kind_of(Stage::Synthetic, 1),
+            row,
+            out,
+            &[],
+            [row, 0, 0],
+        );
         placement.lists_mut().push(vec![producer.unwrap()]);
     }
     placement

@@ -231,14 +231,28 @@ fn limits_are_refused_with_a_reason() {
         Err(LayoutError::NoRows)
     );
     assert!(matches!(
-        SelectPlan::new(&[MAX_ROW_KEYS], SelectKind::Slice, TopK::GLM5, 63, slicing, 0),
+        SelectPlan::new(
+            &[MAX_ROW_KEYS],
+            SelectKind::Slice,
+            TopK::GLM5,
+            63,
+            slicing,
+            0
+        ),
         Err(LayoutError::TooFewCtas { row: 0, .. })
     ));
     // 128K rows are 16 slices of 8K while four fit 132 CTAs; 512K rows take 33 slices of about
     // 16K at 4 rows (64 of 8K at 2 rows).
     let counts = |len: u32, rows: usize| {
-        let plan = SelectPlan::new(&vec![len; rows], SelectKind::Slice, TopK::GLM5, 132, slicing, 0)
-            .unwrap();
+        let plan = SelectPlan::new(
+            &vec![len; rows],
+            SelectKind::Slice,
+            TopK::GLM5,
+            132,
+            slicing,
+            0,
+        )
+        .unwrap();
         (plan.tasks().len() / rows, plan.ctas())
     };
     assert_eq!(counts(128 * 1024, 4), (16, 64));
