@@ -374,12 +374,12 @@ pub struct PlannedTask {
 }
 
 /// The one-stage task list of a select launch: a task per row (one CTA or registers) or per slice
-/// (a gang per row), on CTAs in turn, in increasing order. Descriptor arguments (device
+/// (a gang per row), on CTAs in turn, a rank a row. Descriptor arguments (device
 /// `select_decode.h`): `[row, len, me | count << 16]`; no inputs (the fused launch adds the
 /// completion boxes a task waits on) and no output boxes.
 ///
-/// A gang's members take consecutive orders and consecutive CTAs (modulo the grid): every CTA
-/// reaches its member after the tasks of earlier rows only, so a row's slices all run at once.
+/// A row's slices are a gang: one rank, consecutive CTAs (modulo the grid), so every CTA reaches
+/// its member after the tasks of earlier rows only, and a row's slices all run at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectPlan {
     ctas: u32,
@@ -387,8 +387,8 @@ pub struct SelectPlan {
 }
 
 impl SelectPlan {
-    /// `kind` for every row of `lens`, on at most `ctas` CTAs, orders from `first_order`; slices
-    /// cut by `slicing`.
+    /// `kind` for every row of `lens`, on at most `ctas` CTAs, row `r`'s tasks at rank
+    /// `first_order + r`; slices cut by `slicing`.
     pub fn new(
         lens: &[u32],
         kind: SelectKind,
@@ -428,7 +428,7 @@ impl SelectPlan {
                     SelectKind::Slice => [row as u32, len, slice | count << 16],
                     SelectKind::OneCta | SelectKind::Registers => [row as u32, len, 0],
                 };
-                let order = first_order + tasks.len() as u32;
+                let order = first_order + row as u32;
                 let task = Task::new(kind.kind(), order, BoxRange::default(), &[], args)
                     .expect("no inputs");
                 tasks.push(PlannedTask {

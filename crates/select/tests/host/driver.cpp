@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
   u32* epoch = device_alloc<u32>(1);
   u32* diag = device_alloc<u32>(8);
   progress = device_alloc<u64>(1);
-  const mbx_launch l{tasks, offsets, scratch, epoch, diag, n_ctas, 1, 0, 0};
+  const mbx_launch l{tasks, offsets, scratch, epoch, diag, nullptr, n_ctas, 1, 0, 0};
   const sel_args a{scores, pages, out, flags, nullptr, stride, pages_stride, h[6], h[7], h[8], 0};
   const int status = launch(n_ctas, [&] {
     const auto team = mono_cta_team<MONO_CTA_THREADS>();
