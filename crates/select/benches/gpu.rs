@@ -1,21 +1,19 @@
-//! The select kernels on the GPU: rows 1 / 4 / 8 at 8K, 32K, 128K, 300K and 1M keys (random
-//! scores), each launch checked once against the reference, then timed as graph replays (one epoch
-//! node and R selects per graph; the median replay over R), with the floor of reading the scores
-//! at the copy bandwidth measured in the same run, for the first rounds and the fast rounds
-//! (`SEL_FAST_ROUNDS` 0 / 1, PERF.md) side by side; the registers kernel at 8K and 16K keys with
-//! CTAs of 1024 and 512 threads; then the launch floor (rows of k keys); then the phases of
-//! one select as stamped by a `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows).
-//! The one-CTA and registers kernels are timed twice, "on/off": launches overlapping the one
-//! before them (`Selector::set_overlapping`, their default), then plain launches; set
-//! `SELECT_BENCH_OVERLAP=all` to time the multi-slice kernel both ways too.
+//! The select stage on the GPU in the fused CTA shape (512 threads, one CTA a multiprocessor, the
+//! task-list entry): rows 1 / 4 / 8 at 8K, 32K, 128K, 512K and 1M keys (random scores) by the
+//! multi-slice and one-CTA kinds, the registers kind at 8K and 16K, each launch checked once
+//! against the reference, then timed as graph replays (one epoch node and R selects per graph; the
+//! median replay over R), with the floor of reading the scores at the copy bandwidth measured in
+//! the same run; then the launch floor (rows of k keys); then the phases of one select as stamped
+//! by a `SEL_TRACE` build (the CTA of row 0 that writes the list, 4 rows). The one-CTA and
+//! registers kinds are timed twice, "on/off": launches overlapping the one before them
+//! (`Selector::set_overlapping`, their default), then plain launches.
 //! Prints "skipped" without a GPU. torch.topk on the same shapes:
 //! `python3 tools/bench/select_torch.py`.
 //!
 //! `cargo bench -p select --bench gpu`. To time fewer cases, set comma lists:
 //! `SELECT_BENCH_PARTS` (multi-slice, one-cta, registers, short-rows, trace),
-//! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8),
-//! `SELECT_BENCH_ROUNDS` (first, fast); an unset variable takes every case. `SELECT_BENCH_OVERLAP`
-//! is described above.
+//! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8);
+//! an unset variable takes every case.
 
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
@@ -24,11 +22,9 @@ use select::gpu::{Batch, Method, Selector, Shape};
 use select::layout::TopK;
 use select::reference::{select_rows, Rows};
 
-const LENS: [u32; 5] = [8192, 32768, 131072, 300_000, 1 << 20];
-/// Rows the registers kernel holds, and the CTA sizes it is built with for each (keys a thread:
-/// as few as hold the row).
+const LENS: [u32; 5] = [8192, 32768, 131072, 524_288, 1 << 20];
+/// Rows the registers kind holds (keys a thread: as few as hold the row).
 const REG_LENS: [u32; 2] = [8192, 16384];
-const REG_BLOCKS: [u32; 2] = [1024, 512];
 const ROWS: [usize; 3] = [1, 4, 8];
 const REPLAYS: usize = 15;
 /// The H200's SM clock in the runs of BENCHMARKS.md (nvidia-smi), to put trace cycles in us.
@@ -41,9 +37,6 @@ struct Picked {
     parts: BenchFilter,
     keys: BenchFilter,
     rows: BenchFilter,
-    rounds: BenchFilter,
-    /// `SELECT_BENCH_OVERLAP=all`: the multi-slice kernel timed overlapped too.
-    overlap_all: bool,
 }
 
 impl Picked {
@@ -57,11 +50,6 @@ impl Picked {
             parts: BenchFilter::from_env("SELECT_BENCH_PARTS", &PARTS.map(String::from))?,
             keys: BenchFilter::from_env("SELECT_BENCH_KEYS", &names(&keys))?,
             rows: BenchFilter::from_env("SELECT_BENCH_ROWS", &names(&rows))?,
-            rounds: BenchFilter::from_env(
-                "SELECT_BENCH_ROUNDS",
-                &["first", "fast"].map(String::from),
-            )?,
-            overlap_all: std::env::var("SELECT_BENCH_OVERLAP").is_ok_and(|v| v == "all"),
         })
     }
 
@@ -127,7 +115,7 @@ fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32
         stride: len as usize,
         lens: &lens,
     };
-    let batch = match Batch::upload(dev, &r, None, top) {
+    let batch = match Batch::upload(dev, sel, &r, None) {
         Ok(b) => b,
         Err(e) => return format!("upload failed: {e}"),
     };
@@ -166,6 +154,18 @@ fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32
     }
 }
 
+/// Builds the production-variant selector of `method` for rows of at most `len` keys.
+fn build(dev: &Device, method: Method, len: u32, trace: bool) -> Option<Selector> {
+    let shared = dev.info().max_shared_per_block;
+    let shape = Shape {
+        trace,
+        ..Shape::for_rows_within(method, TopK::GLM5, len, shared).ok()?
+    };
+    Selector::build(dev, method, shape, Variant::default())
+        .map_err(|e| println!("{} {len}: build failed: {e}", method.name()))
+        .ok()
+}
+
 fn main() -> Result<(), String> {
     let picked = Picked::from_env()?;
     let dev = match Device::open(0) {
@@ -185,165 +185,71 @@ fn main() -> Result<(), String> {
         bytes_per_us / 1e6
     );
     let mut table = Vec::new();
-    let plan = [Method::MultiSlice, Method::OneCta]
+    let cases = [Method::Registers, Method::OneCta, Method::MultiSlice]
         .into_iter()
-        .flat_map(|m| LENS.iter().map(move |&len| (m, len)))
-        .filter(|&(m, len)| picked.any_rows(m.name(), len));
-    for (method, len) in plan {
-        // Both rounds (SEL_FAST_ROUNDS 0 and 1) side by side.
-        let mut built = Vec::new();
-        for fast_rounds in [false, true] {
-            if !picked
-                .rounds
-                .allows(if fast_rounds { "fast" } else { "first" })
-            {
-                continue;
-            }
-            let shared = dev.info().max_shared_per_block;
-            let shape = Shape {
-                fast_rounds,
-                ..Shape::for_rows_within(method, TopK::GLM5, len, shared).expect("shape")
+        .flat_map(|m| {
+            let lens: &[u32] = if m == Method::Registers {
+                &REG_LENS
+            } else {
+                &LENS
             };
-            match Selector::build(&dev, method, shape, Variant::default()) {
-                Ok(mut s) => {
-                    s.set_overlapping(s.overlapping() || picked.overlap_all);
-                    built.push(s)
-                }
-                Err(e) => println!(
-                    "{} {len} fast={fast_rounds}: build failed: {e}",
-                    method.name()
-                ),
-            }
-        }
+            lens.iter().map(move |&len| (m, len))
+        })
+        .filter(|&(m, len)| picked.any_rows(m.name(), len));
+    for (method, len) in cases {
+        let Some(mut sel) = build(&dev, method, len, false) else {
+            continue;
+        };
         for rows in ROWS
             .into_iter()
             .filter(|&r| picked.case(method.name(), len, r))
         {
-            let cells: Vec<String> = built
-                .iter_mut()
-                .map(|sel| case(&dev, &stream, sel, rows, len))
-                .collect();
+            let cell = case(&dev, &stream, &mut sel, rows, len);
             let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
             let line = format!(
-                "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
-                method.name(),
-                cells.join(" ")
+                "{:<12} {rows:>4} {len:>8} {cell} {floor:>9.2}",
+                method.name()
             );
             eprintln!("{line}");
             table.push(line);
         }
     }
-    table.push(format!(
-        "\n{:<12} {:>4} {:>8} {}",
-        "kernel",
-        "rows",
-        "keys",
-        REG_BLOCKS
-            .map(|b| format!("{:>13} {:<8}", format!("{b} thr us"), "check"))
-            .join(" ")
-    ));
-    for len in REG_LENS
-        .into_iter()
-        .filter(|&len| picked.any_rows("registers", len))
-    {
-        let mut built: Vec<Option<Selector>> = REG_BLOCKS
-            .iter()
-            .map(|&block| {
-                let shape = Shape::registers(TopK::GLM5, len, block).ok()?;
-                Selector::build(&dev, Method::Registers, shape, Variant::default())
-                    .map_err(|e| println!("registers {len} x {block}: build failed: {e}"))
-                    .ok()
-            })
-            .collect();
-        for rows in ROWS
-            .into_iter()
-            .filter(|&r| picked.case("registers", len, r))
-        {
-            let cells: Vec<String> = built
-                .iter_mut()
-                .map(|sel| match sel {
-                    Some(sel) => case(&dev, &stream, sel, rows, len),
-                    None => format!("{:>13} {:<8}", "-", ""),
-                })
-                .collect();
-            let line = format!("{:<12} {rows:>4} {len:>8} {}", "registers", cells.join(" "));
-            eprintln!("{line}");
-            table.push(line);
-        }
-    }
-    // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kernel: two
-    // slices copy positions, in the graph's cooperative launch; the registers kernel: one CTA of
-    // its 8K-row shape, in a plain launch), so a launch with almost no work in it.
+    // The fixed cost: rows of exactly k keys take the short-row path (the multi-slice kind: one
+    // slice a row, in the graph's cooperative launch; the registers kind: one CTA a row, in a
+    // plain launch), so a launch with almost no work in it.
     let short_rows = picked.parts.allows("short-rows");
     for method in [Method::MultiSlice, Method::Registers]
         .into_iter()
         .filter(|_| short_rows)
     {
-        let shape = Shape::for_rows(method, TopK::GLM5, 8192).expect("shape");
-        match Selector::build(&dev, method, shape, Variant::default()) {
-            Ok(mut sel) => {
-                sel.set_overlapping(sel.overlapping() || picked.overlap_all);
-                for rows in ROWS
-                    .into_iter()
-                    .filter(|r| picked.rows.allows(&r.to_string()))
-                {
-                    let k = TopK::GLM5.k();
-                    let cell = case(&dev, &stream, &mut sel, rows, k);
-                    table.push(format!(
-                        "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
-                        "short-rows",
-                        method.name()
-                    ));
-                }
-            }
-            Err(e) => println!("short rows ({}): build failed: {e}", method.name()),
+        let Some(mut sel) = build(&dev, method, 8192, false) else {
+            continue;
+        };
+        for rows in ROWS
+            .into_iter()
+            .filter(|r| picked.rows.allows(&r.to_string()))
+        {
+            let k = TopK::GLM5.k();
+            let cell = case(&dev, &stream, &mut sel, rows, k);
+            table.push(format!(
+                "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
+                "short-rows",
+                method.name()
+            ));
         }
     }
-    let shared = dev.info().max_shared_per_block;
     let traces: Vec<String> = [
+        (Method::Registers, 8192),
         (Method::OneCta, 8192),
-        (Method::MultiSlice, 8192),
-        (Method::OneCta, 32768),
         (Method::MultiSlice, 131072),
     ]
     .into_iter()
     .filter(|&(_, len)| picked.parts.allows("trace") && picked.keys.allows(&len.to_string()))
-    .map(|(m, len)| {
-        (
-            m,
-            len,
-            Shape::for_rows_within(m, TopK::GLM5, len, shared).ok(),
-        )
-    })
-    .chain(
-        REG_BLOCKS
-            .into_iter()
-            .filter(|_| picked.parts.allows("trace") && picked.keys.allows("8192"))
-            .map(|b| {
-                (
-                    Method::Registers,
-                    8192,
-                    Shape::registers(TopK::GLM5, 8192, b).ok(),
-                )
-            }),
-    )
-    .map(|(method, len, shape)| match shape {
-        Some(shape) => trace(&dev, &stream, method, shape, len),
-        None => format!("{} {len}: no shape", method.name()),
-    })
+    .map(|(method, len)| trace(&dev, &stream, method, len))
     .collect();
-    let rounds: Vec<String> = ["first", "fast"]
-        .into_iter()
-        .filter(|r| picked.rounds.allows(r))
-        .map(|r| format!("{:>13} {:<8}", format!("{r} us"), "check"))
-        .collect();
     println!(
-        "\n{:<12} {:>4} {:>8} {} {:>9}",
-        "kernel",
-        "rows",
-        "keys",
-        rounds.join(" "),
-        "floor us"
+        "\n{:<12} {:>4} {:>8} {:>13} {:<8} {:>9}",
+        "kind", "rows", "keys", "us (on/off)", "check", "floor us"
     );
     for l in table {
         println!("{l}");
@@ -360,18 +266,11 @@ fn main() -> Result<(), String> {
 
 /// One select of 4 random rows by a `SEL_TRACE` build of `shape`, warm (a select before it): its
 /// marks.
-fn trace(dev: &Device, stream: &Stream, method: Method, shape: Shape, len: u32) -> String {
-    let name = match method {
-        Method::Registers => format!("{} {} 4 x {len}", method.name(), shape.reg_block),
-        Method::OneCta | Method::MultiSlice => format!("{} 4 x {len}", method.name()),
-    };
+fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
+    let name = format!("{} 4 x {len}", method.name());
     let run = || -> Result<String, String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
-        let shape = Shape {
-            trace: true,
-            ..shape
-        };
-        let sel = Selector::build(dev, method, shape, Variant::default()).map_err(|e| text(&e))?;
+        let sel = build(dev, method, len, true).ok_or("no build")?;
         let lens = vec![len; 4];
         let scores = cases::rows(Pattern::Random, &lens, len as usize, 99);
         let r = Rows {
@@ -379,7 +278,7 @@ fn trace(dev: &Device, stream: &Stream, method: Method, shape: Shape, len: u32) 
             stride: len as usize,
             lens: &lens,
         };
-        let batch = Batch::upload(dev, &r, None, TopK::GLM5).map_err(|e| text(&e))?;
+        let batch = Batch::upload(dev, &sel, &r, None).map_err(|e| text(&e))?;
         let mut got = Vec::new();
         for _ in 0..2 {
             batch.clear().map_err(|e| text(&e))?;

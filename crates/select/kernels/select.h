@@ -1,7 +1,7 @@
 // The select stage's task functions: the exact top-k of a score row, on one CTA or on up to 64
 // slices (one CTA each) that all-gather their digit histograms through tagged pairs. The contract
-// is src/reference.rs; src/cpu.rs is these headers step for step on CPU threads, and src/descent.rs /
-// src/layout.rs hold the formulas mirrored here (same names).
+// is src/reference.rs (a -inf score is masked: never selected); src/layout.rs holds the formulas
+// mirrored here (same names). tests/host_emulation.rs runs these headers on CPU threads.
 //
 // Multi-slice (and the one CTA over a row too long for LDS): per round, a slice counts the 6-bit
 // digits of its keys that match the prefix found so far (a wave counts 64 keys at once with 7
@@ -23,11 +23,13 @@
 //
 // The headers, in order, each including the one before it: select_shape.h (defines, keys, state,
 // scans), select_rounds.h (6-bit rounds and polls), select_place.h (compaction, wide digits,
-// placement, tail), select_tasks.h (descent, loads, one CTA, task functions), select_regs.h (the one
-// CTA over a short row held in registers, which says how it works).
+// placement, tail), select_tasks.h (descent, loads, one CTA, slices), select_regs.h (the one CTA
+// over a short row held in registers, which says how it works), select_decode.h (the task
+// functions, their descriptor and the decoder).
 #pragma once
 #include "select_shape.h"
 #include "select_rounds.h"
 #include "select_place.h"
 #include "select_tasks.h"
 #include "select_regs.h"
+#include "select_decode.h"

@@ -82,18 +82,18 @@ MONO_DEV void sel_compact_prefix(sel_smem& sm, const Src& src, const sel_state& 
 }
 
 // The row's entries from index first: every index is below SEL_K by construction for keys above
-// T; ties past the k-th are dropped.
-MONO_DEV void sel_write(const sel_row& r, u32 index, u32 pos) {
-  if (index < SEL_K) r.out[index] = sel_entry(r, pos);
+// T; ties past the k-th are dropped. A masked key (a tie at a masked T) is an entry of -1.
+MONO_DEV void sel_write(const sel_row& r, u32 index, u32 pos, u32 key) {
+  if (index < SEL_K) r.out[index] = key == SEL_MASKED_KEY ? -1 : sel_entry(r, pos);
 }
 
-// ---- wide digits on shared-memory atomics (src/descent.rs wide_histogram, Descent::wide_step) ---
+// ---- wide digits on shared-memory atomics --------------------------------------------------------
 // These loops run over every key of a row on one SM, so their cost is instructions per key, not
 // latency: each keeps the per-key work to a compare and (for a matching key) one atomic.
 
 // The digit of `width` bits holding the rank-th key from the top, from hist: SEL_FIRST_BINS bins
 // of SEL_FIRST_COPIES copies each when `copies` (the first pass, bin b copy c at b * copies + c),
-// else 1 << width plain bins. Extends sm.st by it (src/descent.rs Descent::wide_step). Thread t
+// else 1 << width plain bins. Extends sm.st by it. Thread t
 // owns `per` consecutive bins (ascending with t): it sums them, one block scan says which thread
 // holds the rank, and that one walks its bins. A 12-bit digit also gives the keys sharing and
 // above the prefix of its top SEL_GROUP_BITS (sm.st.group_*): a group is SEL_GROUP_THREADS
@@ -210,7 +210,7 @@ MONO_DEV bool sel_wide_finish(sel_smem& sm, u32* hist, const Src& src) {
   return sel_wide_pass(sm, hist, src, 8);
 }
 
-// ---- the placement of a list in one pass (src/descent.rs Cut) ------------------------------------
+// ---- the placement of a list in one pass ---------------------------------------------------------
 // Where a key goes once P and T are known: after the keys above P (from 0), the keys sharing P
 // above T (from above_p), the ties (from above_t, until k). P is T's prefix, so a key above P is
 // above T, and a key is in the list iff it is at least T.
@@ -225,13 +225,14 @@ MONO_DEV sel_cut sel_cut_of(u32 len, u32 bits, u32 above, const sel_state& t) {
   return sel_cut{sel_mask(len), bits, t.bits, above, t.above};
 }
 
-// Writes the keys of a thread's run marked in m (bit b: key first + b), in order, from *index.
+// Writes the keys of a thread's run marked in m (bit b: key first + b), in order, from index, all
+// of them equal to `key` (the ties) or above it (SEL_NONE).
 template <class Src>
-MONO_DEV void sel_write_marked(const Src& src, const sel_row& r, u32 first, u64 m, u32 index) {
+MONO_DEV void sel_write_marked(const Src& src, const sel_row& r, u32 first, u64 m, u32 index, u32 key = SEL_NONE) {
   while (m) {
     const u64 low = m & (~m + 1);
     m ^= low;
-    sel_write(r, index++, src.pos(first + mono_popc64(low - 1)));
+    sel_write(r, index++, src.pos(first + mono_popc64(low - 1)), key);
   }
 }
 
@@ -264,7 +265,7 @@ MONO_DEV void sel_place(sel_smem& sm, const Src& src, const sel_cut& cut, const 
   sel_scan1x2(sm, mono_popc64(m1) | mono_popc64(m2) << 16, mono_popc64(m3), &ab_before, &c_before);
   sel_write_marked(src, r, first, m1, ab_before & 0xffffu);
   sel_write_marked(src, r, first, m2, cut.above_p + (ab_before >> 16));
-  sel_write_marked(src, r, first, m3, cut.above_t + c_before);
+  sel_write_marked(src, r, first, m3, cut.above_t + c_before, cut.t);
 }
 
 // ---- the first slice (or the streaming one CTA): the candidates ----------------------------------
@@ -287,8 +288,8 @@ MONO_DEV bool sel_tail_wave(const sel_state& st, const sel_row& r, const u32* ca
   const u32 t = mono_shfl(key, mono_popc64((t_lanes & (~t_lanes + 1)) - 1));
   const u64 below = ((u64)1 << lane) - 1u;
   const u64 above_t = mono_ballot(in && key > t), ties = mono_ballot(in && key == t);
-  if (in && key > t) sel_write(r, st.above + mono_popc64(above_t & below), cand_pos[lane]);
-  if (in && key == t) sel_write(r, st.above + mono_popc64(above_t) + mono_popc64(ties & below), cand_pos[lane]);
+  if (in && key > t) sel_write(r, st.above + mono_popc64(above_t & below), cand_pos[lane], key);
+  if (in && key == t) sel_write(r, st.above + mono_popc64(above_t) + mono_popc64(ties & below), cand_pos[lane], key);
   return true;
 }
 

@@ -1,4 +1,4 @@
-// The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_REG_BLOCK keys,
+// The one CTA over a short row held in registers (at most SEL_REG_KEYS * SEL_BLOCK keys,
 // src/layout.rs REG_*): thread t keeps the keys of positions t * SEL_REG_KEYS and the
 // SEL_REG_KEYS after it, so a thread's keys are consecutive and thread order is position order.
 // Wide digits counted with shared-memory atomics give T (or digits and then ranks), and the keys
@@ -14,7 +14,7 @@
 //   block scan over the staged keys places them.
 // - Otherwise digits of 12 and 8 bits count every key, and one block scan then places the list.
 //
-// Why a kernel of its own: the LDS one CTA spends most of a short row on the fixed cost of its
+// Why a task of its own: the LDS one CTA spends most of a short row on the fixed cost of its
 // phases (PERF.md run 9), not on its keys. Here a 12-bit digit costs three block barriers: after
 // the counts, after every wave has left the sum of its bins, and after the one thread whose bins
 // hold the rank has written the digit (an 8-bit one, chosen by wave 0 alone, costs two). Each
@@ -30,30 +30,17 @@
 #pragma once
 #include "select_tasks.h"
 
-#ifndef SEL_REG_BLOCK
-#define SEL_REG_BLOCK 1024
-#endif
-#ifndef SEL_REG_KEYS
-#define SEL_REG_KEYS 8
-#endif
-#define SEL_REG_WAVES (SEL_REG_BLOCK / MONO_WAVE)
-// Keys sharing T's 12-bit prefix that the CTA stages (src/layout.rs REG_STAGE_ROOM), at most the
-// candidate room so that P is that prefix; with their positions they take the first digit's
-// histogram, read by then.
-#ifndef SEL_REG_STAGE_ROOM
-#define SEL_REG_STAGE_ROOM 2048
+// Set by the host (src/gpu.rs source): SEL_REG_KEYS, keys a thread holds (src/layout.rs
+// reg_keys_per_thread); SEL_REG_STAGE_ROOM, keys sharing T's 12-bit prefix that the CTA stages
+// (REG_STAGE_ROOM), at most the candidate room so that P is that prefix (with their positions they
+// take the first digit's histogram, read by then); SEL_REG_RANK_ROOM, staged keys sharing T's
+// 20-bit prefix that find T by their ranks at most (REG_RANK_ROOM: each is compared with all of
+// them, so the cost grows as the square); SEL_REG_BUCKET, staged keys an 8-bit bin keeps for wave 0
+// to rank (REG_RANK_BUCKET, sel_reg_choose_bucket: the 256 buckets fill the second 12-bit digit's bins).
+#if !defined(SEL_REG_KEYS) || !defined(SEL_REG_STAGE_ROOM) || !defined(SEL_REG_RANK_ROOM) || !defined(SEL_REG_BUCKET)
+#error "the registers task's shape is set by the host (src/gpu.rs source): SEL_REG_KEYS, SEL_REG_STAGE_ROOM, SEL_REG_RANK_ROOM, SEL_REG_BUCKET"
 #endif
 #define SEL_REG_STAGED (SEL_REG_STAGE_ROOM < SEL_ROOM ? SEL_REG_STAGE_ROOM : SEL_ROOM)
-// Staged keys sharing T's 20-bit prefix that find T by their ranks at most (src/layout.rs
-// REG_RANK_ROOM): each is compared with all of them, so the cost grows as the square.
-#ifndef SEL_REG_RANK_ROOM
-#define SEL_REG_RANK_ROOM 64
-#endif
-// Staged keys an 8-bit bin keeps for wave 0 to rank (src/layout.rs REG_RANK_BUCKET,
-// sel_reg_choose_bucket): the 256 buckets fill the second 12-bit digit's bins.
-#ifndef SEL_REG_BUCKET
-#define SEL_REG_BUCKET 16u
-#endif
 // Lanes that split one ranked key's compares, each loading 4 keys at a time.
 #define SEL_REG_RANK_PARTS 8u
 #define SEL_REG_RANK_SPAN (4u * SEL_REG_RANK_PARTS)
@@ -61,12 +48,11 @@
 // of a 12-bit digit (the 8-bit one is wave 0's: sel_reg_choose_last).
 #define SEL_REG_WIDE_BINS 4096u
 #define SEL_REG_LAST_BINS 256u
-#define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_REG_BLOCK)
+#define SEL_REG_PER (SEL_REG_WIDE_BINS / SEL_BLOCK)
 
 static_assert(SEL_REG_KEYS % 4 == 0 && SEL_REG_KEYS <= 32, "keys are loaded 4 at a time, marked in a u32");
-static_assert(SEL_REG_BLOCK % MONO_WAVE == 0 && SEL_REG_WAVES <= MONO_WAVE, "one wave looks at every wave's sum");
 static_assert(SEL_K < 1u << 16, "the placement packs two counts below k in one word");
-static_assert(SEL_REG_KEYS * SEL_REG_BLOCK < 1u << 16, "the staging packs a count below the row's length");
+static_assert(SEL_REG_KEYS * SEL_BLOCK < 1u << 16, "the staging packs a count below the row's length");
 static_assert(2 * SEL_REG_STAGED <= SEL_REG_WIDE_BINS, "the staged keys and positions fit a histogram");
 static_assert((SEL_REG_RANK_ROOM + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN <= SEL_REG_WIDE_BINS,
               "the ranked keys, padded, fit in the second digit's bins");
@@ -80,16 +66,17 @@ struct sel_reg_digit {
   u32 bin, above, count;
 };
 
-struct sel_reg_smem {
+// The registers task's state, at the start of its LDS.
+struct alignas(16) sel_reg_smem {
   // The digits' histograms, one after another: 12, 12 and 8 bits (zeroed together). Once the
   // first is chosen its words take the staged keys and positions; on that way the second's words
   // hold the 8-bit bins' buckets, then the gathered keys to rank or, cleared, the last 12 bits.
   alignas(16) u32 hist[2 * SEL_REG_WIDE_BINS + SEL_REG_LAST_BINS];
-  u32 wave_sum[SEL_REG_WAVES];
+  u32 wave_sum[SEL_WAVES];
   sel_reg_digit digit;  // the digit being chosen
   u32 ranked;           // ranked keys written so far
   u32 t, t_above;       // T as the ranks found it, and the ranked keys above it
-  u32 wave_total[2][SEL_REG_WAVES];  // the placement's scan
+  u32 wave_total[2][SEL_WAVES];  // the placement's scan
   // The list as positions, placed here and copied out in order: a key placed in LDS costs a few
   // instructions, in global memory about sixteen (PERF.md run 16). The staged way copies out the
   // keys above P while wave 0 finds T, and writes the few staged keys' entries directly.
@@ -99,6 +86,7 @@ struct sel_reg_smem {
   u32 marks;
 #endif
 };
+static_assert(sizeof(sel_reg_smem) <= SEL_LDS_BYTES, "the host's LDS size (src/layout.rs task_lds_bytes) is too small for the registers task");
 
 // Inclusive, from the last lane down: lane l gets the sum over lanes l.. of its wave.
 MONO_DEV u32 sel_wave_suffix(u32 v) {
@@ -163,7 +151,7 @@ MONO_DEV bool sel_reg_choose(sel_reg_smem& sm, const u32* hist, u32 rank, sel_re
   mono_sync_block();
   u32 above = 0;
   if (counted)
-    above = mono_wave_sum_u32(lane > wave && lane < SEL_REG_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
+    above = mono_wave_sum_u32(lane > wave && lane < SEL_WAVES ? sm.wave_sum[lane] : 0u) + suffix - mine;
   if (counted && above < rank && rank <= above + mine) sm.digit = sel_reg_walk(h, t * SEL_REG_PER, above, rank);
   mono_sync_block();
   *d = sm.digit;
@@ -234,10 +222,11 @@ MONO_DEV void sel_reg_count(const u32 (&keys)[SEL_REG_KEYS], u32 valid, u32* his
 
 // Places the positions of this thread's keys marked in m (bit j: position first + j) in the list,
 // in order, from entry `index` while below k (only ties can reach it): a loop over the marks,
-// which costs each wave about eleven instructions a mark of its busiest thread.
-MONO_DEV void sel_reg_place_ties(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
+// which costs each wave about eleven instructions a mark of its busiest thread. Masked ties are
+// placed as SEL_NONE (an entry of -1).
+MONO_DEV void sel_reg_place_ties(sel_reg_smem& sm, u32 first, u32 m, u32 index, bool masked = false) {
 #pragma unroll 1
-  for (; m && index < SEL_K; m &= m - 1u) sm.list[index++] = first + mono_popc32((m & (~m + 1u)) - 1u);
+  for (; m && index < SEL_K; m &= m - 1u) sm.list[index++] = masked ? SEL_NONE : first + mono_popc32((m & (~m + 1u)) - 1u);
 }
 
 // As sel_reg_place_ties for keys above T, which all lie below k. With 8 keys a thread, unrolled:
@@ -255,7 +244,10 @@ MONO_DEV void sel_reg_place(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
 // The list, every entry placed (a barrier since), written out in order: positions, or cache
 // slots through the page table. Block-wide.
 MONO_DEV void sel_reg_write_list(sel_reg_smem& sm, const sel_row& r) {
-  for (u32 e = mono_thread(); e < SEL_K; e += SEL_REG_BLOCK) r.out[e] = sel_entry(r, sm.list[e]);
+  for (u32 e = mono_thread(); e < SEL_K; e += SEL_BLOCK) {
+    const u32 pos = sm.list[e];
+    r.out[e] = pos == SEL_NONE ? -1 : sel_entry(r, pos);
+  }
 }
 
 // Exclusive prefix of v over the block in thread order, with one barrier (as sel_scan1, but the
@@ -286,7 +278,7 @@ MONO_DEV u32 sel_reg_scan_kinds(sel_reg_smem& sm, bool a, bool b) {
 MONO_DEV bool sel_reg_rank(sel_reg_smem& sm, const u32* ranked, u32 n, u32 rank, u32* t, u32* t_above) {
   const u32 part = mono_thread() % SEL_REG_RANK_PARTS;
   const u32 pairs = (n * SEL_REG_RANK_PARTS + MONO_WAVE - 1) / MONO_WAVE * MONO_WAVE;
-  for (u32 p = mono_thread(); p < pairs; p += SEL_REG_BLOCK) {
+  for (u32 p = mono_thread(); p < pairs; p += SEL_BLOCK) {
     const u32 i = p / SEL_REG_RANK_PARTS, x = ranked[i];  // i < n rounded up to 8: padded
     u32 above = 0, at_or_above = 0;
     for (u32 j = 4 * part; j < n; j += SEL_REG_RANK_SPAN) {
@@ -342,7 +334,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   const u32 n = d.count;
   u32* second = sm.hist + SEL_REG_WIDE_BINS;
   u32* last = sm.hist + 2 * SEL_REG_WIDE_BINS;
-  for (u32 s = t; s < n; s += SEL_REG_BLOCK) {
+  for (u32 s = t; s < n; s += SEL_BLOCK) {
     const u32 key = staged[s], b = (key >> 12) & (SEL_REG_LAST_BINS - 1u);
     const u32 slot = mono_fetch_add_lds_u32(last + b, 1u);
     if (slot < SEL_REG_BUCKET) second[b * SEL_REG_BUCKET + slot] = key;
@@ -351,7 +343,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   if (mono_wave() == 0)
     sel_reg_choose_bucket(sm, last, second, SEL_K - above12);
   else  // The list's first above12 entries are final: the other waves write them out meanwhile.
-    for (u32 e = t - MONO_WAVE; e < above12; e += SEL_REG_BLOCK - MONO_WAVE) r.out[e] = sel_entry(r, sm.list[e]);
+    for (u32 e = t - MONO_WAVE; e < above12; e += SEL_BLOCK - MONO_WAVE) r.out[e] = sel_entry(r, sm.list[e]);
   mono_sync_block();
   const sel_reg_digit w = sm.digit;
   if (w.bin == SEL_NONE) {
@@ -370,7 +362,7 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   } else if (w.count <= SEL_REG_RANK_ROOM) {
     // The staged keys sharing T's 20-bit prefix, gathered (any order) over the buckets, read by
     // now, and padded; T is the one of the right rank among them.
-    for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+    for (u32 s = t; s < n; s += SEL_BLOCK)
       if (staged[s] >> 12 == p20 >> 12) second[mono_fetch_add_lds_u32(&sm.ranked, 1u)] = staged[s];
     const u32 padded = (w.count + SEL_REG_RANK_SPAN - 1) / SEL_REG_RANK_SPAN * SEL_REG_RANK_SPAN;
     if (w.count + t < padded) second[w.count + t] = 0;
@@ -385,9 +377,9 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   } else {
     // The last 12 bits over the staged keys sharing T's 20-bit prefix, in the 12-bit bins, once
     // the buckets are cleared from them.
-    for (u32 i = t; i < SEL_REG_WIDE_BINS / 4; i += SEL_REG_BLOCK) *(mono_u32x4*)(second + 4 * i) = mono_u32x4{0, 0, 0, 0};
+    for (u32 i = t; i < SEL_REG_WIDE_BINS / 4; i += SEL_BLOCK) *(mono_u32x4*)(second + 4 * i) = mono_u32x4{0, 0, 0, 0};
     mono_sync_block();
-    for (u32 s = t; s < n; s += SEL_REG_BLOCK)
+    for (u32 s = t; s < n; s += SEL_BLOCK)
       if (staged[s] >> 12 == p20 >> 12) mono_count_lds_u32(second + sel_reg_slot(staged[s] & (SEL_REG_WIDE_BINS - 1u)));
     mono_sync_block();
     sel_reg_digit v;
@@ -400,18 +392,18 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   }
   // The staged keys above T from above12, then the ties from above_t until k, written out
   // directly (the list's last entries, one a thread): a block scan of both kinds (packed) over the
-  // staged keys, SEL_REG_BLOCK at a time.
+  // staged keys, SEL_BLOCK at a time.
   u32 next_above = above12, next_tie = above_t;
-  for (u32 c = 0; c < n; c += SEL_REG_BLOCK) {
+  for (u32 c = 0; c < n; c += SEL_BLOCK) {
     if (c > 0) mono_sync_block();  // every thread has read the last round's totals
     const u32 i = c + t, key = i < n ? staged[i] : 0u;
     const bool above = i < n && key > bits, tied = i < n && key == bits;
     const u32 k_before = sel_reg_scan_kinds(sm, above, tied);
     if (above) r.out[next_above + (k_before & 0xffffu)] = sel_entry(r, staged_pos[i]);
     const u32 tie = next_tie + (k_before >> 16);
-    if (tied && tie < SEL_K) r.out[tie] = sel_entry(r, staged_pos[i]);
-    if (c + SEL_REG_BLOCK < n) {
-      const u32 total = mono_wave_sum_u32(mono_lane() < SEL_REG_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
+    if (tied && tie < SEL_K) r.out[tie] = bits == SEL_MASKED_KEY ? -1 : sel_entry(r, staged_pos[i]);
+    if (c + SEL_BLOCK < n) {
+      const u32 total = mono_wave_sum_u32(mono_lane() < SEL_WAVES ? sm.wave_total[0][mono_lane()] : 0u);
       next_above += total & 0xffffu, next_tie += total >> 16;
     }
   }
@@ -419,19 +411,19 @@ MONO_DEV bool sel_regs_staged(sel_reg_smem& sm, const sel_row& r, const u32 (&ke
   return true;
 }
 
-// The histograms zeroed, as sel_regs_task needs them: it touches no global memory, so an entry
-// can do it before it waits for the kernel before it. Block-wide, no barrier.
+// The histograms zeroed, as sel_regs_run needs them: it touches no global memory, so a task does
+// it before it waits on its inputs. Block-wide, no barrier.
 MONO_DEV void sel_regs_clear(sel_reg_smem& sm) {
   constexpr u32 hist_quads = sizeof(sm.hist) / 16;
 #pragma unroll
-  for (u32 i = 0; i < (hist_quads + SEL_REG_BLOCK - 1) / SEL_REG_BLOCK; ++i)
-    if (i * SEL_REG_BLOCK + mono_thread() < hist_quads)
-      *(mono_u32x4*)(sm.hist + 4 * (i * SEL_REG_BLOCK + mono_thread())) = mono_u32x4{0, 0, 0, 0};
+  for (u32 i = 0; i < (hist_quads + SEL_BLOCK - 1) / SEL_BLOCK; ++i)
+    if (i * SEL_BLOCK + mono_thread() < hist_quads)
+      *(mono_u32x4*)(sm.hist + 4 * (i * SEL_BLOCK + mono_thread())) = mono_u32x4{0, 0, 0, 0};
 }
 
 // The row on this CTA, its keys in registers; sel_regs_clear before it (its first barrier
 // comes after the keys are loaded). Block-wide.
-MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
+MONO_DEV bool sel_regs_run(sel_reg_smem& sm, const sel_row& r) {
   const u32 first = mono_thread() * SEL_REG_KEYS;
   u32 keys[SEL_REG_KEYS];
 #pragma unroll
@@ -441,10 +433,10 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
     keys[4 * q] = v.x, keys[4 * q + 1] = v.y, keys[4 * q + 2] = v.z, keys[4 * q + 3] = v.w;
   }
   if (r.len <= SEL_K) {
-    sel_short_row(r, 0, r.len, 0, SEL_REG_BLOCK);
+    sel_short_row(r, sm.wave_total[0]);
     return true;
   }
-  if (r.len > SEL_REG_KEYS * SEL_REG_BLOCK) {
+  if (r.len > SEL_REG_KEYS * SEL_BLOCK) {
     sel_flag(r, SEL_FLAG_SHAPE);
     return false;
   }
@@ -538,7 +530,7 @@ MONO_DEV bool sel_regs_task(sel_reg_smem& sm, const sel_row& r) {
   sel_mark(sm, SEL_PH_SCANNED);
   sel_reg_place(sm, first, ma, ab_before & 0xffffu);
   sel_reg_place(sm, first, mb, above_p + (ab_before >> 16));
-  sel_reg_place_ties(sm, first, mc, above_t + c_before);
+  sel_reg_place_ties(sm, first, mc, above_t + c_before, t == SEL_MASKED_KEY);
   mono_sync_block();
   sel_reg_write_list(sm, r);
   sel_mark(sm, SEL_PH_PLACED);

@@ -1,61 +1,7 @@
-// The descent by 6-bit digits: ballot histograms, how a slice trades its counts with the others of
-// its row, the first and the fast rounds, and the batched polls. Part of select.h.
+// The descent by 6-bit digits: how a slice trades its counts with the others of its row, the
+// rounds, and the batched polls. Part of select.h.
 #pragma once
 #include "select_shape.h"
-
-// ---- histogram (src/descent.rs histogram) --------------------------------------------------------
-// Adds this wave's digit counts, one key per lane (ok: it counts), to cnt: lane l holds bins
-// l, l + MONO_WAVE, ... Bit i of bits[i] is set for the lanes whose digit has bit i; a bin's count
-// is the popcount of the lanes whose 6 bits all agree with it. Whole wave, uniform control flow.
-MONO_DEV void sel_count(u32 digit, bool ok, u32 (&cnt)[SEL_BINS / MONO_WAVE]) {
-  const u64 live = mono_ballot(ok);
-  if (live == 0) return;
-  u64 bit[6];
-#pragma unroll
-  for (u32 i = 0; i < 6; ++i) bit[i] = mono_ballot(ok && ((digit >> i) & 1u));
-#pragma unroll
-  for (u32 j = 0; j < SEL_BINS / MONO_WAVE; ++j) {
-    const u32 bin = mono_lane() + j * MONO_WAVE;
-    u64 m = live;
-#pragma unroll
-    for (u32 i = 0; i < 6; ++i) m &= ((bin >> i) & 1u) ? bit[i] : ~bit[i];
-    cnt[j] += mono_popc64(m);
-  }
-}
-
-// sm.whist[w][b] = keys of wave w's share of src matching (bits, len) whose digit of `round` is b.
-// Whole waves; the caller synchronises before reading another wave's row.
-template <class Src>
-MONO_DEV void sel_count_waves(sel_smem& sm, const Src& src, u32 bits, u32 len, u32 round) {
-  const u32 mask = sel_mask(len), shift = sel_shift(round), dmask = (1u << sel_width(round)) - 1u;
-  u32 cnt[SEL_BINS / MONO_WAVE];
-#pragma unroll
-  for (u32 j = 0; j < SEL_BINS / MONO_WAVE; ++j) cnt[j] = 0;
-  for (u32 base = 0; base < src.n; base += SEL_GROUP) {
-    const u32 i = base + 4 * mono_thread();
-    u32 k[4];
-    src.load4(i, k);
-#pragma unroll
-    for (u32 j = 0; j < 4; ++j) sel_count((k[j] >> shift) & dmask, i + j < src.n && (k[j] & mask) == bits, cnt);
-  }
-#pragma unroll
-  for (u32 j = 0; j < SEL_BINS / MONO_WAVE; ++j) sm.whist[mono_wave()][mono_lane() + j * MONO_WAVE] = cnt[j];
-}
-
-// sm.total[b] = keys of src matching (bits, len) whose digit of `round` is b. Block-wide.
-template <class Src>
-MONO_DEV void sel_histogram(sel_smem& sm, const Src& src, u32 bits, u32 len, u32 round) {
-  sel_count_waves(sm, src, bits, len, round);
-  mono_sync_block();
-  const u32 t = mono_thread();
-  if (t < SEL_BINS) {
-    u32 s = 0;
-#pragma unroll
-    for (u32 w = 0; w < SEL_WAVES; ++w) s += sm.whist[w][t];
-    sm.total[t] = s;
-  }
-  mono_sync_block();
-}
 
 // ---- how a slice trades with the others of its row -----------------------------------------------
 struct sel_x {
@@ -63,8 +9,6 @@ struct sel_x {
   u32 hist_box;      // box of (this row, round 0, slice 0); SelectBoxes::hist_box
   u32 me, count;     // this slice, slices of the row
 };
-
-MONO_DEV u32 sel_unpack(u32 word, u32 bin) { return (bin & 1u) ? word >> 16 : word & 0xffffu; }
 
 // This slice's box of word w of `round` (SelectBoxes::hist_box).
 MONO_DEV u32 sel_my_box(const sel_x& x, u32 round, u32 w) {
@@ -76,97 +20,7 @@ MONO_DEV void sel_put_relaxed(const mbx_ctx& c, u32 box, u32 value) {
   mono_st_relaxed_u64(c.scratch + box, mbx_pack(c.tag, value));
 }
 
-// One round of the descent (src/descent.rs Descent::step), as first written (SEL_FAST_ROUNDS=0).
-// Block-wide; false when a wait gave up or the counts lost the rank (the caller flags it and stops).
-template <class Src>
-MONO_DEV bool sel_round_first(sel_smem& sm, const Src& src, const sel_x& x, bool* stalled) {
-  sel_state& st = sm.st;
-  const u32 t = mono_thread();
-  const u32 round = st.round, rank = st.rank, me = x.c ? x.me : 0u;
-  sel_histogram(sm, src, st.bits, st.len, round);
-  if (x.c) {
-    // Publish 32 tagged pairs of 16-bit counts; thread i stores word i, which it packed itself.
-    const u32 mine = sel_my_box(x, round, 0);
-    if (t < SEL_HIST_BOXES) sm.packed[t] = (sm.total[2 * t] & 0xffffu) | (sm.total[2 * t + 1] << 16);
-    mbx_put_row(*x.c, mine, sm.packed, SEL_HIST_BOXES);
-    // Every slice's row of this round, consecutive boxes (slot stride = SEL_HIST_BOXES).
-    const u32 first = x.hist_box + round * SEL_MAX_SLICES * SEL_HIST_BOXES;
-    if (!mbx_wait_all(*x.c, first, x.count * SEL_HIST_BOXES, sm.gather)) {
-      *stalled = true;
-      return false;
-    }
-    // Sum over slices: thread (p, b) adds slices p, p + parts, ... of bin b.
-    const u32 parts = SEL_BLOCK / SEL_BINS, b = t % SEL_BINS, p = t / SEL_BINS;
-    u32 s = 0;
-    for (u32 c = p; c < x.count; c += parts) s += sel_unpack(sm.gather[c * SEL_HIST_BOXES + b / 2], b);
-    sm.part[p][b] = s;
-    mono_sync_block();
-    if (t < SEL_BINS) {
-      u32 sum = 0;
-#pragma unroll
-      for (u32 q = 0; q < parts; ++q) sum += sm.part[q][t];
-      sm.total[t] = sum;
-    }
-    mono_sync_block();
-  }
-  // The digit (src/descent.rs choose_digit): exactly one bin has above < rank <= above + count.
-  if (t < SEL_BINS) {
-    u32 above = 0;
-#pragma unroll
-    for (u32 b = 0; b < SEL_BINS; ++b) above += b > t ? sm.total[b] : 0u;
-    if (above < rank && rank <= above + sm.total[t]) {
-      st.digit = t;
-      st.digit_above = above;
-    }
-  }
-  mono_sync_block();
-  const u32 d = st.digit;
-  if (d == SEL_NONE) return false;
-  if (x.c) {
-    // Per slice: its keys above the digit and at it. A slice's 32 words sit in 32 consecutive
-    // threads, reduced with xor shuffles inside aligned groups of 32 lanes.
-    for (u32 base = 0; base < x.count * SEL_HIST_BOXES; base += SEL_BLOCK) {
-      const u32 i = base + t, j = i % SEL_HIST_BOXES;
-      const u32 w = i < x.count * SEL_HIST_BOXES ? sm.gather[i] : 0u;
-      const u32 lo = w & 0xffffu, hi = w >> 16;
-      u32 above = (2 * j > d ? lo : 0u) + (2 * j + 1 > d ? hi : 0u);
-      u32 at = (2 * j == d ? lo : 0u) + (2 * j + 1 == d ? hi : 0u);
-#pragma unroll
-      for (u32 m = SEL_HIST_BOXES / 2; m > 0; m >>= 1) {
-        above += mono_shfl_xor(above, m);
-        at += mono_shfl_xor(at, m);
-      }
-      if (j == 0 && i < x.count * SEL_HIST_BOXES) {
-        sm.slice_above[i / SEL_HIST_BOXES] = above;
-        sm.slice_at[i / SEL_HIST_BOXES] = at;
-      }
-    }
-  }
-  mono_sync_block();
-  if (t == 0) {
-    u32 above_before = 0, sharing_before = 0;
-    if (x.c) {
-#pragma unroll
-      for (u32 c = 0; c < SEL_MAX_SLICES; ++c) {
-        above_before += c < me ? sm.slice_above[c] : 0u;
-        sharing_before += c < me ? sm.slice_at[c] : 0u;
-      }
-    }
-    st.above_before += above_before;
-    st.sharing_before = sharing_before;
-    st.above += st.digit_above;
-    st.rank -= st.digit_above;
-    st.sharing = sm.total[d];
-    st.bits |= d << sel_shift(round);
-    st.len += sel_width(round);
-    st.round = round + 1;
-    st.digit = SEL_NONE;
-  }
-  mono_sync_block();
-  return true;
-}
-
-// ---- fast rounds (PERF.md) -----------------------------------------------------------------------
+// ---- rounds (PERF.md) ----------------------------------------------------------------------------
 // Rounds go in pairs (0-1, 2-3, 4-5: the stops at 12 and 24 bits end a pair). The even round
 // counts the keys under the prefix by both digits at once, hist[hi * stride + lo] with hi its own
 // digit, lo the next round's and stride = 1 << sel_width(round + 1), on shared-memory atomics
@@ -279,9 +133,9 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
 // row (the odd round's counts) in sm.pair_row and publishes it as the odd round's words at once.
 // The odd round clears the pair counts for the next pair, which no one reads before its last
 // barrier. Barriers: after the counts (even rounds), after the gather (gathered rounds; alone,
-// after the row sums), after the decision.
+// after the row sums, or before the odd round's decision), after the decision.
 template <class Src>
-MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
+MONO_DEV bool sel_round_pair(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
   sel_state& st = sm.st;
   const u32 t = mono_thread(), l = mono_lane();
   const u32 round = st.round, rank = st.rank, odd = round & 1u;
@@ -295,6 +149,11 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
     sel_row_sums(sm, hist, stride, x, round);
     if (!x.c) mono_sync_block();  // alone, wave 0 reads sm.total next; gathered, after the polls
   }
+  // Every thread has read this round's state (above, and in the loop around it) before wave 0
+  // changes it: gathered, the wait's barrier says so; alone, the even round's barrier after its
+  // counts, and for the odd round this one (without it a late wave could read the next round's
+  // state, take the other parity and miss a barrier).
+  if (odd && !x.c) mono_sync_block();
   const bool owner = mono_wave() == 0 && l < SEL_HIST_BOXES;
   u32 tlo = 0, thi = 0, blo = 0, bhi = 0;  // counts of the low / high bin: total, slices before me
   if (odd)
@@ -331,7 +190,7 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
   }
   if (mono_wave() == 0) {
     // Keys above a lane's bins, of the row and of the slices before this one: the sums over the
-    // lanes after it (src/descent.rs choose_digit), both scans side by side.
+    // lanes after it , both scans side by side.
     const u32 incl = sel_wave_scan(tlo + thi), before_incl = sel_wave_scan(blo + bhi);
     const u32 above_hi = mono_shfl(incl, MONO_WAVE - 1) - incl, above_lo = above_hi + thi;
     const u32 before_hi = mono_shfl(before_incl, MONO_WAVE - 1) - before_incl, before_lo = before_hi + bhi;
@@ -372,12 +231,7 @@ MONO_DEV bool sel_round_fast(sel_smem& sm, const Src& src, const sel_x& x, u32* 
 
 template <class Src>
 MONO_DEV bool sel_round(sel_smem& sm, const Src& src, const sel_x& x, u32* hist, bool counted, bool* stalled) {
-#if SEL_FAST_ROUNDS
-  const bool ok = sel_round_fast(sm, src, x, hist, counted, stalled);
-#else
-  (void)hist, (void)counted;
-  const bool ok = sel_round_first(sm, src, x, stalled);
-#endif
+  const bool ok = sel_round_pair(sm, src, x, hist, counted, stalled);
   sel_mark(sm, SEL_PH_ROUND);
   return ok;
 }

@@ -5,46 +5,27 @@
 #include "prelude.h"
 #include "mailbox.h"
 
-// ---- shape (src/layout.rs) -----------------------------------------------------------------------
-#ifndef SEL_K
-#define SEL_K 2048
+// ---- shape (src/layout.rs; set by the host, src/gpu.rs source) ----------------------------------
+// No defaults: a build the host did not shape is an error, not a guess that drifts from layout.rs.
+// SEL_K: k. SEL_ROOM_PER_K: the candidate room per k. MONO_CTA_THREADS: the CTA (every select task
+// takes the whole CTA). SEL_SLICE_KEYS: keys a slice (or the one CTA, before it streams) keeps in
+// LDS, a multiple of 4. SEL_MAX_SLICES, SEL_SLICE_ALIGN: the slicing (layout.rs Slices).
+// SEL_PAGE_TOKENS: the cache's page. SEL_LDS_BYTES: the dynamic shared memory a select task may use.
+#if !defined(SEL_K) || !defined(SEL_ROOM_PER_K) || !defined(MONO_CTA_THREADS) || !defined(SEL_SLICE_KEYS) || \
+    !defined(SEL_MAX_SLICES) || !defined(SEL_SLICE_ALIGN) || !defined(SEL_PAGE_TOKENS) || !defined(SEL_LDS_BYTES)
+#error "select's shape is set by the host (src/gpu.rs source): SEL_K, SEL_ROOM_PER_K, MONO_CTA_THREADS, SEL_SLICE_KEYS, SEL_MAX_SLICES, SEL_SLICE_ALIGN, SEL_PAGE_TOKENS, SEL_LDS_BYTES"
 #endif
-#ifndef SEL_ROOM_PER_K
-#define SEL_ROOM_PER_K 2
-#endif
-#ifndef SEL_BLOCK
-#define SEL_BLOCK 512
-#endif
-// Keys a slice (or the one CTA, before it streams) keeps in LDS; a multiple of 4. The default
-// takes every slice of rows up to SEL_MAX_SLICES * SEL_SLICE_TARGET keys.
-#ifndef SEL_SLICE_KEYS
-#define SEL_SLICE_KEYS 8192
-#endif
-// Keys a slice aims at: ceil(len / SEL_SLICE_TARGET) slices a row, at most SEL_MAX_SLICES.
-#ifndef SEL_SLICE_TARGET
-#define SEL_SLICE_TARGET 8192
-#endif
-#ifndef SEL_MAX_SLICES
-#define SEL_MAX_SLICES 64
-#endif
-#ifndef SEL_SLICE_ALIGN
-#define SEL_SLICE_ALIGN 4
-#endif
-#ifndef SEL_PAGE_TOKENS
-#define SEL_PAGE_TOKENS 64
-#endif
-// 1: the round of PERF.md (one wave decides the digit from per-thread partial sums, a thread
-// issues all its polls before it looks at any: 4 block barriers per gathered round, 2 alone).
-// 0: the first round (8 barriers, serial loops over bins and slices, one poll at a time), kept
-// so one GPU run can time both. The candidates' poll and the tail are the same in both.
-#ifndef SEL_FAST_ROUNDS
-#define SEL_FAST_ROUNDS 1
-#endif
-// Polls a thread issues before it looks at the first (fast rounds, candidates); 8 x 512 threads
+#define SEL_BLOCK MONO_CTA_THREADS
+// Polls a thread issues before it looks at the first (rounds, candidates); 8 x 512 threads
 // cover the 2 x SEL_ROOM boxes of the candidate pairs in one batch.
-#ifndef SEL_POLL_BATCH
 #define SEL_POLL_BATCH 8
+
+// Test faults, one define (tests only; 0 in every production build): SEL_FAULT_SKIP_WAIT, a task
+// reads its scores without waiting on its input boxes (the hand-off's negative control).
+#ifndef SEL_FAULT
+#define SEL_FAULT 0
 #endif
+#define SEL_FAULT_SKIP_WAIT 1
 
 #define SEL_ROOM (SEL_ROOM_PER_K * SEL_K)
 // Candidate arrays are read 4 keys at a time.
@@ -132,11 +113,16 @@ static_assert(SEL_FIRST_BITS + SEL_GROUP_BITS == 12 && SEL_FIRST_BITS + SEL_WIDE
                   SEL_FIRST_BITS + 2 * SEL_WIDE_BITS == 32,
               "the one CTA's digits meet the stops 12 and 24 and end at 32 bits");
 
-// ---- keys and prefixes (src/reference.rs radix_key, src/descent.rs Prefix) ------------------------
+// ---- keys and prefixes (src/reference.rs radix_key) ----------------------------------------------
 // Negative: all bits flipped; otherwise the sign bit set. Written as one xor with the sign spread
 // (2 instructions, not a select of 3: the registers kernel runs it on every key).
 MONO_DEV u32 sel_radix_key(u32 bits) { return bits ^ ((u32)((i32)bits >> 31) | 0x80000000u); }
 MONO_DEV bool sel_is_nan(u32 bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
+// -inf is a masked score (src/reference.rs): never selected. Its key is the smallest of any
+// non-NaN score, so a row's masked keys are all ties, at T only when fewer than k keys are
+// unmasked, and their entries are then -1.
+#define SEL_MASKED_BITS 0xff800000u
+#define SEL_MASKED_KEY 0x007fffffu
 MONO_DEV u32 sel_mask(u32 len) { return len == 0 ? 0u : 0xffffffffu << (32u - len); }
 // The key has the prefix bits whose unknown bits are low (~sel_mask(len)): a subtract and one
 // unsigned compare, where (key & mask) == bits takes a mask, a compare and a select in the loops.
@@ -145,17 +131,14 @@ MONO_DEV bool sel_shares(u32 key, u32 bits, u32 low) { return key - bits <= low;
 MONO_DEV u32 sel_shift(u32 round) { return round < 5 ? 26u - 6u * round : 0u; }
 MONO_DEV u32 sel_width(u32 round) { return round < 5 ? 6u : 2u; }
 
-// ---- slicing (src/layout.rs select_slices, Slices::new) ------------------------------------------
-MONO_DEV u32 sel_slice_count(u32 len) {
-  const u32 c = (len + SEL_SLICE_TARGET - 1) / SEL_SLICE_TARGET;
-  return c < 1 ? 1u : (c > SEL_MAX_SLICES ? (u32)SEL_MAX_SLICES : c);
-}
+// ---- slicing (src/layout.rs Slices::new) ----------------------------------------------------------
+// Keys of every slice but the last, of a row of len keys cut into count slices.
 MONO_DEV u32 sel_chunk(u32 len, u32 count) {
   const u32 per = (len + count - 1) / count;
   return (per + SEL_SLICE_ALIGN - 1) / SEL_SLICE_ALIGN * SEL_SLICE_ALIGN;
 }
 
-// ---- the state of the descent (src/descent.rs Descent), in shared memory ---------------------------
+// ---- the state of the descent, in shared memory --------------------------------------------------
 struct sel_state {
   u32 bits, len;       // the prefix, in place, and its length
   u32 round;           // rounds done
@@ -170,33 +153,30 @@ struct sel_state {
   u32 group_sharing, group_above;
 };
 
-// Shared memory of a select task besides the dynamic LDS.
+// A select task's state in shared memory, at the start of its LDS (the keys and candidates follow,
+// sel_lds_words).
 struct sel_smem {
-  u32 whist[SEL_WAVES][SEL_BINS];
-  u32 part[SEL_BLOCK / SEL_BINS][SEL_BINS];
-  u32 total[SEL_BINS];  // this round's counts (the fast rounds: the even round's row sums)
-  u32 packed[SEL_HIST_BOXES];
+  u32 total[SEL_BINS];  // the even round's row sums
   union {
-    // First rounds: every slice's words of the round.
-    u32 gather[SEL_MAX_SLICES * SEL_HIST_BOXES];
-    // Fast rounds: per group of SEL_HIST_BOXES threads, its sums of the words it polled: of word
-    // w, the low bin and the high bin over all slices, then over the slices before this one (16
-    // bytes, so that wave 0 reads a group's in one load). It shares the room of `gather` so that
-    // two CTAs of the longest slices still fit an SM.
+    // Per group of SEL_HIST_BOXES threads, its sums of the words it polled: of word w, the low bin
+    // and the high bin over all slices, then over the slices before this one (16 bytes, so that
+    // wave 0 reads a group's in one load).
     mono_u32x4 sums[SEL_BLOCK / SEL_HIST_BOXES][SEL_HIST_BOXES];
     // After the rounds (or without them): the candidates' wide digits.
     alignas(16) u32 tail_hist[SEL_TAIL_BINS];
   };
-  u32 slice_above[SEL_MAX_SLICES];
-  u32 slice_at[SEL_MAX_SLICES];
   u32 wtot[2][MONO_WAVE];  // the wave totals of sel_scan1 and sel_scan1x2
-  u32 pair_row[SEL_BINS];  // the fast rounds: the odd round's counts, kept by the even round
+  u32 pair_row[SEL_BINS];  // the odd round's counts, kept by the even round
   sel_state st;
 #if SEL_TRACE
   u64* trace;  // thread 0 only; nullptr when this CTA is not traced
   u32 marks;
 #endif
 };
+// Where the keys start in a select task's LDS, in words, and what the task takes in all.
+#define SEL_SMEM_WORDS ((sizeof(sel_smem) + 15) / 16 * 4)
+static_assert(SEL_SMEM_WORDS * 4 + SEL_LDS_WORDS * 4 <= SEL_LDS_BYTES,
+              "the host's LDS size (src/layout.rs task_lds_bytes) is too small for the one CTA and the slices");
 
 // Any shared state with the trace fields (sel_smem, the registers kernel's sel_reg_smem).
 template <class Smem>

@@ -1,13 +1,14 @@
 // A slice's (or the streaming one CTA's) descent, the loads, the one CTA over a row in LDS, short
-// rows, and the task functions the entry points call. Part of select.h.
+// rows, and the bodies of the slice and one-CTA tasks (select_decode.h). Part of select.h.
 #pragma once
 #include "select_place.h"
 
 // ---- a slice, or the streaming one CTA -----------------------------------------------------------
 // After the keys are in src and the row has more than k: the descent, then the placement. x.c set:
 // slice x.me of x.count, candidates staged to boxes cand_box.. as (key, position) pairs; alone:
-// candidates to cand_pos / cand_key. The fast rounds' pair counts live where the candidates go
-// after the rounds; first_counted: the load counted the first pair there (sel_load).
+// candidates to cand_pos / cand_key. The rounds' pair counts live where the candidates go after
+// the rounds; first_counted: the load counted the first pair there (sel_load). Errors are flagged
+// on the row; false (in every thread) only when a wait gave up.
 template <class Src>
 MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const sel_x& x, u32 cand_box, u32* cand_pos,
                           u32* cand_key, bool first_counted) {
@@ -18,12 +19,12 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
   while (!sel_stopped(sm.st)) {
     if (!sel_round(sm, src, x, cand_pos, first_counted && sm.st.round == 0, &stalled)) {
       sel_flag(r, stalled ? SEL_FLAG_STALLED : SEL_FLAG_LOST);
-      return false;
+      return !stalled;
     }
   }
   const sel_state st = sm.st;  // a copy: the tail's passes change sm.st
   // One pass places the keys above P and, at 32 bits, the ties; else stages the keys sharing P.
-  auto write = [&](u32 i, u32 pos, u32) { sel_write(r, i, pos); };
+  auto write = [&](u32 i, u32 pos, u32 key) { sel_write(r, i, pos, key); };
   if (st.len == 32) {
     sel_compact_prefix(sm, src, st, st.above_before, write, st.above + st.sharing_before, write);
     sel_mark(sm, SEL_PH_PLACED);
@@ -54,10 +55,7 @@ MONO_DEV bool sel_descend(sel_smem& sm, const Src& src, const sel_row& r, const 
     mono_sync_block();
     sel_mark(sm, SEL_PH_ABOVE);
   }
-  if (!sel_tail(sm, r, cand_pos, cand_key, st.sharing)) {
-    sel_flag(r, SEL_FLAG_LOST);
-    return false;
-  }
+  if (!sel_tail(sm, r, cand_pos, cand_key, st.sharing)) sel_flag(r, SEL_FLAG_LOST);
   return true;
 }
 
@@ -181,7 +179,7 @@ MONO_DEV bool sel_last_pass_placed(sel_smem& sm, u32* hist, const sel_lds_keys& 
   sel_scan1x2(sm, mono_popc64(m1) | mono_popc64(m2) << 16, mono_popc64(m3), &ab_before, &c_before);
   sel_write_marked(src, r, first, m1, ab_before & 0xffffu);
   sel_write_marked(src, r, first, m2, above_p + (ab_before >> 16));
-  sel_write_marked(src, r, first, m3, sm.st.above + c_before);
+  sel_write_marked(src, r, first, m3, sm.st.above + c_before, t);
   return true;
 }
 
@@ -221,43 +219,59 @@ MONO_DEV bool sel_one_cta_lds(sel_smem& sm, u32* keys, u32* hist, const sel_row&
   return true;
 }
 
-// A row of at most k keys: entry i is position i, then -1 (the padding by the first slice), by
-// `block` threads (the registers kernel's CTAs are larger).
-MONO_DEV void sel_short_row(const sel_row& r, u32 first, u32 n, u32 me, u32 block = SEL_BLOCK) {
+// A row of at most k keys: its unmasked keys in position order, then -1 (a NaN flagged), SEL_BLOCK
+// positions at a time, each placed by a ballot and the waves' totals (wave_totals: SEL_WAVES
+// words of shared memory). Block-wide.
+MONO_DEV void sel_short_row(const sel_row& r, u32* wave_totals) {
+  const u32 lane = mono_lane(), wave = mono_wave();
   bool nan = false;
-  for (u32 i = mono_thread(); i < n; i += block) {
-    nan |= sel_is_nan(mono_f32_bits(r.scores[first + i]));
-    r.out[first + i] = sel_entry(r, first + i);
+  u32 next = 0;  // entries of the chunks before this one
+  for (u32 c0 = 0; c0 < r.len; c0 += SEL_BLOCK) {
+    const u32 i = c0 + mono_thread();
+    const u32 bits = i < r.len ? mono_f32_bits(r.scores[i]) : SEL_MASKED_BITS;
+    nan |= sel_is_nan(bits);
+    const bool keep = bits != SEL_MASKED_BITS;
+    const u64 votes = mono_ballot(keep);
+    if (lane == 0) wave_totals[wave] = mono_popc64(votes);
+    mono_sync_block();
+    u32 before = 0, total = 0;
+#pragma unroll
+    for (u32 w = 0; w < SEL_WAVES; ++w) {
+      const u32 x = wave_totals[w];
+      before += w < wave ? x : 0u;
+      total += x;
+    }
+    if (keep) r.out[next + before + mono_popc64(votes & (((u64)1 << lane) - 1u))] = sel_entry(r, i);
+    next += total;
+    mono_sync_block();  // every thread has read the totals before the next chunk's
   }
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
-  if (me == 0)
-    for (u32 i = r.len + mono_thread(); i < SEL_K; i += block) r.out[i] = -1;
+  for (u32 i = next + mono_thread(); i < SEL_K; i += SEL_BLOCK) r.out[i] = -1;
 }
 
-// ---- task functions ------------------------------------------------------------------------------
-// Slice `me` of the row (of sel_slice_count(len) slices). Every slice of the row must run at once
-// (each waits for the others' histograms). lds: SEL_LDS_WORDS words of dynamic shared memory.
-// hist_box: SelectBoxes::hist_box(row, 0, 0); cand_box: SelectBoxes::cand_box(row, 0).
-MONO_DEV bool sel_slice_task(sel_smem& sm, u32* lds, const mbx_ctx& c, const sel_row& r, u32 me, u32 hist_box,
-                             u32 cand_box) {
-  const u32 count = sel_slice_count(r.len);
-  if (me >= count) return true;
-  const u32 chunk = sel_chunk(r.len, count), first = me * chunk;
-  // Slices past the first never start at or past the end (src/layout.rs proves it for the
-  // production constants); other defines could break that, so it is checked.
-  if (me > 0 && first >= r.len) {
+// ---- task bodies ---------------------------------------------------------------------------------
+// Slice `me` of the `count` slices of the row (src/layout.rs Slices). Every slice of the row must
+// run at once (each waits for the others' histograms): they are a gang. lds: SEL_LDS_WORDS words.
+// hist_box: SelectBoxes::hist_box(row, 0, 0); cand_box: SelectBoxes::cand_box(row, 0). Errors are
+// flagged on the row; false only when a wait gave up.
+MONO_DEV bool sel_slice_run(sel_smem& sm, u32* lds, const mbx_ctx& c, const sel_row& r, u32 me, u32 count,
+                            u32 hist_box, u32 cand_box) {
+  if (count == 0 || count > SEL_MAX_SLICES || me >= count || (r.len <= SEL_K && count != 1)) {
     sel_flag(r, SEL_FLAG_SHAPE);
-    return false;
-  }
-  const u32 n = (first + chunk < r.len ? first + chunk : r.len) - first;
-  if (r.len <= SEL_K) {
-    sel_short_row(r, first, n, me);
     return true;
   }
-  if (chunk > SEL_SLICE_KEYS) {
-    sel_flag(r, SEL_FLAG_SHAPE);
-    return false;
+  if (r.len <= SEL_K) {
+    sel_short_row(r, sm.wtot[0]);
+    return true;
   }
+  const u32 chunk = sel_chunk(r.len, count), first = me * chunk;
+  // A slice past the first never starts at or past the end, and none is longer than the LDS room,
+  // when the host cut the row (src/layout.rs Slices::new); a descriptor that says otherwise is flagged.
+  if (first >= r.len || chunk > SEL_SLICE_KEYS) {
+    sel_flag(r, SEL_FLAG_SHAPE);
+    return true;
+  }
+  const u32 n = (first + chunk < r.len ? first + chunk : r.len) - first;
   u32* cand_pos = lds + SEL_SLICE_KEYS;
   sel_load(r, first, n, lds, cand_pos);
   sel_mark(sm, SEL_PH_LOADED);
@@ -267,13 +281,10 @@ MONO_DEV bool sel_slice_task(sel_smem& sm, u32* lds, const mbx_ctx& c, const sel
 }
 
 // The whole row on this CTA: keys in LDS with wide digits when they fit, else by rounds read from
-// global memory every pass.
-MONO_DEV bool sel_one_cta_task(sel_smem& sm, u32* lds, const sel_row& r) {
-  if (r.len <= SEL_K) {
-    sel_short_row(r, 0, r.len, 0);
-    return true;
-  }
-  if (r.len <= SEL_SLICE_KEYS) return sel_one_cta_lds(sm, lds, lds + SEL_SLICE_KEYS, r);
+// global memory every pass. Errors are flagged on the row.
+MONO_DEV void sel_one_cta_run(sel_smem& sm, u32* lds, const sel_row& r) {
+  if (r.len <= SEL_K) return sel_short_row(r, sm.wtot[0]);
+  if (r.len <= SEL_SLICE_KEYS) return (void)sel_one_cta_lds(sm, lds, lds + SEL_SLICE_KEYS, r);
   const sel_x alone{nullptr, 0, 0, 1};
   u32* cand_pos = lds + SEL_SLICE_KEYS;
   u32* cand_key = cand_pos + SEL_ROOM4;
@@ -281,5 +292,5 @@ MONO_DEV bool sel_one_cta_task(sel_smem& sm, u32* lds, const sel_row& r) {
   bool nan = false;
   for (u32 i = mono_thread(); i < r.len; i += SEL_BLOCK) nan |= sel_is_nan(mono_f32_bits(r.scores[i]));
   if (nan) mono_st_relaxed_u32(r.flags + SEL_FLAG_NAN, 1u);
-  return sel_descend(sm, sel_row_keys{r.scores, r.len}, r, alone, 0, cand_pos, cand_key, false);
+  sel_descend(sm, sel_row_keys{r.scores, r.len}, r, alone, 0, cand_pos, cand_key, false);
 }

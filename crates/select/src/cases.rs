@@ -1,8 +1,8 @@
-//! Score rows for checks and benchmarks: the adversarial patterns (ties, all-equal, zeros,
-//! outliers, short rows, rows past 128K keys) and a few more, generated
-//! from a seed so that a failing case can be named and rerun.
+//! Score rows for checks and benchmarks: the adversarial set of the select contract, masked rows
+//! included, generated from a seed so that a failing case can be named and rerun.
 
 use crate::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};
+use crate::reference::MASKED;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -24,7 +24,7 @@ pub enum Pattern {
     Zeros,
     /// Random, with the last [`RECENT_KEYS`] scores scaled by 8 (recent tokens scoring high).
     Recent,
-    /// Random for the first eighth, -inf after (padding inside the valid length).
+    /// Random for the first eighth, masked (-inf) after: masked padding inside the length.
     NegInfPadding,
     /// 1.0 plus a few ulps: every key shares its top 24 bits, so the descent runs to 32 bits.
     Narrow,
@@ -54,6 +54,18 @@ pub enum Pattern {
     BucketFull,
     /// As [`Pattern::BucketFull`] with one key more: the crowd is gathered to be ranked.
     BucketPlusOne,
+    /// Every score masked (-inf): the list is all -1.
+    MaskedAll,
+    /// k - 1 random scores at random positions (k = 2048), the rest masked: the unmasked keys in
+    /// position order, then -1.
+    MaskedBelowK,
+    /// Exactly k unmasked: T is the smallest unmasked key, no -1.
+    MaskedAtK,
+    /// k + 1 unmasked: one of them is left out.
+    MaskedAboveK,
+    /// Every score 0.75 with about half the positions masked at random: the ties by position skip
+    /// the masked ones.
+    MaskedTies,
 }
 
 /// Keys at 3.0 in [`Pattern::RoomFull`] rows: k - CROWD_HIGH keys of the crowd are selected.
@@ -68,7 +80,7 @@ pub fn rank_high(crowd: usize) -> usize {
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 17] = [
+    pub const ALL: [Pattern; 22] = [
         Pattern::Random,
         Pattern::Bits,
         Pattern::Ties,
@@ -86,6 +98,11 @@ impl Pattern {
         Pattern::RankPlusOne,
         Pattern::BucketFull,
         Pattern::BucketPlusOne,
+        Pattern::MaskedAll,
+        Pattern::MaskedBelowK,
+        Pattern::MaskedAtK,
+        Pattern::MaskedAboveK,
+        Pattern::MaskedTies,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -107,6 +124,11 @@ impl Pattern {
             Pattern::RankPlusOne => "rank + 1",
             Pattern::BucketFull => "bucket full",
             Pattern::BucketPlusOne => "bucket + 1",
+            Pattern::MaskedAll => "masked all",
+            Pattern::MaskedBelowK => "masked k - 1",
+            Pattern::MaskedAtK => "masked k",
+            Pattern::MaskedAboveK => "masked k + 1",
+            Pattern::MaskedTies => "masked ties",
         }
     }
 
@@ -168,6 +190,13 @@ impl Pattern {
             Pattern::RankPlusOne => rank_row(len, REG_RANK_ROOM as usize + 1, &mut rng),
             Pattern::BucketFull => rank_row(len, REG_RANK_BUCKET as usize, &mut rng),
             Pattern::BucketPlusOne => rank_row(len, REG_RANK_BUCKET as usize + 1, &mut rng),
+            Pattern::MaskedAll => vec![MASKED; len],
+            Pattern::MaskedBelowK => masked_row(len, TopK::GLM5.k() as usize - 1, &mut rng),
+            Pattern::MaskedAtK => masked_row(len, TopK::GLM5.k() as usize, &mut rng),
+            Pattern::MaskedAboveK => masked_row(len, TopK::GLM5.k() as usize + 1, &mut rng),
+            Pattern::MaskedTies => (0..len)
+                .map(|_| if rng.gen() { 0.75 } else { MASKED })
+                .collect(),
         }
     }
 }
@@ -192,6 +221,21 @@ fn rank_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
         ],
         rng,
     )
+}
+
+/// `unmasked` random scores at random positions (cut to `len`), the rest masked.
+fn masked_row(len: usize, unmasked: usize, rng: &mut StdRng) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..len)
+        .map(|i| {
+            if i < unmasked {
+                rng.gen_range(-4.0f32..4.0)
+            } else {
+                MASKED
+            }
+        })
+        .collect();
+    row.shuffle(rng);
+    row
 }
 
 /// A score maker for [`layered_row`].

@@ -4,7 +4,7 @@
 
 use crate::layout::TopK;
 use crate::reference::{
-    radix_key, select_row, select_rows, sorted_top_k, to_slots, Pages, Rows, SelectError,
+    is_masked, radix_key, select_row, select_rows, sorted_top_k, to_slots, Pages, Rows, SelectError,
 };
 use std::collections::HashSet;
 
@@ -174,11 +174,22 @@ pub mod controls {
 
     /// Flips one bit of one score so that the row's exact top-k set changes (so any correct list
     /// changes): lowers the last selected key below the best unselected one, or raises the best
-    /// unselected key above T, never producing NaN. Returns (position, bit), or `None` for a row
-    /// of at most k keys or one where no single flip changes the set (all -inf against +inf).
+    /// unselected key above T, never producing NaN; in a row with fewer than k unmasked keys,
+    /// unmasks a masked one. Returns (position, bit), or `None` when no single flip changes the
+    /// set (a row of at most k keys, none masked).
     pub fn flip_score_bit(scores: &mut [f32], top: TopK) -> Option<(usize, u32)> {
         let sel = select_row(scores, top).ok()?;
-        let t = sel.threshold?.key;
+        let flipped = |s: f32, bit: u32| f32::from_bits(s.to_bits() ^ (1 << bit));
+        let Some(th) = sel.threshold else {
+            let pos = scores.iter().position(|&s| is_masked(s))?;
+            let bit = (0..32).find(|&b| {
+                let f = flipped(scores[pos], b);
+                !f.is_nan() && !is_masked(f)
+            })?;
+            scores[pos] = flipped(scores[pos], bit);
+            return Some((pos, bit));
+        };
+        let t = th.key;
         let last = *sel.list.last()? as usize;
         let chosen: HashSet<i32> = sel.list.iter().copied().collect();
         let best = (0..scores.len())

@@ -1,10 +1,10 @@
-//! Shape and placement math of the select stage, the one copy that the reference, the CPU
-//! multi-slice form, the kernel launch and the executor all read: k and the candidate room, the
-//! digit schedule, the slicing of a row, the placement of slices on tasks, and the scratch regions.
-//! The device headers (`kernels/select.h` and those it includes) mirror the formulas marked
-//! "(device)".
+//! Shape and placement math of the select stage, the one copy that the reference, the kernel
+//! launch and the executor all read: k and the candidate room, the digit schedule, the slicing of
+//! a row, the task list of a launch ([`SelectPlan`]), and the scratch regions. The device headers
+//! (`kernels/select.h` and those it includes) mirror the formulas marked "(device)".
 
-use mailbox::layout::{LayoutBuilder, LayoutError as BoxLayoutError, Region};
+use mailbox::layout::{BoxRange, LayoutBuilder, LayoutError as BoxLayoutError, Region};
+use mailbox::{Placement, Stage, Task};
 use std::ops::Range;
 
 /// k of GLM-5's DSA indexer (`index_topk`).
@@ -64,9 +64,19 @@ pub const PLACE_RUN: u32 = 64;
 /// Shared memory per block a kernel may use: the H200 (sm_90) and the MI355X (gfx950).
 pub const H200_SHARED_PER_BLOCK: u32 = 227 * 1024;
 pub const GFX950_SHARED_PER_BLOCK: u32 = 160 * 1024;
-/// What the kernels' static shared memory (`sel_smem`: 14,256 B for gfx950 at k = 2048) may
-/// take at most; the rest of a block's shared memory is for the dynamic LDS.
+/// What a task's state (`sel_smem`, at the start of its LDS: about 9 KiB at 512 threads) may take
+/// at most; the rest of the LDS holds the keys. The header checks it (`SEL_LDS_BYTES`).
 pub const STATIC_SHARED_ALLOWANCE: u32 = 16 * 1024;
+
+/// The LDS a select task of a CTA of `threads` threads takes (`SEL_LDS_BYTES`): the one CTA's or a
+/// slice's state and `keys` keys with their candidates, or the registers task's histograms and
+/// list, whichever is larger. (device static_asserts check both)
+pub fn task_lds_bytes(keys: u32, top: TopK, threads: u32) -> u32 {
+    let one_cta = STATIC_SHARED_ALLOWANCE.max(16 * threads + 4096) + lds_words(keys, top) * 4;
+    // Three histograms (12, 12 and 8 bits), the list, and a few words a wave.
+    let registers = (2 * WIDE_BINS + 256 + top.k()) * 4 + threads + 256;
+    one_cta.max(registers)
+}
 /// Rows of at most this many keys the one-CTA kernel keeps in LDS and selects with wide digits
 /// (longer rows stream from global memory by 6-bit rounds): the H200's
 /// [`one_cta_room`] at k = 2048 (on gfx950 it is 28672; [`Shape::for_rows_within`] takes the
@@ -77,13 +87,7 @@ pub const ONE_CTA_ROOM: u32 = 32768;
 /// Unit of the one-CTA room.
 pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
-/// Threads of the registers kernel's CTA (`SEL_REG_BLOCK`) unless a build says otherwise: with
-/// its bins free of bank conflicts, 1024 threads are faster than 512 at 8K and 16K keys
-/// (crates/select/PERF.md, BENCHMARKS.md).
-pub const REG_BLOCK: u32 = 1024;
-
-/// The longest row the registers kernel takes: 16 keys a thread of 1024 threads, which have 64
-/// registers each (a key takes one).
+/// The longest row the registers task takes: 32 keys a thread of 512 threads (the fused CTA).
 pub const REG_MAX_ROW: u32 = 16384;
 /// Keys sharing T's 12-bit prefix that the registers kernel stages at most, to find the rest of T
 /// from them alone (half of a 12-bit histogram's words, keys and positions).
@@ -108,10 +112,10 @@ pub fn reg_staged_room(top: TopK) -> u32 {
 /// Keys a thread of the registers kernel holds at most (`SEL_REG_KEYS`: marked in a u32).
 pub const REG_MAX_PER_THREAD: u32 = 32;
 
-/// Keys per thread of a registers kernel of `block` threads built for rows of at most `max_len`
-/// keys: the fewest (a multiple of 4, at least 4) that hold such a row. `block` is a power of two
-/// from 64 to 1024 (a thread owns a whole number of quads of a 4096-bin histogram). (device
-/// `SEL_REG_KEYS`, `SEL_REG_BLOCK`)
+/// Keys per thread of a registers task on a CTA of `block` threads built for rows of at most
+/// `max_len` keys: the fewest (a multiple of 4, at least 4) that hold such a row. `block` is a power
+/// of two from 64 to 1024 (a thread owns a whole number of quads of a 4096-bin histogram). (device
+/// `SEL_REG_KEYS`)
 pub fn reg_keys_per_thread(max_len: u32, block: u32) -> Result<u32, LayoutError> {
     if !block.is_power_of_two() || !(64..=1024).contains(&block) {
         return Err(LayoutError::BadRegBlock { block });
@@ -145,7 +149,8 @@ pub fn one_cta_room(shared_per_block: u32, top: TopK) -> u32 {
 /// Keys a slice aims at: a row of `len` keys takes `ceil(len / SLICE_TARGET)` slices, at most
 /// [`MAX_SLICES`]. A gathered round costs more the more slices it gathers (32 boxes from each)
 /// and little per key (PERF.md), so slices are made long: a 128K row is 16 slices of
-/// 8K, and only rows past `MAX_SLICES * SLICE_TARGET` (512K) keys take longer ones. (device)
+/// 8K, and only rows past `MAX_SLICES * SLICE_TARGET` (512K) keys take longer ones. A launch whose
+/// rows would need more slices than it has CTAs takes longer ones too ([`SelectPlan`]).
 pub const SLICE_TARGET: u32 = 8192;
 /// Slices of one row. (device)
 pub const MAX_SLICES: u32 = 64;
@@ -155,9 +160,6 @@ pub const SLICE_ROOM: u32 = 16384;
 pub const SLICE_ALIGN: u32 = 4;
 /// The longest row: 64 slices of [`SLICE_ROOM`] keys (2^20).
 pub const MAX_ROW_KEYS: u32 = MAX_SLICES * SLICE_ROOM;
-/// Tasks of the interleaved placement (the CUs of an MI355X; also within the H200's co-resident grid).
-pub const MAX_SELECT_TASKS: u32 = 256;
-
 const _: () = assert!(SLICE_ROOM < 1 << 16, "slice counts travel as 16-bit values");
 const _: () = assert!(SLICE_ROOM % SLICE_ALIGN == 0);
 // Why every row up to MAX_ROW_KEYS slices within SLICE_ROOM: up to MAX_SLICES * SLICE_TARGET
@@ -181,8 +183,16 @@ pub enum LayoutError {
     BadRegBlock { block: u32 },
     #[error("a select launch needs at least one row")]
     NoRows,
-    #[error("row {row}: slice count {count} is outside 1..={MAX_SLICES}")]
-    BadRowSlices { row: usize, count: u32 },
+    #[error("a select launch needs at least one CTA")]
+    NoCtas,
+    #[error("row {row}: {len} keys need {count} slices of at most {keys} keys, more than the {ctas} CTAs of the launch (a gang's slices run at once)")]
+    TooFewCtas {
+        row: usize,
+        len: u32,
+        count: u32,
+        keys: u32,
+        ctas: u32,
+    },
     #[error(transparent)]
     Scratch(#[from] BoxLayoutError),
 }
@@ -297,90 +307,166 @@ impl Slices {
     }
 }
 
-/// How the slices of a launch's rows map onto its tasks (each task is one CTA's worth of work).
+/// The select stage's task kinds (`SEL_KIND_*`, `kernels/select_decode.h`): a task's own kind
+/// under [`Stage::Select`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaskOrder {
-    /// Slice `c` of row `s` is task `c * rows + s`: the first slices of all rows come first, so
-    /// short rows share one range of CTAs.
-    Interleaved,
-    /// Row `s` takes tasks `s * MAX_SLICES ..`, slice `c` at `s * MAX_SLICES + c`.
-    Runs,
+pub enum SelectKind {
+    /// The one CTA over a row: in LDS up to the build's slice keys, streamed past that.
+    OneCta = 1,
+    /// The one CTA over a row held in registers (at most `SEL_REG_KEYS` keys a thread).
+    Registers = 2,
+    /// One slice of a row, in a gang with the row's other slices.
+    Slice = 3,
 }
 
-/// The placement of a launch's slices on its tasks. A task whose slice index is past its row's
-/// slice count (rows are read on the device, so counts may be below the planned ones) is idle.
+impl SelectKind {
+    /// The kind word of a task descriptor.
+    pub fn kind(self) -> u32 {
+        Task::kind_of(Stage::Select, self as u32)
+    }
+}
+
+/// How a plan cuts rows into slices: about `target` keys a slice, at most `keys` (the build's
+/// `SEL_SLICE_KEYS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlicePlacement {
-    rows: u32,
-    order: TaskOrder,
-    tasks: u32,
+pub struct Slicing {
+    pub target: u32,
+    pub keys: u32,
 }
 
-/// Places rows whose slice counts are at most `max_slices`: interleaved when every row has at
-/// most `MAX_SELECT_TASKS / rows` slices, else a run of [`MAX_SLICES`] tasks per row.
-pub fn place_slices(max_slices: &[u32]) -> Result<SlicePlacement, LayoutError> {
-    let rows = max_slices.len() as u32;
-    if rows == 0 {
-        return Err(LayoutError::NoRows);
-    }
-    if let Some((row, &count)) = max_slices
-        .iter()
-        .enumerate()
-        .find(|(_, &c)| c == 0 || c > MAX_SLICES)
-    {
-        return Err(LayoutError::BadRowSlices { row, count });
-    }
-    let most = max_slices.iter().copied().max().unwrap_or(1);
-    Ok(if most <= MAX_SELECT_TASKS / rows {
-        SlicePlacement {
-            rows,
-            order: TaskOrder::Interleaved,
-            tasks: most * rows,
+impl Slicing {
+    /// The production slicing of a build that holds `keys` keys a slice.
+    pub fn production(keys: u32) -> Self {
+        Slicing {
+            target: SLICE_TARGET,
+            keys,
         }
-    } else {
-        SlicePlacement {
-            rows,
-            order: TaskOrder::Runs,
-            tasks: rows * MAX_SLICES,
+    }
+
+    /// The slices of a row of `len` keys in a launch of `rows` rows on `ctas` CTAs: one per
+    /// `target` keys; fewer, longer ones (down to `ceil(len / keys)`) when the launch's rows would
+    /// not all fit its CTAs at once; one for a row of at most k keys (it lists them alone).
+    pub fn slices(&self, len: u32, top: TopK, rows: u32, ctas: u32) -> Option<Slices> {
+        if len <= top.k() {
+            return Slices::new(len, 1).ok();
         }
-    })
-}
-
-impl SlicePlacement {
-    pub fn rows(&self) -> u32 {
-        self.rows
-    }
-
-    pub fn order(&self) -> TaskOrder {
-        self.order
-    }
-
-    /// Tasks of the launch (its grid, standalone).
-    pub fn tasks(&self) -> u32 {
-        self.tasks
-    }
-
-    /// The task of slice `c` of `row`, if the placement has one.
-    pub fn task(&self, row: u32, c: u32) -> Option<u32> {
-        if row >= self.rows || c >= MAX_SLICES {
-            return None;
-        }
-        let t = match self.order {
-            TaskOrder::Interleaved => c * self.rows + row,
-            TaskOrder::Runs => row * MAX_SLICES + c,
+        let want = slice_count(len, self.target.max(1));
+        let spread = (ctas / rows.max(1)).max(1);
+        let fewest = len.div_ceil(self.keys.max(1)).max(1);
+        let start = if want > spread {
+            fewest.max(spread)
+        } else {
+            want
         };
-        (t < self.tasks).then_some(t)
+        (start..=MAX_SLICES.min(ctas))
+            .filter_map(|count| Slices::new(len, count).ok())
+            .find(|s| s.chunk() <= self.keys)
+    }
+}
+
+/// One task of a [`SelectPlan`]: the row, the slice, the CTA, and the descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedTask {
+    pub row: u32,
+    pub slice: u32,
+    pub cta: u32,
+    pub task: Task,
+}
+
+/// The one-stage task list of a select launch: a task per row (one CTA or registers) or per slice
+/// (a gang per row), on CTAs in turn, a rank a row. Descriptor arguments (device
+/// `select_decode.h`): `[row, len, me | count << 16]`; no inputs (the fused launch adds the
+/// completion boxes a task waits on) and no output boxes.
+///
+/// A row's slices are a gang: one rank, consecutive CTAs (modulo the grid), so every CTA reaches
+/// its member after the tasks of earlier rows only, and a row's slices all run at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectPlan {
+    ctas: u32,
+    tasks: Vec<PlannedTask>,
+}
+
+impl SelectPlan {
+    /// `kind` for every row of `lens`, on at most `ctas` CTAs, row `r`'s tasks at rank
+    /// `first_order + r`; slices cut by `slicing`.
+    pub fn new(
+        lens: &[u32],
+        kind: SelectKind,
+        top: TopK,
+        ctas: u32,
+        slicing: Slicing,
+        first_order: u32,
+    ) -> Result<Self, LayoutError> {
+        if lens.is_empty() {
+            return Err(LayoutError::NoRows);
+        }
+        if ctas == 0 {
+            return Err(LayoutError::NoCtas);
+        }
+        let rows = lens.len() as u32;
+        let mut tasks = Vec::new();
+        let mut cta = 0u32;
+        for (row, &len) in lens.iter().enumerate() {
+            if len > MAX_ROW_KEYS {
+                return Err(LayoutError::RowTooLong { len });
+            }
+            let count = match kind {
+                SelectKind::Slice => slicing
+                    .slices(len, top, rows, ctas)
+                    .ok_or(LayoutError::TooFewCtas {
+                        row,
+                        len,
+                        count: len.div_ceil(slicing.keys.max(1)),
+                        keys: slicing.keys,
+                        ctas,
+                    })?
+                    .count(),
+                SelectKind::OneCta | SelectKind::Registers => 1,
+            };
+            for slice in 0..count {
+                let args = match kind {
+                    SelectKind::Slice => [row as u32, len, slice | count << 16],
+                    SelectKind::OneCta | SelectKind::Registers => [row as u32, len, 0],
+                };
+                let order = first_order + row as u32;
+                let task = Task::new(kind.kind(), order, BoxRange::default(), &[], args)
+                    .expect("no inputs");
+                tasks.push(PlannedTask {
+                    row: row as u32,
+                    slice,
+                    cta,
+                    task,
+                });
+                cta = (cta + 1) % ctas;
+            }
+        }
+        Ok(SelectPlan {
+            ctas: ctas.min(tasks.len() as u32),
+            tasks,
+        })
     }
 
-    /// (row, slice) of a task. (device)
-    pub fn slice(&self, task: u32) -> Option<(u32, u32)> {
-        if task >= self.tasks {
-            return None;
+    /// CTAs the plan uses.
+    pub fn ctas(&self) -> u32 {
+        self.ctas
+    }
+
+    pub fn tasks(&self) -> &[PlannedTask] {
+        &self.tasks
+    }
+
+    /// For wiring inputs (the completion boxes a task waits on) and other stages' orders.
+    pub fn tasks_mut(&mut self) -> &mut [PlannedTask] {
+        &mut self.tasks
+    }
+
+    /// Every CTA's list, in order.
+    pub fn placement(&self) -> Placement {
+        let mut lists = vec![Vec::new(); self.ctas as usize];
+        for t in &self.tasks {
+            lists[t.cta as usize].push(t.task);
         }
-        Some(match self.order {
-            TaskOrder::Interleaved => (task % self.rows, task / self.rows),
-            TaskOrder::Runs => (task / MAX_SLICES, task % MAX_SLICES),
-        })
+        Placement::new(lists)
     }
 }
 

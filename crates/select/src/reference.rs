@@ -2,9 +2,13 @@
 //! kernel's list must equal [`select_rows`] entry by entry.
 //!
 //! - A score's radix key maps its bits to a `u32` that orders like the score: negative scores have
-//!   all bits flipped, others get the sign bit set. -0.0 sits just below +0.0. NaN is an error.
+//!   all bits flipped, others get the sign bit set. -0.0 sits just below +0.0.
+//! - NaN is an error: this reference refuses the row; the kernels flag it (`SEL_FLAG_NAN`, an
+//!   error naming the row on the host) and their list for that row means nothing.
 //! - A row's keys are its first `len` scores; positions past `len` are not keys at all.
-//! - A row of at most k keys selects them all, in position order, padded with -1.
+//! - `-inf` is a masked score: a masked position is never selected.
+//! - A row with fewer than k unmasked keys (a row of at most k keys among them) lists its unmasked
+//!   keys in position order, padded with -1.
 //! - Otherwise T is the k-th largest key. Its prefix P is 12 bits long if the row's keys sharing
 //!   T's top 12 bits fit in the candidate room ([`TopK::room`], 2k), else 24 bits if those sharing
 //!   its top 24 bits fit, else all 32 bits.
@@ -24,6 +28,14 @@ pub fn radix_key(score: f32) -> u32 {
     } else {
         bits | 0x8000_0000
     }
+}
+
+/// A masked score (`-inf`); its key is the smallest of any non-NaN score.
+pub const MASKED: f32 = f32::NEG_INFINITY;
+
+/// Whether a score is masked.
+pub fn is_masked(score: f32) -> bool {
+    score == MASKED
 }
 
 /// The score whose radix key is `key` (the inverse of [`radix_key`]).
@@ -95,7 +107,8 @@ impl Threshold {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowSelection {
     pub list: Vec<i32>,
-    /// `None` for a row of at most k keys (everything is selected).
+    /// `None` for a row with fewer than k unmasked keys, or at most k keys (every unmasked key is
+    /// selected).
     pub threshold: Option<Threshold>,
 }
 
@@ -116,10 +129,12 @@ fn keys_of(scores: &[f32]) -> Result<Vec<u32>, NanScore> {
         .collect()
 }
 
-/// The k-th largest key and the prefix the descent stops at.
+/// The k-th largest key and the prefix the descent stops at; `None` when fewer than k keys are
+/// unmasked, or the row has at most k keys.
 pub fn threshold(keys: &[u32], top: TopK) -> Option<Threshold> {
     let k = top.k() as usize;
-    if keys.len() <= k {
+    let masked = radix_key(MASKED);
+    if keys.len() <= k || keys.iter().filter(|&&x| x != masked).count() < k {
         return None;
     }
     let mut sorted = keys.to_vec();
@@ -152,7 +167,10 @@ pub fn select_row(scores: &[f32], top: TopK) -> Result<RowSelection, NanScore> {
     let k = top.k() as usize;
     let keys = keys_of(scores)?;
     let Some(th) = threshold(&keys, top) else {
-        let mut list: Vec<i32> = (0..keys.len() as i32).collect();
+        let mut list: Vec<i32> = (0..scores.len())
+            .filter(|&pos| !is_masked(scores[pos]))
+            .map(|pos| pos as i32)
+            .collect();
         list.resize(k, -1);
         return Ok(RowSelection {
             list,
@@ -280,11 +298,14 @@ pub fn select_rows(rows: &Rows, top: TopK, pages: Option<&Pages>) -> Result<Vec<
     Ok(out)
 }
 
-/// The second reference: the positions of the k largest keys, ties to the lower position, sorted
-/// by key descending then position ascending. What any exact top-k must select, in some order.
+/// The second reference: the positions of the k largest unmasked keys, ties to the lower position,
+/// sorted by key descending then position ascending. What any exact top-k must select, in some
+/// order.
 pub fn sorted_top_k(scores: &[f32], top: TopK) -> Result<Vec<i32>, NanScore> {
     let keys = keys_of(scores)?;
-    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+    let mut order: Vec<u32> = (0..keys.len() as u32)
+        .filter(|&pos| !is_masked(scores[pos as usize]))
+        .collect();
     order.sort_by(|&a, &b| keys[b as usize].cmp(&keys[a as usize]).then(a.cmp(&b)));
     order.truncate(top.k() as usize);
     Ok(order.into_iter().map(|p| p as i32).collect())
@@ -329,6 +350,32 @@ mod tests {
         let exact = select_row(&[3.0, -1.0, 7.0], top(3)).unwrap();
         assert_eq!(exact.list, vec![0, 1, 2]);
         assert_eq!(select_row(&[], top(2)).unwrap().list, vec![-1, -1]);
+    }
+
+    #[test]
+    fn masked_keys_are_never_selected() {
+        let inf = MASKED;
+        // Fewer than k unmasked: in position order, then -1, however they score.
+        let sel = select_row(&[inf, 3.0, inf, -1.0, 7.0, inf], top(4)).unwrap();
+        assert_eq!(sel.list, vec![1, 3, 4, -1]);
+        assert_eq!(sel.threshold, None);
+        assert_eq!(select_row(&[inf; 5], top(2)).unwrap().list, vec![-1, -1]);
+        assert_eq!(
+            select_row(&[inf, 2.0], top(3)).unwrap().list,
+            vec![1, -1, -1]
+        );
+        // Exactly k unmasked in a longer row: the usual order (T the smallest unmasked key).
+        let sel = select_row(&[inf, 1.0, 5.0, inf, 3.0], top(3)).unwrap();
+        assert_eq!(sel.list, vec![2, 4, 1]);
+        assert_eq!(sel.threshold.unwrap().key, radix_key(1.0));
+        // Masked positions among tied keys: the ties go by position, the masked ones skipped.
+        let sel = select_row(&[2.0, inf, 2.0, inf, 2.0, 2.0], top(3)).unwrap();
+        assert_eq!(sel.list, vec![0, 2, 4]);
+        assert_eq!(
+            sorted_top_k(&[2.0, inf, 2.0, inf, 2.0, 2.0], top(3)).unwrap(),
+            vec![0, 2, 4]
+        );
+        assert_eq!(sorted_top_k(&[inf, 1.0, inf], top(2)).unwrap(), vec![1]);
     }
 
     #[test]
@@ -379,11 +426,11 @@ mod tests {
 
     #[test]
     fn zeros_of_both_signs_and_infinities() {
-        let scores = [-0.0, 0.0, -0.0, f32::NEG_INFINITY, 0.0];
-        let sel = select_row(&scores, top(3)).unwrap();
+        let scores = [-0.0, 0.0, -0.0, f32::INFINITY, 0.0];
+        let sel = select_row(&scores, top(4)).unwrap();
         assert_eq!(sel.threshold.unwrap().key, radix_key(-0.0));
-        assert_eq!(sel.list, vec![1, 4, 0]);
-        assert_eq!(sorted_top_k(&scores, top(3)).unwrap(), vec![1, 4, 0]);
+        assert_eq!(sel.list, vec![1, 3, 4, 0]);
+        assert_eq!(sorted_top_k(&scores, top(4)).unwrap(), vec![3, 1, 4, 0]);
     }
 
     #[test]

@@ -1,12 +1,16 @@
-//! Builds the select kernels for both targets without a GPU, at the default defines and at the
-//! shapes the tests and benchmarks launch (production k over the longest rows, the tiny model's
-//! k = 16, the debug build with bounded polls, the traced build). With MONO_REQUIRE_COMPILERS=1 (CI) a missing
-//! compiler fails instead of skipping.
+//! Builds the select stage's entry for both targets without a GPU, in the production build and at
+//! the shapes the tests and benchmarks launch (production k over the longest rows, the tiny model's
+//! k = 16, the debug build with bounded polls, the traced build, the hand-off's fault build), and
+//! shows that a build the host did not shape is refused. With MONO_REQUIRE_COMPILERS=1 (CI) a
+//! missing compiler fails instead of skipping.
 
 use device::{Clang, Compiler, Nvrtc};
 use mailbox::gpu::{DebugBound, Variant};
 use select::gpu::{source, sources, Method, Shape, SELECT_HEADERS};
 use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
+
+/// Every kind's task function sits behind the one entry.
+const ENTRIES: [&str; 1] = ["select_tasks"];
 
 fn compiler(make: impl FnOnce() -> device::Result<Box<dyn Compiler>>) -> Option<Box<dyn Compiler>> {
     match make() {
@@ -55,11 +59,9 @@ fn builds(compiler: &dyn Compiler) {
         ..Shape::for_rows(Method::OneCta, TopK::GLM5, 8192).unwrap()
     };
     all.push(source(traced, Variant::default()));
-    // The registers kernel's smaller CTAs of the bench, with the most keys a thread.
-    for block in [512, 256] {
-        let shape = Shape::registers(TopK::GLM5, 8192, block).unwrap();
-        all.push(source(shape, Variant::default()));
-    }
+    // The hand-off's negative control: tasks that skip their wait.
+    let shape = Shape::for_rows(Method::Registers, TopK::GLM5, 8192).unwrap();
+    all.push(source(shape, Variant::default()).define("SEL_FAULT", 1));
     for src in all {
         let compiled = compiler.compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let mut names: Vec<_> = compiled
@@ -68,16 +70,7 @@ fn builds(compiler: &dyn Compiler) {
             .map(|r| r.kernel.clone())
             .collect();
         names.sort();
-        assert_eq!(
-            names,
-            [
-                "select_in_registers",
-                "select_multi_slice",
-                "select_one_cta"
-            ],
-            "{}",
-            compiler.target()
-        );
+        assert_eq!(names, ENTRIES, "{}", compiler.target());
         for r in &compiled.resources {
             eprintln!(
                 "{} {:?} {:?}: {r:?}",
@@ -86,6 +79,15 @@ fn builds(compiler: &dyn Compiler) {
                 src.defines().get("SEL_REG_KEYS")
             );
         }
+    }
+    // A shape define left out is an error, not a default.
+    let unshaped = mailbox::gpu::source(select::gpu::SELECT_HIP);
+    let unshaped = SELECT_HEADERS
+        .iter()
+        .fold(unshaped, |src, &(name, text)| src.header(name, text));
+    match compiler.compile(&unshaped) {
+        Err(e) => assert!(e.to_string().contains("set by the host"), "{e}"),
+        Ok(_) => panic!("an unshaped build compiled"),
     }
 }
 

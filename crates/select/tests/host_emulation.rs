@@ -1,18 +1,23 @@
-//! The kernels' own source (`kernels/select.hip`, `select.h` and the headers it includes, found
-//! through `-I kernels`) run on CPU threads through the host stand-in of the prelude
-//! (`kernels/host/prelude.h` of the workspace) and a driver (`tests/host/`),
-//! compared entry by entry with the reference: wave sizes 32 and 64, all three kernels, every pattern,
-//! page tables, a build with many small slices, and one at production k and slicing. This checks the device
-//! code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between CTAs),
-//! but not the GPU's memory model or speed.
-//! Slow (each CTA is a process of the block's threads) and needs g++ with C++20, so ignored:
+//! The select stage's own source (`kernels/select.hip`, `select.h` and the headers it includes,
+//! found through `-I kernels`) run on CPU threads through the host stand-in of the prelude
+//! (`kernels/host/prelude.h` of the workspace) and a driver (`tests/host/`): the standalone entry's
+//! task-list loop over the plan the host builds (`SelectPlan`), compared entry by entry with the
+//! reference: wave sizes 32 and 64, every task kind, every pattern (masked rows included), page
+//! tables, a build with many small slices, and one at production k and slicing. Then the hand-off:
+//! select tasks that wait on a producer's completion box read the producer's fresh scores, and a
+//! build whose tasks skip the wait reads the stale ones, which the check catches. This checks the
+//! device code itself without a GPU (block barriers, ballots, shuffles, tagged-pair waits between
+//! CTAs, the placement of gangs), but not the GPU's memory model or speed.
+//! Needs g++ with C++20, and takes about a minute, so ignored:
 //! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
 
-use mailbox::layout::ScratchLayout;
+use mailbox::layout::{BoxRange, ScratchLayout};
+use mailbox::{Limits, Stage, Task};
 use select::cases::{self, Pattern};
 use select::check::check_output;
-use select::layout::{place_slices, slice_count, SelectBoxes, TaskOrder, TopK, SLICE_TARGET};
+use select::layout::{SelectBoxes, SelectKind, SelectPlan, Slicing, TopK, SLICE_TARGET};
 use select::reference::{select_row, Pages, Rows};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -23,18 +28,21 @@ const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/h
 const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
 const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
 
+const KINDS: [SelectKind; 3] = [SelectKind::OneCta, SelectKind::Slice, SelectKind::Registers];
+
 struct Build {
     name: &'static str,
     wave: u32,
-    block: u32,
+    /// `MONO_CTA_THREADS`.
+    threads: u32,
     k: u32,
-    /// `SEL_SLICE_TARGET`: small in the first builds, so that short rows take several slices.
+    /// The plan's slice target: small in the first builds, so that short rows take several slices.
     slice_target: u32,
     slice_keys: u32,
-    /// `SEL_REG_BLOCK` and `SEL_REG_KEYS` of the registers kernel: it runs the batches whose rows
-    /// all fit in `reg_block * reg_keys` keys.
-    reg_block: u32,
+    /// `SEL_REG_KEYS`: the registers task runs the batches whose rows all fit `threads * reg_keys`.
     reg_keys: u32,
+    /// CTAs of a launch: fewer than the tasks, so lists hold several and gangs take turns.
+    ctas: u32,
     /// Row lengths of the batches it runs.
     batches: &'static [&'static [u32]],
 }
@@ -43,78 +51,113 @@ const BUILDS: [Build; 4] = [
     Build {
         name: "wave32",
         wave: 32,
-        block: 64,
+        threads: 64,
         k: 16,
         slice_target: 1024,
         slice_keys: 2048,
-        reg_block: 256,
-        reg_keys: 28,
-        batches: &[&[3000, 16, 17, 0], &[7000, 700], &[5133, 1025, 257, 5]],
+        reg_keys: 32,
+        ctas: 5,
+        batches: &[&[2000, 16, 17, 0], &[5133, 1025, 257, 5]],
     },
     Build {
         name: "wave64",
         wave: 64,
-        block: 128,
+        threads: 128,
         k: 16,
         slice_target: 1024,
         slice_keys: 2048,
-        reg_block: 256,
         reg_keys: 32,
-        batches: &[&[3000, 16, 17, 0], &[7000, 700]],
+        ctas: 4,
+        batches: &[&[3000, 16, 17, 0]],
     },
     Build {
         name: "many-slices",
         wave: 32,
-        block: 64,
+        threads: 64,
         k: 16,
         slice_target: 64,
         slice_keys: 2048,
-        reg_block: 64,
         reg_keys: 32,
+        ctas: 40,
         batches: &[&[3000, 1100]],
     },
     Build {
         name: "k2048",
         wave: 32,
         // A thread places at most 64 keys: slices of SLICE_TARGET keys need 128 threads.
-        block: 128,
+        threads: 128,
         k: 2048,
         slice_target: SLICE_TARGET,
         slice_keys: SLICE_TARGET,
-        reg_block: 1024,
-        reg_keys: 20,
+        reg_keys: 32,
+        ctas: 4,
         batches: &[&[20000, 3000, 2049, 2048]],
     },
 ];
 
-fn compile(b: &Build, dir: &Path) -> PathBuf {
+impl Build {
+    fn top(&self) -> TopK {
+        TopK::new(self.k).unwrap()
+    }
+
+    fn slicing(&self) -> Slicing {
+        Slicing {
+            target: self.slice_target,
+            keys: self.slice_keys,
+        }
+    }
+
+    fn holds_in_registers(&self, lens: &[u32]) -> bool {
+        lens.iter().all(|&len| len <= self.threads * self.reg_keys)
+    }
+}
+
+/// The driver built for `b`; `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every
+/// check but the hang detector's control runs).
+fn compile(b: &Build, dir: &Path, fault: u32, debug: bool) -> PathBuf {
     // The one line the host cannot take as written: dynamic shared memory becomes a static array.
     let hip = std::fs::read_to_string(format!("{KERNELS}/select.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u32 sel_lds[];";
+    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 sel_lds[];";
     assert!(hip.contains(dynamic));
-    let hip = hip.replace(dynamic, "alignas(16) static u32 sel_lds[SEL_LDS_WORDS];");
-    std::fs::write(dir.join("select.hip"), hip).unwrap();
-    let exe = dir.join(format!("select_{}", b.name));
+    let hip = hip.replace(dynamic, "alignas(16) static u8 sel_lds[SEL_LDS_BYTES];");
+    let src = dir.join(format!("{}-{fault}-{debug}", b.name));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("select.hip"), hip).unwrap();
+    let exe = src.join("select");
+    let lds = select::layout::task_lds_bytes(b.slice_keys, b.top(), b.threads);
     let out = Command::new("g++")
-        .args(["-std=c++20", "-O2", "-pthread", "-w"])
-        .arg(format!("-I{}", dir.display()))
+        .args(["-std=c++20", "-O1", "-pthread", "-w"])
+        .arg(format!("-I{}", src.display()))
         .arg(format!("-I{HOST}"))
         .arg(format!("-I{HOST_PRELUDE}"))
         .arg(format!("-I{KERNELS}"))
         .arg(format!("-I{MAILBOX}"))
         .arg(format!("-I{OPS}"))
         .arg(format!("-DMONO_WAVE={}", b.wave))
-        .arg(format!("-DSEL_BLOCK={}", b.block))
+        .arg(format!("-DMONO_CTA_THREADS={}", b.threads))
         .arg(format!("-DSEL_K={}", b.k))
-        .arg(format!("-DSEL_SLICE_TARGET={}", b.slice_target))
+        .arg(format!("-DSEL_ROOM_PER_K={}", select::layout::ROOM_PER_K))
         .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
-        .arg(format!("-DSEL_REG_BLOCK={}", b.reg_block))
+        .arg(format!("-DSEL_MAX_SLICES={}", select::layout::MAX_SLICES))
+        .arg(format!("-DSEL_SLICE_ALIGN={}", select::layout::SLICE_ALIGN))
+        .arg(format!("-DSEL_PAGE_TOKENS={}", select::layout::PAGE_TOKENS))
+        .arg(format!("-DSEL_LDS_BYTES={lds}"))
         .arg(format!("-DSEL_REG_KEYS={}", b.reg_keys))
-        .args([
-            "-DMBX_DEBUG=1",
-            "-DMBX_DEBUG_TRAP=0",
-            "-DMBX_POLL_LIMIT=20000000u",
-        ])
+        .arg(format!(
+            "-DSEL_REG_STAGE_ROOM={}",
+            select::layout::REG_STAGE_ROOM
+        ))
+        .arg(format!(
+            "-DSEL_REG_RANK_ROOM={}",
+            select::layout::REG_RANK_ROOM
+        ))
+        .arg(format!(
+            "-DSEL_REG_BUCKET={}u",
+            select::layout::REG_RANK_BUCKET
+        ))
+        .arg(format!("-DSEL_FAULT={fault}"))
+        .arg(format!("-DMBX_DEBUG={}", debug as u32))
+        .args(["-DMBX_DEBUG_TRAP=0", "-DMBX_POLL_LIMIT=20000000u"])
         .arg(format!("{HOST}/driver.cpp"))
         .arg("-o")
         .arg(&exe)
@@ -128,55 +171,100 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
     exe
 }
 
-/// One launch of `method` (0 one-CTA, 1 multi-slice, 2 registers): the error words and the lists.
-fn launch(
-    exe: &Path,
+/// One launch: its task lists, the scratch, and (for the hand-off) the fresh scores a producer
+/// writes after `delay_ms`.
+struct Launch<'a> {
+    lists: Vec<Vec<Task>>,
+    scratch: u32,
+    boxes: SelectBoxes,
+    rows: &'a Rows<'a>,
+    pages: Option<&'a Pages<'a>>,
+    fresh: Option<&'a [f32]>,
+    delay_ms: u32,
+}
+
+/// The plan of `kind` for the rows, checked by the placement rule, on the build's CTAs.
+fn planned<'a>(
     b: &Build,
-    method: u32,
-    rows: &Rows,
-    pages: Option<&Pages>,
-) -> Result<(Vec<u32>, Vec<i32>), String> {
-    let top = TopK::new(b.k).unwrap();
+    kind: SelectKind,
+    rows: &'a Rows<'a>,
+    pages: Option<&'a Pages<'a>>,
+) -> Launch<'a> {
     let mut builder = ScratchLayout::builder();
-    let boxes = SelectBoxes::add(&mut builder, "sel", rows.count() as u32, top).unwrap();
+    let boxes = SelectBoxes::add(&mut builder, "sel", rows.count() as u32, b.top()).unwrap();
     let scratch = builder.build().boxes();
-    let counts: Vec<u32> = rows
-        .lens
-        .iter()
-        .map(|&l| slice_count(l, b.slice_target))
-        .collect();
-    let p = place_slices(&counts).unwrap();
+    let plan = SelectPlan::new(rows.lens, kind, b.top(), b.ctas, b.slicing(), 0).unwrap();
+    let placement = plan.placement();
+    placement
+        .validate(Limits {
+            max_resident: b.ctas,
+            scratch_boxes: scratch,
+        })
+        .unwrap();
+    Launch {
+        lists: placement.lists().to_vec(),
+        scratch,
+        boxes,
+        rows,
+        pages,
+        fresh: None,
+        delay_ms: 0,
+    }
+}
+
+/// Runs a launch: the error words and the lists.
+fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
+    let rows = l.rows;
+    let tasks: Vec<Task> = l.lists.iter().flatten().copied().collect();
     let mut words = vec![
-        method,
         rows.count() as u32,
         rows.stride as u32,
-        pages.map_or(0, |p| p.stride as u32),
-        (p.order() == TaskOrder::Runs) as u32,
-        p.tasks(),
-        boxes.hist.offset(),
-        boxes.cand.offset(),
-        boxes.cand.stride(),
-        scratch,
+        l.pages.map_or(0, |p| p.stride as u32),
+        l.lists.len() as u32,
+        tasks.len() as u32,
+        l.scratch,
+        l.boxes.hist.offset(),
+        l.boxes.cand.offset(),
+        l.boxes.cand.stride(),
+        l.fresh.is_some() as u32,
+        l.delay_ms,
     ];
+    let mut end = 0;
+    words.push(0);
+    for list in &l.lists {
+        end += list.len() as u32;
+        words.push(end);
+    }
+    words.extend(
+        tasks
+            .iter()
+            .flat_map(|t| bytemuck::cast::<Task, [u32; 16]>(*t)),
+    );
     words.extend(rows.lens);
-    words.extend(rows.scores.iter().map(|s| s.to_bits()));
-    words.extend(pages.iter().flat_map(|p| p.table.iter().map(|&v| v as u32)));
+    words.extend(
+        rows.scores[..rows.count() * rows.stride]
+            .iter()
+            .map(|s| s.to_bits()),
+    );
+    if let Some(fresh) = l.fresh {
+        words.extend(fresh.iter().map(|s| s.to_bits()));
+    }
+    words.extend(
+        l.pages
+            .iter()
+            .flat_map(|p| p.table.iter().map(|&v| v as u32)),
+    );
     let dir = exe.parent().unwrap();
     let (input, output) = (dir.join("input"), dir.join("output"));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     std::fs::write(&input, bytes).unwrap();
-    let run = Command::new(exe).arg(&input).arg(&output).output().unwrap();
-    if !run.status.success() {
-        // driver.cpp: 3 is its watchdog, 1 a CTA that did not exit cleanly (a trap, a crash).
-        let what = match run.status.code() {
-            Some(3) => {
-                "some CTA had not finished after 60 s: a wait that never ends, or a machine \
-                        too loaded to run the emulated threads (rerun alone to tell)"
-                    .to_string()
-            }
+    let out = Command::new(exe).arg(&input).arg(&output).output().unwrap();
+    if !out.status.success() {
+        let what = match out.status.code() {
+            Some(3) => "the launch hung (a wait that never ends)".to_string(),
             code => format!("status {code:?}"),
         };
-        return Err(format!("{what}: {}", String::from_utf8_lossy(&run.stderr)));
+        return Err(format!("{what}: {}", String::from_utf8_lossy(&out.stderr)));
     }
     let words: Vec<u32> = std::fs::read(&output)
         .unwrap()
@@ -190,24 +278,32 @@ fn launch(
     ))
 }
 
+/// The launch's lists checked against the reference of `rows` (errors flagged fail it too).
+fn checked(exe: &Path, l: &Launch, top: TopK) -> Result<(), String> {
+    let (flags, out) = run(exe, l)?;
+    if flags.iter().any(|&f| f != 0) {
+        return Err(format!("flags {flags:?}"));
+    }
+    check_output(l.rows, top, l.pages, &out).map_err(|e| e.to_string())
+}
+
 #[test]
 #[ignore = "slow; needs g++ with C++20"]
 fn kernel_source_on_cpu_threads_matches_the_reference() {
     let dir = std::env::temp_dir().join(format!("select-host-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
     let mut runs = 0;
     // Where the rows that the one CTA keeps in LDS (wide digits) stopped, and the others.
-    let mut lds_stops = std::collections::BTreeSet::new();
-    let mut other_stops = std::collections::BTreeSet::new();
-    let mut reg_stops = std::collections::BTreeSet::new();
+    let mut lds_stops = BTreeSet::new();
+    let mut other_stops = BTreeSet::new();
+    let mut reg_stops = BTreeSet::new();
     for b in &BUILDS {
-        let exe = compile(b, &dir);
-        let top = TopK::new(b.k).unwrap();
+        let exe = compile(b, &dir, 0, true);
+        let top = b.top();
         for (i, lens) in b.batches.iter().enumerate() {
             for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
                 let stride = (*lens.iter().max().unwrap() as usize + 5).div_ceil(4) * 4;
-                let scores = cases::rows(pattern, lens, stride, (i * 16 + p) as u64);
+                let scores = cases::rows(pattern, lens, stride, (i * 32 + p) as u64);
                 let rows = Rows {
                     scores: &scores,
                     stride,
@@ -222,36 +318,28 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                     stride: per_row,
                 };
                 let pages = (p % 2 == 1).then_some(&pages);
-                let in_regs = lens.iter().all(|&len| len <= b.reg_block * b.reg_keys);
+                let in_regs = b.holds_in_registers(lens);
                 for (r, &len) in lens.iter().enumerate() {
-                    let th = select_row(rows.row(r), top).unwrap().threshold;
-                    if let (Some(t), true) = (th, in_regs) {
+                    let Some(t) = select_row(rows.row(r), top).unwrap().threshold else {
+                        continue;
+                    };
+                    if in_regs {
                         reg_stops.insert(t.prefix_bits);
                     }
-                    if let Some(t) = th {
-                        let in_lds = len <= b.slice_keys;
-                        if in_lds {
-                            &mut lds_stops
-                        } else {
-                            &mut other_stops
-                        }
-                        .insert(t.prefix_bits);
+                    if len <= b.slice_keys {
+                        &mut lds_stops
+                    } else {
+                        &mut other_stops
                     }
+                    .insert(t.prefix_bits);
                 }
-                for method in [0, 1, 2] {
-                    if method == 2 && !in_regs {
+                for kind in KINDS {
+                    if kind == SelectKind::Registers && !in_regs {
                         continue;
                     }
                     runs += 1;
-                    let result = launch(&exe, b, method, &rows, pages).and_then(|(flags, out)| {
-                        if flags.iter().any(|&f| f != 0) {
-                            return Err(format!("flags {flags:?}"));
-                        }
-                        check_output(&rows, top, pages, &out).map_err(|e| e.to_string())
-                    });
-                    if let Err(e) = result {
-                        let case =
-                            format!("{} method {method} {} {lens:?}", b.name, pattern.name());
+                    if let Err(e) = checked(&exe, &planned(b, kind, &rows, pages), top) {
+                        let case = format!("{} {kind:?} {} {lens:?}", b.name, pattern.name());
                         eprintln!("{case}: {e}");
                         failures.push(case);
                     }
@@ -259,7 +347,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
             }
         }
         // A negative NaN among the keys of a row the one CTA keeps in LDS (and that one or two
-        // slices load, by the build's target) is flagged on that row alone, by both kernels.
+        // slices load) is flagged on that row alone, by every kind.
         let lens = [100, 1500];
         let stride = 1504;
         let mut scores = cases::rows(Pattern::Random, &lens, stride, 77);
@@ -269,12 +357,12 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
             stride,
             lens: &lens,
         };
-        for method in [0, 1, 2] {
+        for kind in KINDS {
             runs += 1;
-            let flags = launch(&exe, b, method, &rows, None).map(|(flags, _)| flags);
+            let flags = run(&exe, &planned(b, kind, &rows, None)).map(|(flags, _)| flags);
             if flags != Ok(vec![0, 0, 0, 0, 1, 0, 0, 0]) {
-                eprintln!("{} method {method}: NaN in row 1: {flags:?}", b.name);
-                failures.push(format!("{} method {method} NaN", b.name));
+                eprintln!("{} {kind:?}: NaN in row 1: {flags:?}", b.name);
+                failures.push(format!("{} {kind:?} NaN", b.name));
             }
         }
     }
@@ -282,14 +370,132 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     eprintln!("{runs} emulated launches, {} failed", failures.len());
     eprintln!(
         "stops: rows in the one CTA's LDS {lds_stops:?}, longer rows {other_stops:?}, rows the \
-         registers kernel took {reg_stops:?}"
+         registers task took {reg_stops:?}"
     );
     assert!(failures.is_empty(), "{failures:?}");
     // Every path ran: wide digits from 12 and from 24 bits, and ties placed at 32, on both sides
-    // of the one CTA's LDS edge and in the registers kernel.
-    let all: std::collections::BTreeSet<u32> = [12, 24, 32].into();
+    // of the one CTA's LDS edge and in the registers task.
+    let all: BTreeSet<u32> = [12, 24, 32].into();
     assert_eq!(
         (lds_stops, other_stops, reg_stops),
         (all.clone(), all.clone(), all)
     );
+}
+
+/// The launch of `kind` over `stale` scores with a producer a row, on CTAs of their own after the
+/// select tasks' (so nothing orders a producer before a consumer but the wait), each writing its
+/// row's fresh scores after `delay_ms` and putting one completion box, which the row's tasks wait on.
+fn with_producers<'a>(
+    b: &Build,
+    kind: SelectKind,
+    stale: &'a Rows<'a>,
+    fresh: &'a [f32],
+) -> Launch<'a> {
+    let rows = stale.count() as u32;
+    let mut builder = ScratchLayout::builder();
+    let boxes = SelectBoxes::add(&mut builder, "sel", rows, b.top()).unwrap();
+    let done = builder.region::<u32>("scored", rows, 1).unwrap();
+    let scratch = builder.build().boxes();
+    let mut plan = SelectPlan::new(stale.lens, kind, b.top(), b.ctas, b.slicing(), rows).unwrap();
+    let ctas = plan.ctas();
+    for t in plan.tasks_mut() {
+        let input = done.slot(t.row).unwrap();
+        t.task = Task::new(t.task.kind, t.task.order, t.task.out, &[input], t.task.args).unwrap();
+    }
+    let mut placement = plan.placement();
+    for row in 0..rows {
+        let out: BoxRange = done.slot(row).unwrap();
+        let producer = Task::new(
+            Task::kind_of(Stage::Synthetic, 1),
+            row,
+            out,
+            &[],
+            [row, 0, 0],
+        );
+        placement.lists_mut().push(vec![producer.unwrap()]);
+    }
+    placement
+        .validate(Limits {
+            max_resident: ctas + rows,
+            scratch_boxes: scratch,
+        })
+        .unwrap();
+    Launch {
+        lists: placement.lists().to_vec(),
+        scratch,
+        boxes,
+        rows: stale,
+        pages: None,
+        fresh: Some(fresh),
+        delay_ms: 1000,
+    }
+}
+
+/// Select tasks that wait on their inputs read what the producers wrote; a build whose tasks skip
+/// the wait (`SEL_FAULT_SKIP_WAIT`) reads the stale scores, and the check of the fresh ones fails.
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn select_tasks_wait_for_the_scores_they_read() {
+    let dir = std::env::temp_dir().join(format!("select-handoff-{}", std::process::id()));
+    let b = &BUILDS[0];
+    let lens = [2000u32, 700];
+    let stride = 2004;
+    let stale = cases::rows(Pattern::Random, &lens, stride, 1);
+    let fresh = cases::rows(Pattern::Random, &lens, stride, 2);
+    let stale_rows = Rows {
+        scores: &stale,
+        stride,
+        lens: &lens,
+    };
+    let fresh_rows = Rows {
+        scores: &fresh,
+        ..stale_rows
+    };
+    let waits = compile(b, &dir, 0, true);
+    let skips = compile(b, &dir, 1, true);
+    for kind in KINDS {
+        let launch = with_producers(b, kind, &stale_rows, &fresh);
+        let (flags, out) = run(&waits, &launch).unwrap();
+        assert_eq!(flags, vec![0; 8], "{kind:?}");
+        check_output(&fresh_rows, b.top(), None, &out)
+            .unwrap_or_else(|e| panic!("{kind:?} waiting: {e}"));
+        let (_, skipped) = run(&skips, &launch).unwrap();
+        let caught = check_output(&fresh_rows, b.top(), None, &skipped);
+        eprintln!("{kind:?}, the wait skipped: {caught:?}");
+        assert!(
+            caught.is_err(),
+            "{kind:?}: a task that skipped its wait passed the check"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The hang detector's negative control: tasks waiting on a box that no task writes (the placement
+/// rule bypassed), with unbounded polls, never end; the driver must stop the launch and say so
+/// rather than pass or hang the test.
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn a_wait_that_never_ends_is_reported_as_a_hang() {
+    let dir = std::env::temp_dir().join(format!("select-hang-{}", std::process::id()));
+    let b = &BUILDS[0];
+    let lens = [2000u32];
+    let scores = cases::rows(Pattern::Random, &lens, 2000, 3);
+    let rows = Rows {
+        scores: &scores,
+        stride: 2000,
+        lens: &lens,
+    };
+    let mut launch = planned(b, SelectKind::Registers, &rows, None);
+    let never = BoxRange::new(launch.scratch, 1);
+    launch.scratch += 1;
+    for t in launch.lists.iter_mut().flatten() {
+        *t = Task::new(t.kind, t.order, t.out, &[never], t.args).unwrap();
+    }
+    let exe = compile(b, &dir, 0, false);
+    let result = run(&exe, &launch);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(e) => assert!(e.contains("hung"), "{e}"),
+        Ok(out) => panic!("a launch that waits forever ended: {out:?}"),
+    }
 }

@@ -1,9 +1,11 @@
-//! Properties of the layout math: slices tile each row once within their limits, the placement
-//! gives every slice its own task, histogram and candidate boxes never collide, and the registers
-//! kernel holds the rows it is built for.
+//! Properties of the layout math: slices tile each row once within their limits, a launch's plan
+//! gives every slice its own task and passes the placement rule, histogram and candidate boxes
+//! never collide, and the registers task holds the rows it is built for.
 
 use mailbox::layout::ScratchLayout;
+use mailbox::Limits;
 use proptest::prelude::*;
+use select::gpu::CTA_THREADS;
 use select::layout::*;
 use std::collections::HashSet;
 
@@ -65,8 +67,8 @@ proptest! {
             // The fewest that hold it.
             prop_assert!(per == 4 || (per - 4) * block < max_len);
         }
-        // The CTA the kernel is built with holds such rows.
-        prop_assert!(reg_keys_per_thread(max_len, REG_BLOCK).is_ok());
+        // The fused CTA holds such rows.
+        prop_assert!(reg_keys_per_thread(max_len, CTA_THREADS).is_ok());
     }
 
     #[test]
@@ -90,31 +92,55 @@ proptest! {
     }
 
     #[test]
-    fn every_slice_has_its_own_task(counts in prop::collection::vec(1..=MAX_SLICES, 1..40)) {
-        let p = place_slices(&counts).unwrap();
-        let rows = counts.len() as u32;
-        let most = *counts.iter().max().unwrap();
-        let interleaved = most <= MAX_SELECT_TASKS / rows;
-        prop_assert_eq!(p.order() == TaskOrder::Interleaved, interleaved);
-        if interleaved {
-            prop_assert!(p.tasks() <= MAX_SELECT_TASKS);
+    fn a_plan_gives_every_slice_a_task_and_passes_the_placement_rule(
+        lens in prop::collection::vec(0..=MAX_ROW_KEYS, 1..9),
+        ctas in 1..=160u32,
+        kind in prop::sample::select(vec![SelectKind::OneCta, SelectKind::Registers, SelectKind::Slice]),
+        first_order in 0..1000u32,
+    ) {
+        let top = TopK::GLM5;
+        let slicing = Slicing::production(SLICE_ROOM);
+        let Ok(plan) = SelectPlan::new(&lens, kind, top, ctas, slicing, first_order) else {
+            // Refused only when a row's slices cannot all run at once.
+            prop_assert!(kind == SelectKind::Slice);
+            prop_assert!(lens.iter().any(|&l| l.div_ceil(SLICE_ROOM) > ctas));
+            return Ok(());
+        };
+        prop_assert!(plan.ctas() <= ctas);
+        plan.placement()
+            .validate(Limits { max_resident: ctas, scratch_boxes: 1 })
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let tasks = plan.tasks();
+        for t in tasks {
+            prop_assert_eq!(t.task.order, first_order + t.row);
+            prop_assert_eq!(t.task.kind, kind.kind());
+            prop_assert_eq!(t.task.n_inputs, 0);
+            prop_assert_eq!([t.task.args[0], t.task.args[1]], [t.row, lens[t.row as usize]]);
         }
-        let mut seen = HashSet::new();
-        for (row, &count) in counts.iter().enumerate() {
-            for c in 0..count {
-                let t = p.task(row as u32, c).unwrap();
-                prop_assert!(t < p.tasks());
-                prop_assert!(seen.insert(t), "task {} given twice", t);
-                prop_assert_eq!(p.slice(t), Some((row as u32, c)));
+        for (row, &len) in lens.iter().enumerate() {
+            let gang: Vec<_> = tasks.iter().filter(|t| t.row == row as u32).collect();
+            if kind != SelectKind::Slice {
+                prop_assert_eq!(gang.len(), 1);
+                continue;
+            }
+            // The slices tile the row within the LDS room, one a CTA: a gang.
+            let count = gang.len() as u32;
+            let s = Slices::new(len, count).unwrap();
+            check_tiling(&s);
+            prop_assert!(s.chunk() <= SLICE_ROOM && count <= ctas);
+            prop_assert!(len > top.k() || count == 1);
+            let mut seen = HashSet::new();
+            for (c, t) in gang.iter().enumerate() {
+                prop_assert_eq!(t.slice, c as u32);
+                prop_assert_eq!(t.task.args[2], c as u32 | count << 16);
+                prop_assert!(seen.insert(t.cta), "two slices of row {} on CTA {}", row, t.cta);
+            }
+            // Rows of the target's slicing keep it while the launch's rows all fit its CTAs.
+            let want = select_slices(len).unwrap().count();
+            if want * lens.len() as u32 <= ctas {
+                prop_assert_eq!(count, want);
             }
         }
-        // Tasks without a planned slice decode to a slice index past their row's count.
-        for t in 0..p.tasks() {
-            let (row, c) = p.slice(t).unwrap();
-            prop_assert!(row < rows && c < MAX_SLICES);
-            prop_assert_eq!(seen.contains(&t), c < counts[row as usize]);
-        }
-        prop_assert_eq!(p.slice(p.tasks()), None);
     }
 
     #[test]
@@ -198,26 +224,39 @@ fn limits_are_refused_with_a_reason() {
     assert_eq!(TopK::new(0), Err(LayoutError::BadK { k: 0 }));
     assert!(TopK::new(MAX_K + 1).is_err());
     assert_eq!(TopK::GLM5.room(), 4096);
-    assert_eq!(place_slices(&[]), Err(LayoutError::NoRows));
-    assert!(place_slices(&[65]).is_err());
-    // Rows of 128K keys are 16 slices of 8K: eight interleave on 128 tasks, sixteen on 256.
-    let long = select_slices(128 * 1024).unwrap();
-    assert_eq!((long.count(), long.chunk()), (16, SLICE_TARGET));
-    let eight = place_slices(&[long.count(); 8]).unwrap();
+    let slicing = Slicing::production(SLICE_ROOM);
     assert_eq!(
-        (eight.order(), eight.tasks()),
-        (TaskOrder::Interleaved, 128)
+        SelectPlan::new(&[], SelectKind::Slice, TopK::GLM5, 8, slicing, 0),
+        Err(LayoutError::NoRows)
     );
-    let sixteen = place_slices(&[long.count(); 16]).unwrap();
-    assert_eq!(
-        (sixteen.order(), sixteen.tasks()),
-        (TaskOrder::Interleaved, 256)
-    );
-    // Rows of 64 slices: four interleave on 256 tasks, eight go in runs.
-    let four = place_slices(&[64; 4]).unwrap();
-    assert_eq!((four.order(), four.tasks()), (TaskOrder::Interleaved, 256));
-    let eight = place_slices(&[64; 8]).unwrap();
-    assert_eq!((eight.order(), eight.tasks()), (TaskOrder::Runs, 512));
+    assert!(matches!(
+        SelectPlan::new(
+            &[MAX_ROW_KEYS],
+            SelectKind::Slice,
+            TopK::GLM5,
+            63,
+            slicing,
+            0
+        ),
+        Err(LayoutError::TooFewCtas { row: 0, .. })
+    ));
+    // 128K rows are 16 slices of 8K while four fit 132 CTAs; 512K rows take 33 slices of about
+    // 16K at 4 rows (64 of 8K at 2 rows).
+    let counts = |len: u32, rows: usize| {
+        let plan = SelectPlan::new(
+            &vec![len; rows],
+            SelectKind::Slice,
+            TopK::GLM5,
+            132,
+            slicing,
+            0,
+        )
+        .unwrap();
+        (plan.tasks().len() / rows, plan.ctas())
+    };
+    assert_eq!(counts(128 * 1024, 4), (16, 64));
+    assert_eq!(counts(512 * 1024, 4), (33, 132));
+    assert_eq!(counts(512 * 1024, 2), (64, 128));
 }
 
 /// Every length the layout accepts, not a sample: the slicing tiles it within the room, and
@@ -255,7 +294,7 @@ fn the_fastest_method_changes_where_the_registers_run_out() {
     use select::gpu::Method;
     assert_eq!(Method::fastest_for(REG_MAX_ROW), Method::Registers);
     assert_eq!(Method::fastest_for(REG_MAX_ROW + 1), Method::MultiSlice);
-    assert!(reg_keys_per_thread(REG_MAX_ROW + 1, REG_BLOCK).is_err());
+    assert!(reg_keys_per_thread(REG_MAX_ROW + 1, CTA_THREADS).is_err());
     assert!(matches!(
         reg_keys_per_thread(100, 96),
         Err(LayoutError::BadRegBlock { block: 96 })

@@ -1,11 +1,12 @@
-//! Properties of the reference: its list holds exactly the sort-based top-k, in the contract's
-//! order (keys above P by position, then keys with prefix P above T by position, then ties).
+//! Properties of the reference: its list holds exactly the sort-based top-k of the unmasked keys,
+//! in the contract's order (keys above P by position, then keys with prefix P above T by
+//! position, then ties; fewer than k unmasked: all of them by position), never a masked one.
 
 use proptest::prelude::*;
 use select::cases::{rank_high, Pattern, CROWD_HIGH, RANK_BESIDE};
 use select::check::missed;
 use select::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};
-use select::reference::{radix_key, select_row, sorted_top_k};
+use select::reference::{is_masked, radix_key, select_row, sorted_top_k};
 
 proptest! {
     #[test]
@@ -24,9 +25,12 @@ proptest! {
         let selected: Vec<i32> = sel.list.iter().copied().filter(|&e| e >= 0).collect();
         prop_assert_eq!(selected.len(), expected.len());
         prop_assert!(sel.list[selected.len()..].iter().all(|&e| e == -1));
+        prop_assert!(selected.iter().all(|&p| !is_masked(scores[p as usize])));
         let Some(th) = sel.threshold else {
-            prop_assert!(len <= k as usize);
-            prop_assert!(selected.iter().enumerate().all(|(i, &p)| p == i as i32));
+            // Every unmasked key, in position order.
+            let unmasked: Vec<i32> = (0..len as i32).filter(|&p| !is_masked(scores[p as usize])).collect();
+            prop_assert!(unmasked.len() < k as usize || len <= k as usize);
+            prop_assert_eq!(selected, unmasked);
             return Ok(());
         };
         prop_assert!([12, 24, 32].contains(&th.prefix_bits));

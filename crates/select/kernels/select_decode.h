@@ -1,0 +1,127 @@
+// The select stage's task functions and its decoder (ARCHITECTURE.md, "Tasks, teams and
+// placement"): what the standalone entry (select.hip) and the fused kernel call for a task of the
+// select stage. A task decides its work from its descriptor alone:
+//   args[0]  the row: of the scores, the output, the flags, the page table and the stage's boxes
+//   args[1]  the row's keys (its length)
+//   args[2]  SEL_KIND_SLICE: the slice, me | count << 16 (src/layout.rs Slices); 0 otherwise
+//   in[...]  boxes the task waits on before it reads the row's scores: the completion boxes of the
+//            runs that wrote them, each put after a release (mbx_publish); none, no wait
+//   out      none: the list goes to out (the row's SEL_K entries), the slices' exchange to the
+//            row's boxes in the SelectBoxes regions (hist_offset, cand_offset)
+// Every select task takes the whole CTA as its team (its block scans and barriers are the CTA's).
+// A task returns false only when a debug wait gave up (the CTA then stops); other errors are
+// flagged on the row (SEL_FLAG_*). Part of select.h.
+#pragma once
+#include "select_regs.h"
+#include "ops/team.h"
+
+#define SEL_KIND_ONE_CTA 1u
+#define SEL_KIND_REGISTERS 2u
+#define SEL_KIND_SLICE 3u
+
+// What a select task reads and writes besides its descriptor (src/gpu.rs SelArgs, same order, no
+// padding), passed by value as a kernel argument.
+struct sel_args {
+  const float* scores;  // [rows][stride]: a row's scores at positions 0 .. its length
+  const i32* pages;     // [rows][pages_stride] page table, or null: entries are positions
+  i32* out;             // [rows][SEL_K] entries: cache slots (or positions), then -1
+  u32* flags;           // [rows][SEL_FLAGS] error words, zeroed by the host
+  u64* trace;           // SEL_TRACE builds: 2 * SEL_TRACE_MARKS words, or null
+  u32 stride;           // a multiple of 4
+  u32 pages_stride;
+  u32 hist_offset;  // SelectBoxes::hist: row r's boxes from hist_offset + r * SEL_ROW_HIST_BOXES
+  u32 cand_offset;  // SelectBoxes::cand: row r's from cand_offset + r * cand_stride
+  u32 cand_stride;
+  u32 pad;
+};
+#define SEL_ROW_HIST_BOXES (SEL_ROUNDS * SEL_MAX_SLICES * SEL_HIST_BOXES)
+
+MONO_DEV sel_row sel_row_of(const sel_args& a, u32 row, u32 len) {
+  sel_row r;
+  r.scores = a.scores + (u64)row * a.stride;
+  r.len = len;
+  r.stride = a.stride;
+  r.out = a.out + (u64)row * SEL_K;
+  r.pages = a.pages ? a.pages + (u64)row * a.pages_stride : nullptr;
+  r.flags = a.flags + row * SEL_FLAGS;
+  return r;
+}
+
+// Waits on every box of the task's input ranges (a thread per box), then makes what their writers
+// published before them visible (mbx_acquire in every thread before the barrier that ends the
+// wait). Block-wide; false (flagged) when a debug wait gave up. A SEL_FAULT_SKIP_WAIT build skips
+// it: the negative control of the hand-off.
+MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_row& r) {
+  const u32 inputs = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
+  if (inputs == 0 || SEL_FAULT == SEL_FAULT_SKIP_WAIT) return true;
+  bool ok = true;
+  for (u32 in = 0; in < inputs; ++in) {
+    const mbx_range range = task.in[in];
+    for (u32 i = mono_thread(); i < range.len && ok; i += SEL_BLOCK) {
+      u32 value;
+      ok = mbx_poll(c, range.first + i, &value);
+    }
+  }
+  mbx_acquire();
+  if (mbx_block_agree(c, ok)) return true;
+  sel_flag(r, SEL_FLAG_STALLED);
+  return false;
+}
+
+template <class Team>
+MONO_DEV void sel_team_check(const Team&) {
+  static_assert(Team::size == SEL_BLOCK, "a select task takes the whole CTA");
+}
+
+// The one CTA over a row (in LDS up to SEL_SLICE_KEYS keys, streamed past that).
+template <class Team>
+MONO_DEV bool sel_one_cta_task(const Team& team, const mbx_task& task, mbx_ctx& c, const sel_args& a, u8* smem) {
+  sel_team_check(team);
+  sel_smem& sm = *(sel_smem*)smem;
+  const sel_row r = sel_row_of(a, task.args[0], task.args[1]);
+  if (!sel_wait_inputs(c, task, r)) return false;
+  sel_trace_begin(sm, a.trace, task.args[0] == 0);
+  sel_one_cta_run(sm, (u32*)smem + SEL_SMEM_WORDS, r);
+  return true;
+}
+
+// The one CTA over a row of at most SEL_REG_KEYS * SEL_BLOCK keys, held in registers.
+template <class Team>
+MONO_DEV bool sel_registers_task(const Team& team, const mbx_task& task, mbx_ctx& c, const sel_args& a, u8* smem) {
+  sel_team_check(team);
+  sel_reg_smem& sm = *(sel_reg_smem*)smem;
+  const sel_row r = sel_row_of(a, task.args[0], task.args[1]);
+  sel_regs_clear(sm);
+  if (!sel_wait_inputs(c, task, r)) return false;
+  sel_trace_begin(sm, a.trace, task.args[0] == 0);
+  sel_regs_run(sm, r);
+  return true;
+}
+
+// Slice args[2] & 0xffff of the row's args[2] >> 16 (a gang: every slice of the row runs at once).
+template <class Team>
+MONO_DEV bool sel_slice_task(const Team& team, const mbx_task& task, mbx_ctx& c, const sel_args& a, u8* smem) {
+  sel_team_check(team);
+  sel_smem& sm = *(sel_smem*)smem;
+  const u32 row = task.args[0], me = task.args[2] & 0xffffu, count = task.args[2] >> 16;
+  const sel_row r = sel_row_of(a, row, task.args[1]);
+  if (!sel_wait_inputs(c, task, r)) return false;
+  sel_trace_begin(sm, a.trace, row == 0 && me == 0);
+  return sel_slice_run(sm, (u32*)smem + SEL_SMEM_WORDS, c, r, me, count, a.hist_offset + row * SEL_ROW_HIST_BOXES,
+                       a.cand_offset + row * a.cand_stride);
+}
+
+// The select stage's decoder. A kind it does not know is skipped (the host makes no others).
+template <class Team>
+MONO_DEV bool sel_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const sel_args& a, u8* smem) {
+  switch (mbx_own_kind(task.kind)) {
+    case SEL_KIND_ONE_CTA:
+      return sel_one_cta_task(team, task, c, a, smem);
+    case SEL_KIND_REGISTERS:
+      return sel_registers_task(team, task, c, a, smem);
+    case SEL_KIND_SLICE:
+      return sel_slice_task(team, task, c, a, smem);
+    default:
+      return true;
+  }
+}
