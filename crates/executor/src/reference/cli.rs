@@ -115,6 +115,15 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
         Numerics::TransformersBf16 => ReferenceOptions::transformers(&cfg, true),
         Numerics::TransformersFp32 => ReferenceOptions::transformers(&cfg, false),
     };
+    let flag = format!(
+        "`--numerics {}`",
+        args.numerics
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    );
+    options.check(&cfg, &flag).map_err(|e| {
+        format!("{e} (--numerics transformers-fp32 and transformers-bf16 ask for neither)")
+    })?;
 
     let started = Instant::now();
     let (source, from): (Box<dyn WeightSource>, String) = match &args.weights {
