@@ -31,8 +31,10 @@ pub struct StepArgs {
     /// A Hugging Face config.json instead of a preset.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// A folder of *.safetensors with the published tensor names (and its config.json, used
-    /// unless --config is given); synthetic weights without it.
+    /// A checkpoint folder as Hugging Face writes one: model.safetensors.index.json and the
+    /// shards it names, else model.safetensors (other files are not read), with the published
+    /// tensor names and its config.json (used unless --config is given). Synthetic weights
+    /// without it.
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// Seed of the synthetic weights and of the prompt tokens.
