@@ -252,12 +252,13 @@ pub fn compilers_required() -> bool {
 }
 
 /// For build checks: the compiler for `target`, `Ok(None)` when it is missing and not required
-/// (the reason goes to stderr), an error when it is missing and required.
+/// (a skipped check, counted in the summary at exit: [`crate::record_skipped_check`]), an error
+/// when it is missing and required.
 pub fn optional_compiler(target: &str) -> Result<Option<Box<dyn Compiler>>> {
     match compiler_for(target) {
         Ok(c) => Ok(Some(c)),
         Err(e) if !compilers_required() => {
-            eprintln!("{target} skipped (set MONO_REQUIRE_COMPILERS=1 to fail instead): {e}");
+            crate::record_skipped_check(target, &e);
             Ok(None)
         }
         Err(e) => Err(e),

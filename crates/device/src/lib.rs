@@ -13,6 +13,7 @@ mod hip;
 pub mod probes;
 pub mod report;
 mod resources;
+mod skips;
 mod source;
 
 pub use backend::{DeviceInfo, Launch};
@@ -24,4 +25,5 @@ pub use compile::{
 pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Module, Stream};
 pub use error::{DeviceError, Result};
 pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};
+pub use skips::{record_skipped_check, skip_summary, skipped_checks};
 pub use source::{KernelSource, NUMERICS, OPS, PRELUDE};

@@ -64,6 +64,7 @@ pub fn build_all(targets: &[&str], require_compilers: bool) -> BuildTable {
                 continue;
             }
             Err(e) => {
+                device::record_skipped_check(target, &e);
                 table.skipped.push(format!("{target}: {e}"));
                 continue;
             }

@@ -123,6 +123,16 @@ fn run(cli: Cli) -> Result<(), String> {
             if !bandwidth.is_finite() || bandwidth <= 0.0 {
                 return Err(format!("--bandwidth must be positive, got {bandwidth}"));
             }
+            let cache_format = match cache {
+                Format::Fp8 => CacheFormat::Fp8,
+                Format::Bf16 => CacheFormat::Bf16,
+            };
+            let cache_flag = match cache {
+                Format::Fp8 => "`--cache fp8`",
+                Format::Bf16 => "`--cache bf16`",
+            };
+            cfg.check_mla_cache(cache_format, cache_flag)
+                .map_err(|e| e.to_string())?;
             let req = info::InfoRequest {
                 config: cfg,
                 preset_name: name,
@@ -137,10 +147,7 @@ fn run(cli: Cli) -> Result<(), String> {
                         Format::Fp8 => WeightFormat::Fp8,
                         Format::Bf16 => WeightFormat::Bf16,
                     },
-                    cache: match cache {
-                        Format::Fp8 => CacheFormat::Fp8,
-                        Format::Bf16 => CacheFormat::Bf16,
-                    },
+                    cache: cache_format,
                 },
                 bandwidth: bandwidth * 1e12,
             };

@@ -1,7 +1,7 @@
 //! The fused kernel's generator: a launch of two stages builds for both targets in the fused CTA
 //! shape (every stage's decoder reached through one switch), and bad stage lists are refused.
 
-use device::{compiler_for, compilers_required};
+use device::optional_compiler;
 use executor::fused::{fused_source, CtaShape, FusedSourceError, ENTRY};
 use mailbox::trace::traced;
 use mailbox::{Stage, StageKernel};
@@ -78,13 +78,9 @@ fn a_two_stage_launch_builds_for_both_targets_in_the_fused_shape() {
     for target in ["sm_90a", "gfx950"] {
         let shape = CtaShape::for_target(target).expect("a shape for every CI target");
         let source = fused_source("fused_test", &two_stages(), shape).expect("a valid stage list");
-        let compiler = match compiler_for(target) {
-            Ok(c) => c,
-            Err(e) if !compilers_required() => {
-                println!("compile check skipped for {target}: {e}");
-                continue;
-            }
-            Err(e) => panic!("{target}: {e}"),
+        let Some(compiler) = optional_compiler(target).unwrap_or_else(|e| panic!("{target}: {e}"))
+        else {
+            continue;
         };
         // With the task trace on too: its stamps are in the one task loop every launch runs.
         for (what, source) in [("", source.clone()), (" traced", traced(source))] {

@@ -32,6 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use executor::reference::cli::{self, Numerics, StepArgs};
 use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput};
 use model::weights::{checkpoint_tensors, write_checkpoint, Checkpoint, Synthetic, WeightSource};
 use model::{IndexerKind, ModelConfig, Storage, WeightFormat};
@@ -320,16 +321,53 @@ fn scratch_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// The folder `generate.py --keep-checkpoint` leaves, with the fixtures copied beside it: the
+/// goldens' weights as `model.safetensors` (the published names), `config.json`, and
+/// `goldens.safetensors` + `manifest.json`, which the loader must leave alone.
+fn checkpoint_beside_the_goldens(what: &str, cfg: &ModelConfig, seed: u64) -> PathBuf {
+    let dir = scratch_dir(what);
+    let synthetic = Synthetic::new(cfg, seed, WeightFormat::Bf16).unwrap();
+    write_checkpoint(cfg, &synthetic, &dir).unwrap();
+    for fixture in ["config.json", "goldens.safetensors", "manifest.json"] {
+        std::fs::copy(fixtures_dir().join(fixture), dir.join(fixture)).unwrap();
+    }
+    dir
+}
+
 /// The goldens' weights through the safetensors loader: written with the published names, then
 /// memory-mapped back.
 fn model_through_the_loader(cfg: &ModelConfig, seed: u64) -> ReferenceModel {
-    let dir = scratch_dir("checkpoint");
-    let synthetic = Synthetic::new(cfg, seed, WeightFormat::Bf16).unwrap();
-    write_checkpoint(cfg, &synthetic, &dir).unwrap();
+    let dir = checkpoint_beside_the_goldens("checkpoint", cfg, seed);
     let checkpoint = Checkpoint::open(&dir).unwrap();
     let model = ReferenceModel::load(cfg, &checkpoint).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     model
+}
+
+/// `mono step --weights DIR` on that folder runs; on the fixtures' folder, which holds the
+/// goldens but not the weights (the checkpoint is not committed), it says what it found.
+#[test]
+fn mono_step_loads_the_checkpoint_folder_and_only_it() {
+    let goldens = goldens();
+    let dir = checkpoint_beside_the_goldens("step", &tiny(), goldens.seed());
+    let args = |weights: PathBuf| StepArgs {
+        preset: "tiny".to_owned(),
+        config: None,
+        weights: Some(weights),
+        seed: goldens.seed(),
+        fp8_weights: false,
+        rows: 2,
+        context: 8,
+        numerics: Numerics::TransformersFp32,
+    };
+    let outcome = cli::run(&args(dir.clone()));
+    std::fs::remove_dir_all(&dir).ok();
+    outcome.unwrap();
+    let refused = cli::run(&args(fixtures_dir())).unwrap_err();
+    assert!(
+        refused.contains("holds no checkpoint") && refused.contains("goldens.safetensors"),
+        "{refused}"
+    );
 }
 
 #[test]

@@ -98,6 +98,16 @@ impl KernelConfig {
                 ),
             ));
         }
+        if opts.hadamard && !dims.head_dim.is_power_of_two() {
+            return Err(shape(
+                "indexer kernels",
+                format!(
+                    "the Hadamard rotation (`IndexerOptions::hadamard`) needs a power-of-two \
+                     head dim; asked for {}",
+                    dims.head_dim
+                ),
+            ));
+        }
         Ok(KernelConfig {
             dims,
             rope: opts.rope,

@@ -163,11 +163,14 @@ impl IndexerDims {
             rope_dim: cfg.qk_rope_head_dim,
             rope_theta: cfg.rope_theta,
         };
-        if dims.heads == 0 || !dims.head_dim.is_power_of_two() {
+        // The Hadamard rotation's power-of-two width is checked where the rotation is asked for
+        // (`ModelConfig::check_index_hadamard`, `KernelConfig::new`), not here: scores without it
+        // take any width.
+        if dims.heads == 0 || dims.head_dim == 0 {
             return Err(shape(
                 "indexer config",
                 format!(
-                    "{} heads of {} dims: need at least one head and a power-of-two head dim (Hadamard)",
+                    "{} heads of {} dims: need at least one head of at least one dim",
                     dims.heads, dims.head_dim
                 ),
             ));

@@ -1,5 +1,6 @@
 //! The CPU reference against hand-computed values and against the identities of spec §3.
 
+use indexer::gpu::KernelConfig;
 use indexer::reference::{
     key_from_projection, query, query_heads_from_projection, row_query, score_row, IndexerDims,
     IndexerOptions, IndexerWeights, RowQuery, ScaledVector, VectorFormat,
@@ -352,9 +353,16 @@ fn query_from_weights_matches_the_projection_path() {
 
 #[test]
 fn configs_the_indexer_cannot_run_are_rejected() {
+    // Scores take any width; the Hadamard rotation needs a power of two, and the kernels refuse
+    // a width it cannot rotate only when it is asked for.
     let mut cfg = ModelConfig::preset("tiny").unwrap();
     cfg.index_head_dim = 96;
-    assert!(IndexerDims::new(&cfg).is_err());
+    let dims = IndexerDims::new(&cfg).unwrap();
+    let refused = KernelConfig::new(dims, &IndexerOptions::kernels(&cfg))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("IndexerOptions::hadamard"), "{refused}");
+    KernelConfig::new(dims, &IndexerOptions::sglang_fused(&cfg)).unwrap();
     let mut cfg = ModelConfig::preset("tiny").unwrap();
     cfg.qk_rope_head_dim = 128;
     assert!(IndexerDims::new(&cfg).is_err());

@@ -24,15 +24,7 @@ pub struct CacheLayout {
 
 impl CacheLayout {
     pub fn new(cfg: &ModelConfig, format: CacheFormat) -> Result<Self> {
-        if format == CacheFormat::Fp8 && cfg.kv_lora_rank % MLA_CACHE_TILE != 0 {
-            return Err(invalid(
-                "MLA cache layout",
-                format!(
-                    "kv_lora_rank {} is not a multiple of the {MLA_CACHE_TILE}-element FP8 tile",
-                    cfg.kv_lora_rank
-                ),
-            ));
-        }
+        cfg.check_mla_cache(format, "`CacheLayout::new`")?;
         Ok(CacheLayout {
             format,
             latent: cfg.kv_lora_rank,

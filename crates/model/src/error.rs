@@ -17,6 +17,15 @@ pub enum ModelError {
     #[error("invalid config: `{field}` {reason}")]
     InvalidConfig { field: &'static str, reason: String },
 
+    /// A config the model runs, but not with a storage format or kernel a run asked for.
+    #[error("{feature} (asked for by {asked_by}) cannot take this config: `{field}` {reason}")]
+    Unsuited {
+        feature: &'static str,
+        asked_by: String,
+        field: &'static str,
+        reason: String,
+    },
+
     #[error("unknown preset `{name}`; valid presets: {valid}")]
     UnknownPreset { name: String, valid: String },
 
@@ -32,6 +41,21 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 /// Shorthand for the config checks, which all name a field and say why it is wrong.
 pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ModelError {
     ModelError::InvalidConfig {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Shorthand for the rules of a format or kernel, which name the option that asked for it.
+pub(crate) fn unsuited(
+    feature: &'static str,
+    asked_by: &str,
+    field: &'static str,
+    reason: impl Into<String>,
+) -> ModelError {
+    ModelError::Unsuited {
+        feature,
+        asked_by: asked_by.to_owned(),
         field,
         reason: reason.into(),
     }

@@ -1,4 +1,4 @@
-use model::{IndexerKind, IndexerType, MlpKind, ModelConfig, ModelError, Preset};
+use model::{CacheFormat, IndexerKind, IndexerType, MlpKind, ModelConfig, ModelError, Preset};
 use serde_json::{json, Value};
 
 /// GLM-5's config.json as published (spec §1.1, CFG5), trimmed of fields this crate ignores but
@@ -250,7 +250,8 @@ fn validation_names_the_offending_field() {
     // (field the error must name, keys to overwrite in GLM-5's config)
     let cases = [
         ("qk_rope_head_dim", vec![("qk_rope_head_dim", json!(63))]),
-        ("index_head_dim", vec![("index_head_dim", json!(96))]),
+        // Below the rope part the indexer ropes (any width above it is the model's).
+        ("index_head_dim", vec![("index_head_dim", json!(32))]),
         (
             "first_k_dense_replace",
             vec![("first_k_dense_replace", json!(79))],
@@ -262,7 +263,6 @@ fn validation_names_the_offending_field() {
         ("index_topk", vec![("index_topk", json!(0))]),
         ("index_topk_freq", vec![("index_topk_freq", json!(0))]),
         ("n_group", vec![("n_group", json!(8))]),
-        ("kv_lora_rank", vec![("kv_lora_rank", json!(500))]),
         ("hidden_act", vec![("hidden_act", json!("gelu"))]),
         (
             "rope_parameters.rope_type",
@@ -303,4 +303,68 @@ fn tiny_config_saved_by_transformers_reads_back_as_the_preset() {
         ModelConfig::from_json_str(text).unwrap(),
         Preset::Tiny.config()
     );
+}
+
+/// Widths no kernel tiles (kv_lora_rank 48, hidden 200, 3 heads, index_head_dim 48, vocab 301),
+/// in the form transformers saves a `glm_moe_dsa` config: a valid model, whatever cache or
+/// kernel can or cannot hold it.
+const ODD_WIDTHS: &str = include_str!("fixtures/odd_widths.json");
+
+#[test]
+fn odd_widths_are_a_valid_model() {
+    let cfg = ModelConfig::from_json_str(ODD_WIDTHS).unwrap();
+    assert_eq!(
+        (cfg.kv_lora_rank, cfg.hidden_size, cfg.num_attention_heads),
+        (48, 200, 3)
+    );
+    assert_eq!(cfg.index_head_dim, 48);
+    let back = ModelConfig::from_json_str(&cfg.to_json().unwrap()).unwrap();
+    assert_eq!(back, cfg);
+    model::RankShapes::new(&cfg, 1).unwrap();
+    model::weights::checkpoint_tensors(&cfg).unwrap();
+    // The bf16 cache takes any width.
+    cfg.check_mla_cache(CacheFormat::Bf16, "`--cache bf16`")
+        .unwrap();
+}
+
+/// The FP8 cache's and the Hadamard rotation's rules fire when a run asks for them, and name
+/// the field, the format or kernel, and the option that asked.
+#[test]
+fn format_and_kernel_rules_name_the_option_that_asked() {
+    let cfg = ModelConfig::from_json_str(ODD_WIDTHS).unwrap();
+    let err = cfg
+        .check_mla_cache(CacheFormat::Fp8, "`--cache fp8`")
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ModelError::Unsuited {
+                field: "kv_lora_rank",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for part in [
+        "`kv_lora_rank` is 48",
+        "FP8 MLA cache",
+        "`--cache fp8`",
+        "multiple of 128",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let text = cfg
+        .check_index_hadamard("`indexer.hadamard`")
+        .unwrap_err()
+        .to_string();
+    for part in ["`index_head_dim` is 48", "Hadamard", "`indexer.hadamard`"] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    // The same rules pass the widths they are written for.
+    for preset in Preset::ALL {
+        let cfg = preset.config();
+        cfg.check_mla_cache(CacheFormat::Fp8, "a test").unwrap();
+        cfg.check_index_hadamard("a test").unwrap();
+    }
 }

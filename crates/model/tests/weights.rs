@@ -1,5 +1,6 @@
-//! The safetensors loader and the synthetic weights: round trips, FP8 block scales, and the errors
-//! for a missing or misshapen tensor.
+//! The safetensors loader and the synthetic weights: round trips, FP8 block scales, checkpoint
+//! folders as Hugging Face writes them (an index, else `model.safetensors`, nothing else), and the
+//! errors for a missing or misshapen tensor.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use half::bf16;
 use model::weights::{
     checkpoint_tensors, write_checkpoint, Checkpoint, Synthetic, WeightError, WeightSource,
+    INDEX_FILE, SINGLE_FILE,
 };
 use model::{ModelConfig, WeightFormat};
 use safetensors::tensor::TensorView;
@@ -91,7 +93,7 @@ fn fp8_scales_are_multiplied_in() {
         .collect();
     let scales: Vec<u8> = [0.5f32, 4.0].iter().flat_map(|s| s.to_le_bytes()).collect();
     write_file(
-        &scratch.0.join("w.safetensors"),
+        &scratch.0.join("model.safetensors"),
         &[
             ("w.weight", Dtype::F8_E4M3, vec![130, 2], codes),
             ("w.weight_scale_inv", Dtype::F32, vec![2, 1], scales),
@@ -129,7 +131,8 @@ fn missing_and_misshapen_tensors_are_named() {
             ),
         ],
     );
-    let checkpoint = Checkpoint::open(&scratch.0).unwrap();
+    // A path to a file opens that file alone.
+    let checkpoint = Checkpoint::open(scratch.0.join("a.safetensors")).unwrap();
     let message = |r: Result<Vec<f32>, WeightError>| r.unwrap_err().to_string();
 
     let missing = message(checkpoint.tensor("y.weight", &[2, 3]));
@@ -155,37 +158,135 @@ fn missing_and_misshapen_tensors_are_named() {
     );
 }
 
+fn one(name: &str) -> (&str, Dtype, Vec<usize>, Vec<u8>) {
+    (name, Dtype::F32, vec![1], 1.5f32.to_le_bytes().to_vec())
+}
+
+const SHARD_1: &str = "model-00001-of-00002.safetensors";
+const SHARD_2: &str = "model-00002-of-00002.safetensors";
+
+/// An index in Hugging Face's form: `weight_map` from tensor to file.
+fn write_index(dir: &Path, weight_map: &[(&str, &str)]) {
+    let map: serde_json::Map<String, serde_json::Value> = weight_map
+        .iter()
+        .map(|&(name, file)| (name.to_owned(), file.into()))
+        .collect();
+    let index = serde_json::json!({"metadata": {"total_size": 8}, "weight_map": map});
+    std::fs::write(dir.join(INDEX_FILE), index.to_string()).unwrap();
+}
+
+/// Two shards and their index, beside files a loader reading every `*.safetensors` would take:
+/// a third shard repeating `a`, a file of outputs. Only what the index names is read.
 #[test]
-fn sharded_checkpoints_and_their_errors() {
-    let scratch = Scratch::new("shards");
-    fn one(name: &str) -> (&str, Dtype, Vec<usize>, Vec<u8>) {
-        (name, Dtype::F32, vec![1], 1.5f32.to_le_bytes().to_vec())
-    }
-    write_file(
-        &scratch.0.join("model-00001-of-00002.safetensors"),
-        &[one("a")],
-    );
-    write_file(
-        &scratch.0.join("model-00002-of-00002.safetensors"),
-        &[one("b")],
-    );
+fn an_index_names_the_tensors_and_their_shards() {
+    let scratch = Scratch::new("index");
+    write_file(&scratch.0.join(SHARD_1), &[one("a"), one("unlisted")]);
+    write_file(&scratch.0.join(SHARD_2), &[one("b")]);
+    write_file(&scratch.0.join("model-00003.safetensors"), &[one("a")]);
+    write_file(&scratch.0.join("outputs.safetensors"), &[one("logits")]);
+    write_index(&scratch.0, &[("a", SHARD_1), ("b", SHARD_2)]);
     let checkpoint = Checkpoint::open(&scratch.0).unwrap();
     assert_eq!(checkpoint.names(), vec!["a", "b"]);
     assert_eq!(checkpoint.tensor("b", &[1]).unwrap(), vec![1.5]);
+    // The index wins over a single file beside it.
+    write_file(&scratch.0.join(SINGLE_FILE), &[one("c")]);
+    assert_eq!(
+        Checkpoint::open(&scratch.0).unwrap().names(),
+        vec!["a", "b"]
+    );
+}
 
-    write_file(&scratch.0.join("model-00003.safetensors"), &[one("a")]);
-    let duplicate = Checkpoint::open(&scratch.0).err().unwrap().to_string();
-    assert!(duplicate.contains("`a` is in both"), "{duplicate}");
+/// The tiny model as one `model.safetensors`, beside a file of reference outputs that reuses one
+/// of its names and adds others: the model's tensors, and only those, come back.
+#[test]
+fn a_single_file_folder_ignores_the_files_beside_it() {
+    let cfg = tiny();
+    let scratch = Scratch::new("single");
+    let synthetic = Synthetic::new(&cfg, 3, WeightFormat::Bf16).unwrap();
+    write_checkpoint(&cfg, &synthetic, &scratch.0).unwrap();
+    write_file(
+        &scratch.0.join("outputs.safetensors"),
+        &[one("model.norm.weight"), one("step0.logits")],
+    );
+    std::fs::write(scratch.0.join("config.json"), cfg.to_json().unwrap()).unwrap();
+    let checkpoint = Checkpoint::open(&scratch.0).unwrap();
+    let mut expected: Vec<String> = checkpoint_tensors(&cfg)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    expected.sort();
+    assert_eq!(checkpoint.names(), expected);
+    let norm = [cfg.hidden_size];
+    assert_eq!(
+        checkpoint.tensor("model.norm.weight", &norm).unwrap(),
+        synthetic.tensor("model.norm.weight", &norm).unwrap()
+    );
+}
 
+#[test]
+fn index_errors_name_the_tensor_and_the_file() {
+    let scratch = Scratch::new("index-errors");
+    write_file(&scratch.0.join(SHARD_1), &[one("a")]);
+    write_file(&scratch.0.join(SHARD_2), &[one("b")]);
+    let error = |weight_map: &[(&str, &str)]| {
+        write_index(&scratch.0, weight_map);
+        Checkpoint::open(&scratch.0).err().unwrap().to_string()
+    };
+    let not_held = error(&[("a", SHARD_1), ("c", SHARD_2)]);
+    assert!(
+        not_held.contains("`c`")
+            && not_held.contains(SHARD_2)
+            && not_held.contains(INDEX_FILE)
+            && not_held.contains("does not hold it"),
+        "{not_held}"
+    );
+    let no_file = error(&[("a", SHARD_1), ("b", "model-00009-of-00009.safetensors")]);
+    assert!(
+        no_file.contains("`b`")
+            && no_file.contains("model-00009-of-00009.safetensors")
+            && no_file.contains("does not exist"),
+        "{no_file}"
+    );
+    let elsewhere = error(&[("a", "../model.safetensors")]);
+    assert!(
+        elsewhere.contains("not a file name in the index's folder"),
+        "{elsewhere}"
+    );
+    // The control: the same shards under a right index open.
+    write_index(&scratch.0, &[("a", SHARD_1), ("b", SHARD_2)]);
+    Checkpoint::open(&scratch.0).unwrap();
+    std::fs::write(scratch.0.join(INDEX_FILE), "{\"metadata\": {}}").unwrap();
+    let unreadable = Checkpoint::open(&scratch.0).err().unwrap().to_string();
+    assert!(
+        unreadable.contains("not a valid safetensors index") && unreadable.contains("weight_map"),
+        "{unreadable}"
+    );
+}
+
+#[test]
+fn a_folder_without_a_checkpoint_says_what_it_holds() {
     let empty = Scratch::new("empty");
-    assert!(matches!(
-        Checkpoint::open(&empty.0),
-        Err(WeightError::NoFiles(_))
-    ));
-    std::fs::write(empty.0.join("junk.safetensors"), b"not a safetensors file").unwrap();
+    let nothing = Checkpoint::open(&empty.0).err().unwrap();
+    assert!(
+        matches!(&nothing, WeightError::NoCheckpoint { found, .. } if found.is_empty()),
+        "{nothing}"
+    );
+    assert!(nothing.to_string().contains("found: nothing"), "{nothing}");
+    // Safetensors files under other names are not a checkpoint.
+    write_file(&empty.0.join("goldens.safetensors"), &[one("a")]);
+    std::fs::write(empty.0.join("config.json"), "{}").unwrap();
+    let others = Checkpoint::open(&empty.0).err().unwrap().to_string();
+    assert!(
+        others.contains(INDEX_FILE)
+            && others.contains(SINGLE_FILE)
+            && others.contains("found: config.json, goldens.safetensors"),
+        "{others}"
+    );
+    std::fs::write(empty.0.join(SINGLE_FILE), b"not a safetensors file").unwrap();
     let junk = Checkpoint::open(&empty.0).err().unwrap().to_string();
     assert!(
-        junk.contains("junk.safetensors") && junk.contains("not a valid safetensors"),
+        junk.contains(SINGLE_FILE) && junk.contains("not a valid safetensors"),
         "{junk}"
     );
 }

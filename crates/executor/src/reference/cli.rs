@@ -31,8 +31,10 @@ pub struct StepArgs {
     /// A Hugging Face config.json instead of a preset.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// A folder of *.safetensors with the published tensor names (and its config.json, used
-    /// unless --config is given); synthetic weights without it.
+    /// A checkpoint folder as Hugging Face writes one: model.safetensors.index.json and the
+    /// shards it names, else model.safetensors (other files are not read), with the published
+    /// tensor names and its config.json (used unless --config is given). Synthetic weights
+    /// without it.
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// Seed of the synthetic weights and of the prompt tokens.
@@ -115,6 +117,15 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
         Numerics::TransformersBf16 => ReferenceOptions::transformers(&cfg, true),
         Numerics::TransformersFp32 => ReferenceOptions::transformers(&cfg, false),
     };
+    let flag = format!(
+        "`--numerics {}`",
+        args.numerics
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    );
+    options.check(&cfg, &flag).map_err(|e| {
+        format!("{e} (--numerics transformers-fp32 and transformers-bf16 ask for neither)")
+    })?;
 
     let started = Instant::now();
     let (source, from): (Box<dyn WeightSource>, String) = match &args.weights {

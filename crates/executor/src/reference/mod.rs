@@ -91,6 +91,21 @@ impl ReferenceOptions {
     }
 }
 
+impl ReferenceOptions {
+    /// The rules of the formats and kernels these options ask for (the FP8 MLA cache's tiles, the
+    /// Hadamard rotation's width), which a config transformers runs need not meet. `chosen_by`
+    /// names where the options came from (a flag such as `--numerics engines`), for the error.
+    pub fn check(&self, cfg: &ModelConfig, chosen_by: &str) -> Result<()> {
+        if let CacheStore::Format(format) = self.mla_cache {
+            cfg.check_mla_cache(format, &format!("`mla_cache` of {chosen_by}"))?;
+        }
+        if self.indexer.hadamard {
+            cfg.check_index_hadamard(&format!("`indexer.hadamard` of {chosen_by}"))?;
+        }
+        Ok(())
+    }
+}
+
 /// What can go wrong in a reference step.
 #[derive(Debug, thiserror::Error)]
 pub enum ReferenceError {

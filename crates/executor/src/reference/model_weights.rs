@@ -105,12 +105,20 @@ impl ReferenceModel {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let embedding = source.matrix("model.embed_tokens.weight", cfg.vocab_size, hidden)?;
+        // Tied, the output projection is the embedding, as transformers ties them; such
+        // checkpoints need not hold an `lm_head.weight`.
+        let lm_head = if cfg.tie_word_embeddings {
+            embedding.clone()
+        } else {
+            source.matrix("lm_head.weight", cfg.vocab_size, hidden)?
+        };
         Ok(ReferenceModel {
             cfg: cfg.clone(),
-            embedding: source.matrix("model.embed_tokens.weight", cfg.vocab_size, hidden)?,
+            embedding,
             layers,
             final_norm: source.vector("model.norm.weight", hidden)?,
-            lm_head: source.matrix("lm_head.weight", cfg.vocab_size, hidden)?,
+            lm_head,
         })
     }
 }

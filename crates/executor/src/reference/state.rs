@@ -24,7 +24,9 @@ pub struct DecodeState {
 
 impl DecodeState {
     /// Empty caches in the formats `options` picks; the same options must be used for every step.
+    /// Fails when the config does not suit a format or kernel the options ask for.
     pub fn new(model: &ReferenceModel, requests: usize, options: ReferenceOptions) -> Result<Self> {
+        options.check(&model.cfg, "the step's ReferenceOptions")?;
         let request = RequestCache {
             mla: model
                 .layers

@@ -1,11 +1,19 @@
 //! Checks that a config is one this project can run, each naming the field and the reason.
+//!
+//! [`ModelConfig::validate`] holds the model's own rules: what the math needs, and the features
+//! the references do not implement. A rule that belongs to a storage format or a kernel (the FP8
+//! MLA cache's tiles, the Hadamard rotation's width) is not among them: a config transformers runs
+//! is a valid model without it. Such rules are checked where the format or kernel is chosen
+//! ([`ModelConfig::check_mla_cache`], [`ModelConfig::check_index_hadamard`]), and their errors
+//! name the option that asked for it.
 
 use super::ModelConfig;
-use crate::error::{invalid, Result};
-use crate::format::MLA_CACHE_TILE;
+use crate::error::{invalid, unsuited, Result};
+use crate::format::{CacheFormat, MLA_CACHE_TILE};
 
 impl ModelConfig {
-    /// The first problem found, or Ok. Sharding checks live in [`crate::RankShapes::new`].
+    /// The first problem found, or Ok. Sharding checks live in [`crate::RankShapes::new`]; the
+    /// rules of a cache format or a kernel in the `check_*` methods, for the runs that ask for it.
     pub fn validate(&self) -> Result<()> {
         self.validate_sizes()?;
         self.validate_attention()?;
@@ -62,29 +70,10 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.kv_lora_rank % MLA_CACHE_TILE != 0 {
-            return Err(invalid(
-                "kv_lora_rank",
-                format!(
-                    "is {}; the FP8 MLA cache keeps one scale per {MLA_CACHE_TILE} latent \
-                     elements, so it must be a multiple of {MLA_CACHE_TILE}",
-                    self.kv_lora_rank
-                ),
-            ));
-        }
         Ok(())
     }
 
     fn validate_indexer(&self) -> Result<()> {
-        if !self.index_head_dim.is_power_of_two() {
-            return Err(invalid(
-                "index_head_dim",
-                format!(
-                    "is {}; the indexer's Hadamard rotation needs a power of two",
-                    self.index_head_dim
-                ),
-            ));
-        }
         if self.index_head_dim < self.qk_rope_head_dim {
             return Err(invalid(
                 "index_head_dim",
@@ -191,6 +180,44 @@ impl ModelConfig {
                     "is `{}`; only `silu` (SwiGLU) is supported",
                     self.hidden_act
                 ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    /// The rules of an MLA cache in `format`: the FP8 cache keeps one scale per
+    /// [`MLA_CACHE_TILE`] latent elements, so `kv_lora_rank` must be a multiple of it; bf16 takes
+    /// any width. `asked_by` names the option that chose the format (a flag, a field), for the
+    /// error.
+    pub fn check_mla_cache(&self, format: CacheFormat, asked_by: &str) -> Result<()> {
+        if format == CacheFormat::Fp8 && self.kv_lora_rank % MLA_CACHE_TILE != 0 {
+            return Err(unsuited(
+                "the FP8 MLA cache",
+                asked_by,
+                "kv_lora_rank",
+                format!(
+                    "is {}; it keeps one scale per {MLA_CACHE_TILE} latent elements, so \
+                     it must be a multiple of {MLA_CACHE_TILE}",
+                    self.kv_lora_rank
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rule of the indexer's Hadamard rotation (spec §3.3): a Sylvester matrix exists for
+    /// powers of two only, so `index_head_dim` must be one. Exact scores do not depend on the
+    /// rotation; only runs that ask for it (FP8 index keys as DeepSeek and our kernels store
+    /// them) need this. `asked_by` names the option that asked, for the error.
+    pub fn check_index_hadamard(&self, asked_by: &str) -> Result<()> {
+        if !self.index_head_dim.is_power_of_two() {
+            return Err(unsuited(
+                "the indexer's Hadamard rotation",
+                asked_by,
+                "index_head_dim",
+                format!("is {}; it needs a power of two", self.index_head_dim),
             ));
         }
         Ok(())

@@ -16,14 +16,28 @@ pub enum WeightError {
     #[error("{path} is not a valid safetensors file: {reason}")]
     Format { path: PathBuf, reason: String },
 
-    #[error("no *.safetensors file in {0}")]
-    NoFiles(PathBuf),
+    #[error(
+        "{dir} holds no checkpoint: neither model.safetensors.index.json nor model.safetensors \
+         (found: {})",
+        if found.is_empty() { "nothing".to_owned() } else { found.join(", ") }
+    )]
+    NoCheckpoint { dir: PathBuf, found: Vec<String> },
 
-    #[error("tensor `{name}` is in both {first} and {second}")]
-    Duplicate {
+    #[error("{path} is not a valid safetensors index: {reason}")]
+    Index { path: PathBuf, reason: String },
+
+    #[error("{index} puts tensor `{name}` in {file}, which does not exist")]
+    ShardMissing {
+        index: PathBuf,
         name: String,
-        first: PathBuf,
-        second: PathBuf,
+        file: PathBuf,
+    },
+
+    #[error("{index} puts tensor `{name}` in {file}, which does not hold it")]
+    NotInShard {
+        index: PathBuf,
+        name: String,
+        file: PathBuf,
     },
 
     #[error("tensor `{name}` is missing from {source_desc}")]

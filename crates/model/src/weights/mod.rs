@@ -12,7 +12,7 @@ pub mod packed;
 mod safetensors;
 mod synthetic;
 
-pub use self::safetensors::{write_checkpoint, Checkpoint};
+pub use self::safetensors::{write_checkpoint, Checkpoint, INDEX_FILE, SINGLE_FILE};
 pub use error::WeightError;
 pub use fp8::{scale_shape, Fp8Weight};
 pub use matrix::Matrix;

@@ -2,7 +2,7 @@
 //! the tensors asked for are touched), bf16 / f16 / f32 read as they are, FP8 E4M3 with its
 //! `weight_scale_inv` block scales multiplied in. Also the writer the tests and tools use.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,7 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
 use safetensors::{Dtype, SafeTensors};
+use serde::Deserialize;
 
 use super::fp8::{scale_shape, Fp8Weight};
 use super::{checkpoint_tensors, Synthetic, WeightError, WeightSource};
@@ -17,11 +18,15 @@ use crate::format::{Storage, WeightFormat};
 use crate::ModelConfig;
 
 const SCALE_SUFFIX: &str = "_scale_inv";
+/// What Hugging Face writes for a sharded checkpoint: `weight_map` names each tensor's file.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// What Hugging Face writes for a checkpoint in one file.
+pub const SINGLE_FILE: &str = "model.safetensors";
 
-/// Every `*.safetensors` file of a checkpoint folder, mapped, with an index of where each tensor
-/// is. Opening reads only the headers.
+/// The files of a checkpoint, mapped, with where each tensor is. Opening reads only the headers.
 pub struct Checkpoint {
-    dir: PathBuf,
+    /// What was opened: the index, or the one safetensors file. Errors name it.
+    origin: PathBuf,
     files: Vec<MappedFile>,
     index: HashMap<String, (usize, TensorInfo)>,
 }
@@ -33,46 +38,95 @@ struct MappedFile {
     data_start: usize,
 }
 
+#[derive(Deserialize)]
+struct IndexJson {
+    weight_map: BTreeMap<String, String>,
+}
+
 impl Checkpoint {
-    /// Opens a folder of `*.safetensors` files (sharded or not), or a single file.
+    /// Opens a checkpoint folder as Hugging Face writes one: the files that
+    /// [`INDEX_FILE`]'s `weight_map` names when it is there (sharded), else [`SINGLE_FILE`].
+    /// Nothing else in the folder is read, so files beside the model (outputs, other formats)
+    /// cannot add tensors to it. A path to a file opens that safetensors file alone.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, WeightError> {
         let path = path.as_ref();
-        let io = |source| WeightError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut paths: Vec<PathBuf> = if path.is_dir() {
-            std::fs::read_dir(path)
-                .map_err(io)?
-                .filter_map(|entry| entry.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-                .collect()
-        } else {
-            vec![path.to_path_buf()]
-        };
-        paths.sort();
-        if paths.is_empty() {
-            return Err(WeightError::NoFiles(path.to_path_buf()));
+        if !path.is_dir() {
+            return Self::single(path);
         }
-        let mut files: Vec<MappedFile> = Vec::with_capacity(paths.len());
-        let mut index: HashMap<String, (usize, TensorInfo)> = HashMap::new();
-        for (file_index, file_path) in paths.into_iter().enumerate() {
+        let index = path.join(INDEX_FILE);
+        if index.is_file() {
+            return Self::sharded(path, &index);
+        }
+        let single = path.join(SINGLE_FILE);
+        if single.is_file() {
+            return Self::single(&single);
+        }
+        Err(WeightError::NoCheckpoint {
+            dir: path.to_path_buf(),
+            found: folder_listing(path)?,
+        })
+    }
+
+    fn single(path: &Path) -> Result<Self, WeightError> {
+        let (mapped, metadata) = map_file(path)?;
+        let index = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (name, (0, info.clone())))
+            .collect();
+        Ok(Checkpoint {
+            origin: path.to_path_buf(),
+            files: vec![mapped],
+            index,
+        })
+    }
+
+    fn sharded(dir: &Path, index_path: &Path) -> Result<Self, WeightError> {
+        let bad_index = |reason: String| WeightError::Index {
+            path: index_path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(index_path).map_err(|source| WeightError::Io {
+            path: index_path.to_path_buf(),
+            source,
+        })?;
+        let parsed: IndexJson =
+            serde_json::from_str(&text).map_err(|e| bad_index(e.to_string()))?;
+        let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, file) in &parsed.weight_map {
+            // Shards sit beside the index; a path elsewhere is not a Hugging Face layout.
+            if Path::new(file).file_name() != Some(std::ffi::OsStr::new(file)) {
+                return Err(bad_index(format!(
+                    "`{name}` is in `{file}`, not a file name in the index's folder"
+                )));
+            }
+            by_file.entry(file).or_default().push(name);
+        }
+        let mut files = Vec::with_capacity(by_file.len());
+        let mut index = HashMap::with_capacity(parsed.weight_map.len());
+        for (file, names) in by_file {
+            let file_path = dir.join(file);
+            if !file_path.is_file() {
+                return Err(WeightError::ShardMissing {
+                    index: index_path.to_path_buf(),
+                    name: names[0].to_owned(),
+                    file: file_path,
+                });
+            }
             let (mapped, metadata) = map_file(&file_path)?;
-            for (name, info) in metadata.tensors() {
-                if let Some((first, _)) = index.get(&name) {
-                    return Err(WeightError::Duplicate {
-                        name,
-                        // Names are unique within one header, so the first is in an earlier file.
-                        first: files[*first].path.clone(),
-                        second: file_path.clone(),
-                    });
-                }
-                index.insert(name, (file_index, info.clone()));
+            let held = metadata.tensors();
+            for name in names {
+                let info = held.get(name).ok_or_else(|| WeightError::NotInShard {
+                    index: index_path.to_path_buf(),
+                    name: name.to_owned(),
+                    file: file_path.clone(),
+                })?;
+                index.insert(name.to_owned(), (files.len(), (*info).clone()));
             }
             files.push(mapped);
         }
         Ok(Checkpoint {
-            dir: path.to_path_buf(),
+            origin: index_path.to_path_buf(),
             files,
             index,
         })
@@ -95,7 +149,7 @@ impl Checkpoint {
     fn raw(&self, name: &str) -> Result<(&MappedFile, &TensorInfo, &[u8]), WeightError> {
         let (file_index, info) = self.index.get(name).ok_or_else(|| WeightError::Missing {
             name: name.to_owned(),
-            source_desc: self.dir.display().to_string(),
+            source_desc: self.origin.display().to_string(),
         })?;
         let file = &self.files[*file_index];
         let (begin, end) = info.data_offsets;
@@ -108,7 +162,7 @@ impl Checkpoint {
         let scale_name = format!("{name}{SCALE_SUFFIX}");
         let (file, info, bytes) = self.raw(&scale_name).map_err(|_| WeightError::Dtype {
             name: name.to_owned(),
-            path: self.dir.clone(),
+            path: self.origin.clone(),
             reason: format!("stored as F8_E4M3 but `{scale_name}` is missing"),
         })?;
         let expected = scale_shape(rows, cols);
@@ -160,6 +214,21 @@ impl WeightSource for Checkpoint {
             (dtype, _) => decode(name, file, dtype, bytes),
         }
     }
+}
+
+/// The names in `dir`, sorted, for an error that says what was there instead of a checkpoint.
+fn folder_listing(dir: &Path) -> Result<Vec<String>, WeightError> {
+    let io = |source| WeightError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut names = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io)?;
+    names.sort();
+    Ok(names)
 }
 
 fn map_file(path: &Path) -> Result<(MappedFile, Metadata), WeightError> {
@@ -218,7 +287,7 @@ fn decode(
     Ok(values)
 }
 
-/// Writes the synthetic weights of `cfg` as one `model.safetensors` in `dir` with the published
+/// Writes the synthetic weights of `cfg` as one [`SINGLE_FILE`] in `dir` with the published
 /// names: bf16, the router bias fp32, and in the FP8 format the quantisable matrices as F8_E4M3
 /// plus `weight_scale_inv`. Returns the file's path.
 pub fn write_checkpoint(
@@ -256,7 +325,7 @@ pub fn write_checkpoint(
             }
         }
     }
-    let path = dir.join("model.safetensors");
+    let path = dir.join(SINGLE_FILE);
     let format_error = |e: safetensors::SafeTensorError| WeightError::Format {
         path: path.clone(),
         reason: e.to_string(),
