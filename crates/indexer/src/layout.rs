@@ -430,11 +430,11 @@ impl IndexerBoxes {
 /// The indexer's task kinds (`IDX_KIND_*` in `kernels/idx_common.h`), within [`Stage::Indexer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskKind {
-    /// args: [row]. The row's index key, stored into its cache slot and published.
+    /// args: `[row]`. The row's index key, stored into its cache slot and published.
     Key = 0,
-    /// args: [row]. The row's index query, published.
+    /// args: `[row]`. The row's index query, published.
     Query = 1,
-    /// args: [first run, runs]. The runs' scores, then each run's completion box.
+    /// args: `[first run, runs]`. The runs' scores, then each run's completion box.
     Score = 2,
 }
 
