@@ -177,10 +177,21 @@ MONO_DEV void idx_sincos(double x, double* s, double* c) {
   }
 }
 
+// A lane or wave index (or anything else the thread register gives) as a value the compiler can
+// neither move nor share between tasks. Computed from the thread register alone, it and all that
+// follows from it are the same in every task, so the compiler computes them once before the task
+// loop and holds them through every task: the key and query tasks' lane numbers took registers
+// from the score task's 4-row page loop, which then spilled at 128.
+MONO_DEV u32 idx_unhoisted(u32 v) {
+#if MONO_NVIDIA
+  asm volatile("" : "+r"(v));
+#endif
+  return v;
+}
+
 // ---- a head held by a wave: lane l has dims l*LANE_DIMS .. +LANE_DIMS --------------------------------
 // Rope on dims 0..ROPE_DIM-1 at `position`, in f64 from f32 values as the reference does.
-MONO_DEV void idx_rope(float (&v)[IDX_LANE_DIMS], u32 position, const double* inv_freq) {
-  const u32 lane = mono_lane();
+MONO_DEV void idx_rope(float (&v)[IDX_LANE_DIMS], u32 lane, u32 position, const double* inv_freq) {
   float partner[IDX_LANE_DIMS];
 #pragma unroll
   for (u32 i = 0; i < IDX_LANE_DIMS; ++i) {
@@ -214,8 +225,7 @@ MONO_DEV void idx_rope(float (&v)[IDX_LANE_DIMS], u32 position, const double* in
 }
 
 // x <- H x / sqrt(HEAD_DIM), by butterflies: in-lane spans first, then across lanes.
-MONO_DEV void idx_hadamard(float (&v)[IDX_LANE_DIMS]) {
-  const u32 lane = mono_lane();
+MONO_DEV void idx_hadamard(float (&v)[IDX_LANE_DIMS], u32 lane) {
 #pragma unroll
   for (u32 span = 1; span < IDX_LANE_DIMS; span <<= 1) {
 #pragma unroll
@@ -250,8 +260,7 @@ MONO_DEV float idx_ue8m0_scale(float amax) {
 
 // Packs each lane's E4M3 codes into 32-bit words of four; returns true in the lane that owns word
 // (lane * LANE_DIMS) / 4, whose value is `word`.
-MONO_DEV bool idx_pack_codes(const u8 (&codes)[IDX_LANE_DIMS], u32* word) {
-  const u32 lane = mono_lane();
+MONO_DEV bool idx_pack_codes(const u8 (&codes)[IDX_LANE_DIMS], u32 lane, u32* word) {
   u32 packed = 0;
 #pragma unroll
   for (u32 i = 0; i < IDX_LANE_DIMS; ++i) packed |= (u32)codes[i] << (8u * ((lane * IDX_LANE_DIMS + i) & 3u));

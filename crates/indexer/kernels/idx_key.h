@@ -9,9 +9,9 @@
 template <class Team>
 MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
   (void)smem;
-  if (team.wave() != 0) return true;
+  if (idx_unhoisted(team.wave()) != 0) return true;
   const u32 row = task.args[0];
-  const u32 lane = team.lane();
+  const u32 lane = idx_unhoisted(team.lane());
   const idx_row r = a.rows[row];
   float v[IDX_LANE_DIMS];
 #pragma unroll
@@ -33,15 +33,15 @@ MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, c
     v[i] = (v[i] - mean) * inv_std * a.norm_weight[d] + a.norm_bias[d];
   }
 
-  idx_rope(v, r.position, a.inv_freq);
+  idx_rope(v, lane, r.position, a.inv_freq);
 #if IDX_HADAMARD
-  idx_hadamard(v);
+  idx_hadamard(v, lane);
 #endif
 
   u8 codes[IDX_LANE_DIMS];
   const float scale = idx_quantise(v, codes);
   u32 word;
-  const bool owner = idx_pack_codes(codes, &word);
+  const bool owner = idx_pack_codes(codes, lane, &word);
 
   const idx_request q = a.requests[r.request];
   const u32 page = a.page_list[q.page_offset + r.position / IDX_PAGE_TOKENS];

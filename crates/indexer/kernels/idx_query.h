@@ -14,22 +14,22 @@ template <class Team>
 MONO_DEV bool idx_query_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
   (void)smem;
   const u32 row = task.args[0];
-  const u32 lane = team.lane();
+  const u32 lane = idx_unhoisted(team.lane());
   const u32 position = a.rows[row].position;
-  for (u32 h = team.wave(); h < IDX_HEADS; h += Team::waves) {
+  for (u32 h = idx_unhoisted(team.wave()); h < IDX_HEADS; h += Team::waves) {
     const u16* in = a.query_proj + ((u64)row * IDX_HEADS + h) * IDX_HEAD_DIM + lane * IDX_LANE_DIMS;
     float v[IDX_LANE_DIMS];
 #pragma unroll
     for (u32 i = 0; i < IDX_LANE_DIMS; ++i) v[i] = mono_bf16_to_f32(in[i]);
-    idx_rope(v, position, a.inv_freq);
+    idx_rope(v, lane, position, a.inv_freq);
 #if IDX_HADAMARD
-    idx_hadamard(v);
+    idx_hadamard(v, lane);
 #endif
 #if IDX_WGMMA
     u8 codes[IDX_LANE_DIMS];
     const float head_scale = idx_quantise(v, codes);
     u32 word;
-    if (idx_pack_codes(codes, &word))
+    if (idx_pack_codes(codes, lane, &word))
       mono_st_relaxed_u64(c.scratch + idx_query_box(a, row, h * (IDX_HEAD_DIM / 4) + lane * IDX_LANE_DIMS / 4),
                           mbx_pack(c.tag, word));
 #else

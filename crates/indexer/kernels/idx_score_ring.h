@@ -33,37 +33,46 @@ static_assert(IDX_RING * IDX_BATCH_PAGES <= IDX_TASK_PAGES, "the first ring fill
 
 // A run team's LDS: the B tile (every head of every row in f16, idx_wg_offset) at `query`, 1024-byte
 // aligned, then the weights [GROUP_ROWS][HEADS], the [2][RING] barriers of the slots (a slot's
-// copies have landed) and the [2][RING] page slots as cached, each at a fixed offset from it. Only
-// the base is held (as a pointer and as an LDS address): the rest are constant offsets the loads
-// and copies take as immediates, where held apart they took registers of the page loop.
+// copies have landed), the run's index, and the [2][RING] page slots as cached, each at a fixed
+// offset from it. The run's start writes the tile and the weights through the pointer; the page
+// loop and what follows it reach everything from the 32-bit LDS address alone, at constant offsets
+// the loads and copies take as immediates: held apart, each base or address took registers of the
+// page loop, which then spilled at 128.
 struct idx_ring {
   u8* query;
   u32 lds;  // LDS address of `query`
 };
 #define IDX_RING_WEIGHTS_AT IDX_RING_QUERY_BYTES
 #define IDX_RING_LANDED_AT (IDX_RING_WEIGHTS_AT + IDX_GROUP_ROWS * IDX_HEADS * 4)
+// Words of the run the page loop reads where it needs them rather than hold them through the MMAs
+// (held, each took a register of the 4-row MMAs'): the run's index (on the pages patched and after
+// the loop), the first token the patch replaces (idx_patch_lowest: at each page's start), the
+// request's page-list offset (by the copying thread, under the MMAs).
+#define IDX_RING_RUN_AT (IDX_RING_LANDED_AT + IDX_BATCH_PAGES * IDX_RING * 8)
+#define IDX_RING_LOWEST_AT (IDX_RING_RUN_AT + 4)
+#define IDX_RING_LIST_AT (IDX_RING_RUN_AT + 8)
 #define IDX_RING_SLOTS_AT (IDX_RING_WEIGHTS_AT + IDX_RING_WEIGHT_BYTES)
-static_assert(IDX_GROUP_ROWS * IDX_HEADS * 4 + IDX_BATCH_PAGES * IDX_RING * 8 <= IDX_RING_WEIGHT_BYTES,
-              "the barriers follow the weights");
+static_assert(IDX_RING_LIST_AT + 4 <= IDX_RING_SLOTS_AT, "the barriers and the run's words follow the weights");
 
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
   u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
-  return idx_ring{query, mono_lds_address(query)};
+  return idx_ring{query, mono_shfl(mono_lds_address(query), 0)};
 }
-MONO_DEV float* idx_ring_weights(const idx_ring& ring) { return (float*)(ring.query + IDX_RING_WEIGHTS_AT); }
 // The B tile's descriptors' start field (mono_smem_desc_start).
 MONO_DEV u32 idx_ring_query_start(const idx_ring& ring) { return (ring.lds & 0x3ffffu) >> 4; }
 MONO_DEV u32 idx_ring_landed(const idx_ring& ring) { return ring.lds + IDX_RING_LANDED_AT; }
+MONO_DEV u32 idx_ring_run_index(const idx_ring& ring) { return idx_lds_u32(ring.lds + IDX_RING_RUN_AT); }
 
-// Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page (to read, and as an
-// LDS address for the copies), its barrier.
-MONO_DEV u32 idx_slot_offset(u32 w, u32 s) { return (w * IDX_RING + s) * IDX_RING_PAGE_BYTES; }
-MONO_DEV u8* idx_slot_keys(const idx_ring& ring, u32 w, u32 s) { return ring.query + IDX_RING_SLOTS_AT + idx_slot_offset(w, s); }
-MONO_DEV float* idx_slot_scales(const idx_ring& ring, u32 w, u32 s) {
-  return (float*)(idx_slot_keys(ring, w, s) + IDX_PAGE_KEY_BYTES);
+// Slot s of warpgroup w's ring (its j-th page goes to slot j % RING): the page as an LDS address
+// (keys, then scales at IDX_PAGE_KEY_BYTES), its barrier.
+MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) {
+  return ring.lds + IDX_RING_SLOTS_AT + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
 }
-MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) { return ring.lds + IDX_RING_SLOTS_AT + idx_slot_offset(w, s); }
-MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) { return idx_ring_landed(ring) + 8u * (w * IDX_RING + s); }
+MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) {
+  u32 base = ring.lds;
+  asm volatile("" : "+r"(base));
+  return base + 8u * (w * IDX_RING + s) + IDX_RING_LANDED_AT;
+}
 
 // Pages of the run that warpgroup w scores.
 MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u - w) / 2u; }
@@ -76,8 +85,7 @@ MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 
     const u32 landed = idx_slot_landed(ring, w, s), dst = idx_slot_lds(ring, w, s);
     const u8* src = a.cache_read + (u64)phys * IDX_PAGE_BYTES;
     mono_lds_barrier_expect(landed, IDX_RING_PAGE_BYTES);
-    mono_copy_bulk(dst, src, IDX_PAGE_KEY_BYTES, landed);
-    mono_copy_bulk(dst + IDX_PAGE_KEY_BYTES, src + IDX_PAGE_KEY_BYTES, IDX_PAGE_TOKENS * 4, landed);
+    mono_copy_bulk(dst, src, IDX_RING_PAGE_BYTES, landed);
   }
 }
 
@@ -198,69 +206,83 @@ MONO_DEV bool idx_ring_queries(const Team& team, const idx_args& a, const mbx_ct
       idx_e4m3x4_to_f16_exact(value, (u32*)(lo + columns), (u32*)(hi + columns));
     }
     if (t < IDX_QUERY_WORDS - IDX_QUERY_VALUE_WORDS && value_of(r, value_loads, value))
-      idx_ring_weights(ring)[r * IDX_HEADS + t] = mono_bits_f32(value);
+      ((float*)(ring.query + IDX_RING_WEIGHTS_AT))[r * IDX_HEADS + t] = mono_bits_f32(value);
   }
   return team.all(ok);
 }
 
 // One page (keys, scales: its slot; first token t0), scored by this warpgroup for the group's R
 // rows and written out, a row by each lane of a quad; meanwhile() runs while the tensor units work.
-// t: the thread of the warpgroup; out: the lane's row's score of its first token, idx_wg_token(t)
-// into the page (unused when the lane has no row).
+// t: the thread of the warpgroup; position: the lane's row's position (idx_row_position of row
+// t % 4); out: the lane's row's score of its first token, idx_wg_token(t) into the page (both
+// unused when the lane has no row).
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_ring_page(u32 t, const idx_group& grp, const idx_ring& ring, const u8* keys, const float* scales,
-                            u32 t0, float* out, Meanwhile meanwhile) {
+MONO_DEV void idx_ring_page(u32 t, const idx_ring& ring, u32 page, u32 t0, u32 position, float* out, Meanwhile meanwhile) {
   float s[2];
-  idx_wg_page<R>(t, keys, idx_ring_query_start(ring), idx_ring_weights(ring), s, meanwhile);
-  const u32 r = t & 3u;
-  if (r >= R) return;
+  idx_wg_page<R>(t, page, idx_ring_query_start(ring), ring.lds + IDX_RING_WEIGHTS_AT, s, meanwhile);
+  if ((t & 3u) >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
   const u32 token = idx_wg_token(t);
-  const u32 position = idx_row_position(grp, r);
 #pragma unroll
   for (u32 h = 0; h < 2; ++h) {
     const u32 n = token + 8u * h;
-    out[8u * h] = t0 + n <= position ? s[h] * scales[n] : minus_inf;
+    const float scale = mono_bits_f32(idx_lds_u32(page + IDX_PAGE_KEY_BYTES + 4u * n));
+    out[8u * h] = t0 + n <= position ? s[h] * scale : minus_inf;
   }
 }
 
-// Warpgroup w's pages of the run (wg: the warpgroup's team). next: the physical id of its page
-// RING - 1 (from the task); each pass loads the id a page ahead of the copy it starts, so that no
-// copy waits on a page-list load. The copy and the load go out while the tensor units work on the
-// page: issued before the MMAs, they held the whole warpgroup's MMAs behind its first thread (about
-// 250 ns a page on the H200).
+// Patches the page at t0 (page: its slot's LDS address) with the launch's new keys, the
+// warpgroup's team. The run's task is read again here, on the few pages that reach the new keys:
+// its request and group held through the page loop took registers of the 4-row MMAs.
+template <class Warpgroup>
+MONO_DEV bool idx_ring_patch(const Warpgroup& wg, const idx_args& a, const mbx_ctx& c, const idx_ring& ring, u32 t0,
+                             u32 page) {
+  const idx_run_task& task = a.runs[idx_ring_run_index(ring)];
+  u8* keys = (u8*)__cvta_shared_to_generic(page);
+  return idx_patch_tokens(wg, a, c, task.request, task.group, t0, IDX_PAGE_TOKENS, keys,
+                          (float*)(keys + IDX_PAGE_KEY_BYTES));
+}
+
+// Warpgroup w's pages of run `run_index` (wg: the warpgroup's team), page by page of the request
+// (its pages first_page + w, + 2, ...). next: the physical id of its page RING - 1 (from the
+// task); each pass loads the id a page ahead of the copy it starts, so that no copy waits on a
+// page-list load. The copy and the load go out while the tensor units work on the page: issued
+// before the MMAs, they held the whole warpgroup's MMAs behind its first thread (about 250 ns a
+// page on the H200). Every value the loop holds is a register the 4-row MMAs' 96 cannot have (128
+// a thread): it counts the request's page, not the warpgroup's, so one counter serves the token,
+// the bounds and the page list.
 template <u32 R, class Warpgroup>
 MONO_DEV bool idx_ring_run(const Warpgroup& wg, const idx_args& a, const mbx_ctx& c, const idx_request& q,
                            const idx_group& grp, const idx_run& run, const idx_ring& ring, u32 w, u32 next,
                            const idx_marker& marks) {
-  const u32 pages = idx_wg_pages(run, w);
   const u32 t = wg.thread();
-  // The lane's row's score of its first token of page j, advanced a page pair at a time: computed
-  // from the row every page, its 64-bit address costs about a dozen instructions a page.
-  float* out = a.scores + (u64)(grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS +
-               idx_wg_token(t);
-  // Page j's slot, j % RING, and its barrier's phase parity, (j / RING) % 2, kept as j goes up
-  // rather than two divisions a page.
+  // The lane's row's score of its first token of the page, advanced a page pair at a time:
+  // computed from the row every page, its 64-bit address costs about a dozen instructions a page.
+  u32 out = (grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS + idx_wg_token(t);
+  const u32 position = idx_row_position(grp, t & 3u);
+  const u32 end = mono_shfl(run.first_page + run.n_pages, 0);
+  // The page's slot, j % RING for the warpgroup's j-th, and its barrier's phase parity, (j / RING)
+  // % 2, kept as the page goes up rather than two divisions a page.
   u32 slot = 0, parity = 0;
-  // Only pages that reach the launch's new keys are patched: one compare a page, where the patch's
-  // own bounds cost about ten instructions on every page.
-  const u32 lowest = idx_patch_lowest(q, grp);
-  for (u32 j = 0; j < pages; ++j) {
+  for (u32 page = mono_shfl(run.first_page + w, 0); page < end; page += IDX_BATCH_PAGES) {
+    const u32 j = (page - run.first_page) / IDX_BATCH_PAGES;  // for the marks only
+    // Only pages that reach the launch's new keys are patched: one compare a page, where the
+    // patch's own bounds cost about ten instructions on every page.
+    const u32 lowest = idx_lds_u32(ring.lds + IDX_RING_LOWEST_AT);
     marks.page(j, IDX_MARK_WAITING);
     mono_lds_barrier_wait(idx_slot_landed(ring, w, slot), parity);
     marks.page(j, IDX_MARK_LANDED);
-    wg.sync();  // page j - 1 is scored, so its slot is free
-    const u32 t0 = (run.first_page + 2u * j + w) * IDX_PAGE_TOKENS;
-    u8* keys = idx_slot_keys(ring, w, slot);
-    float* scales = idx_slot_scales(ring, w, slot);
-    if (t0 + IDX_PAGE_TOKENS > lowest && !idx_patch_tokens(wg, a, c, q, grp, t0, IDX_PAGE_TOKENS, keys, scales))
-      return false;
-    idx_ring_page<R>(t, grp, ring, keys, scales, t0, out, [&] {
+    wg.sync();  // the page before is scored, so its slot is free
+    const u32 t0 = page * IDX_PAGE_TOKENS;
+    const u32 at = idx_slot_lds(ring, w, slot);
+    if (t0 + IDX_PAGE_TOKENS > lowest && !idx_ring_patch(wg, a, c, ring, t0, at)) return false;
+    idx_ring_page<R>(t, ring, at, t0, position, a.scores + out, [&] {
       marks.page(j, IDX_MARK_ISSUED);
-      // Page j + RING - 1 takes the slot page j - 1 left.
-      idx_ring_load(a, ring, w, slot == 0 ? IDX_RING - 1 : slot - 1, t == 0, j + IDX_RING - 1 < pages, next);
-      const u32 ahead = 2u * (j + IDX_RING) + w;
-      if (t == 0 && ahead < run.n_pages) next = a.page_list[q.page_offset + run.first_page + ahead];
+      // The page RING - 1 of the warpgroup's ahead takes the slot the page before left.
+      const u32 ahead = page + IDX_BATCH_PAGES * (IDX_RING - 1);
+      idx_ring_load(a, ring, w, slot == 0 ? IDX_RING - 1 : slot - 1, t == 0, ahead < end, next);
+      if (t == 0 && ahead + IDX_BATCH_PAGES < end)
+        next = a.page_list[idx_lds_u32(ring.lds + IDX_RING_LIST_AT) + ahead + IDX_BATCH_PAGES];
     });
     marks.page(j, IDX_MARK_SCORED);
     out += IDX_BATCH_PAGES * IDX_PAGE_TOKENS;
@@ -297,8 +319,12 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   for (u32 j = 0; j < IDX_RING; ++j) first[j] = task.first_pages[2u * j + w];
   marks.cycles(IDX_MARK_TASK, grp.first_row);
   const idx_ring ring = idx_ring_of(lds);
-  if (team.leader())
+  if (team.leader()) {
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(idx_ring_landed(ring) + 8u * s);
+    *(u32*)(ring.query + IDX_RING_RUN_AT) = run_index;
+    *(u32*)(ring.query + IDX_RING_LOWEST_AT) = idx_patch_lowest(q, grp);
+    *(u32*)(ring.query + IDX_RING_LIST_AT) = q.page_offset;
+  }
   idx_query_boxes boxes;
   idx_ring_query_loads(a, c, team.thread(), grp, boxes);
   team.sync();
@@ -321,12 +347,14 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
     ok = idx_ring_run<3>(wg, a, c, q, grp, run, ring, w, next, marks);
   else
     ok = idx_ring_run<IDX_GROUP_ROWS>(wg, a, c, q, grp, run, ring, w, next, marks);
-  idx_write_tail(a, team.thread(), grp, run);
+  // The run, its group and its task read again (not held through the page loop).
+  const u32 run_again = idx_ring_run_index(ring);
+  idx_write_tail(a, team.thread(), a.runs[run_again].group, a.runs[run_again].run);
   if (!team.all(ok)) return false;
   // Every copy was waited for: the barriers' words may become plain LDS for the next task.
   if (team.leader())
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_inval(idx_ring_landed(ring) + 8u * s);
-  idx_run_done(team, a, c, run_index);
+  idx_run_done(team, a, c, run_again);
   marks.cycles(IDX_MARK_END);
   marks.mark(IDX_MARK_END_NS, mono_timer_ns());
   return true;

@@ -290,11 +290,30 @@ MONO_DEV void idx_e4m3x4_to_f16_exact(u32 w, u32* lo, u32* hi) {
 // LDS written by ordinary stores becomes visible to the tensor units' reads.
 MONO_DEV void idx_lds_written() { mono_fence_lds_async(); }
 
+// Loads at 32-bit LDS addresses. The scorer's page loop reaches its LDS from one such address (its
+// ring's, which its copies and barriers need anyway): through pointers it held a second base, the
+// 64-bit one of the pointers, in two more registers of the 4-row MMAs.
+MONO_DEV mono_u32x4 idx_lds_u32x4(u32 at) {
+  mono_u32x4 v;
+  asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at) : "memory");
+  return v;
+}
+MONO_DEV u64 idx_lds_u64(u32 at) {
+  u64 v;
+  asm("ld.shared.u64 %0, [%1];" : "=l"(v) : "r"(at) : "memory");
+  return v;
+}
+MONO_DEV u32 idx_lds_u32(u32 at) {
+  u32 v;
+  asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
+  return v;
+}
+
 // Row r's sums over this thread's heads of ReLU(score) times the head's weight, for tokens g (x)
 // and g + 8 (y); the other heads of the row are in the quad's other lanes. d: the page's
 // accumulators (mono_wgmma_f16_rs order), row r's at 16 r ..
 template <u32 G>
-MONO_DEV void idx_wg_head_sums(const float (&d)[16 * G], const float* weights, u32 quad, float (&x)[G], float (&y)[G]) {
+MONO_DEV void idx_wg_head_sums(const float (&d)[16 * G], u32 weights, u32 quad, float (&x)[G], float (&y)[G]) {
 #pragma unroll
   for (u32 r = 0; r < G; ++r) {
     x[r] = 0.0f;
@@ -302,7 +321,7 @@ MONO_DEV void idx_wg_head_sums(const float (&d)[16 * G], const float* weights, u
 #pragma unroll
     for (u32 i = 0; i < 4; ++i) {
       // Heads 8i + 2 quad and the next one: adjacent weights, one 8-byte load.
-      const u64 pair = *(const u64*)(weights + r * IDX_HEADS + 8u * i + 2u * quad);
+      const u64 pair = idx_lds_u64(weights + 4u * (r * IDX_HEADS + 8u * i + 2u * quad));
 #pragma unroll
       for (u32 e = 0; e < 2; ++e) {
         const float wt = mono_bits_f32((u32)(pair >> (32u * e)));
@@ -348,18 +367,18 @@ MONO_DEV u32 idx_wg_token(u32 t) { return 16u * (t / MONO_WAVE) + (t % MONO_WAVE
 
 // The scores of one page's 64 tokens for the group's R rows, before the key scales: thread t of the
 // warpgroup (wave v, lane l) returns row l % 4's (when l % 4 < R) for tokens 16v + l / 4 (s[0]) and
-// 16v + l / 4 + 8 (s[1]). keys: the page as cached (idx_chunk_offset); query: the B tile's start
-// field (mono_smem_desc_start); weights: [R][HEADS].
+// 16v + l / 4 + 8 (s[1]). keys: LDS address of the page as cached (idx_chunk_offset); query: the B
+// tile's start field (mono_smem_desc_start); weights: LDS address of [R][HEADS] floats.
 // meanwhile() runs while the tensor units work, between the MMAs' issue and the wait for them.
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_wg_page(u32 t, const u8* keys, u32 query, const float* weights, float (&s)[2], Meanwhile meanwhile) {
+MONO_DEV void idx_wg_page(u32 t, u32 keys, u32 query, u32 weights, float (&s)[2], Meanwhile meanwhile) {
   const u32 quad = t % 4u, token = idx_wg_token(t);
   u32 w[2][8];  // [token g, g + 8][word j]: dims 32q + 4j .. + 3
 #pragma unroll
   for (u32 h8 = 0; h8 < 2; ++h8)
 #pragma unroll
     for (u32 h = 0; h < 2; ++h) {
-      const mono_u32x4 v = *(const mono_u32x4*)(keys + idx_chunk_offset(token + 8u * h8, 2u * quad + h));
+      const mono_u32x4 v = idx_lds_u32x4(keys + idx_chunk_offset(token + 8u * h8, 2u * quad + h));
       w[h8][4 * h] = v.x;
       w[h8][4 * h + 1] = v.y;
       w[h8][4 * h + 2] = v.z;
