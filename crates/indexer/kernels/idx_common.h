@@ -177,11 +177,11 @@ MONO_DEV void idx_sincos(double x, double* s, double* c) {
   }
 }
 
-// A lane or wave index (or anything else the thread register gives) as a value the compiler can
-// neither move nor share between tasks. Computed from the thread register alone, it and all that
-// follows from it are the same in every task, so the compiler computes them once before the task
-// loop and holds them through every task: the key and query tasks' lane numbers took registers
-// from the score task's 4-row page loop, which then spilled at 128.
+// `v` as a value the compiler can neither move nor share: what is computed from it is computed
+// where it is used. A loop-invariant value (a lane number, from the thread register alone; a base
+// address) and all that follows from it are otherwise computed once, before the loop, and held
+// through it: the key and query tasks' lane numbers were held through every task, the score
+// task's 4-row page loop among them, which then spilled at the fused shape's 128 registers.
 MONO_DEV u32 idx_unhoisted(u32 v) {
 #if MONO_NVIDIA
   asm volatile("" : "+r"(v));

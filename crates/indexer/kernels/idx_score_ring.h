@@ -25,6 +25,7 @@ static_assert(IDX_RING * IDX_BATCH_PAGES <= IDX_TASK_PAGES, "the first ring fill
 #define IDX_RING_WEIGHT_BYTES (((IDX_GROUP_ROWS * IDX_HEADS * 4 + 1023) / 1024) * 1024)
 // A slot: one page as cached, keys then scales.
 #define IDX_RING_PAGE_BYTES (IDX_PAGE_KEY_BYTES + IDX_PAGE_TOKENS * 4)
+static_assert(IDX_RING_PAGE_BYTES == IDX_PAGE_BYTES, "a slot holds a page as cached, keys then scales");
 // LDS of a run's team: 1024 bytes of slack to align the base (the B tiles' swizzle repeats every
 // 1024 bytes), the queries, the weights, the two warpgroups' rings (the host's gpu.rs
 // score_lds_bytes reserves as much a team).
@@ -33,8 +34,8 @@ static_assert(IDX_RING * IDX_BATCH_PAGES <= IDX_TASK_PAGES, "the first ring fill
 
 // A run team's LDS: the B tile (every head of every row in f16, idx_wg_offset) at `query`, 1024-byte
 // aligned, then the weights [GROUP_ROWS][HEADS], the [2][RING] barriers of the slots (a slot's
-// copies have landed), the run's index, and the [2][RING] page slots as cached, each at a fixed
-// offset from it. The run's start writes the tile and the weights through the pointer; the page
+// copies have landed), the run's words (below), and the [2][RING] page slots as cached, each at a
+// fixed offset from it. The run's start writes the tile and the weights through the pointer; the page
 // loop and what follows it reach everything from the 32-bit LDS address alone, at constant offsets
 // the loads and copies take as immediates: held apart, each base or address took registers of the
 // page loop, which then spilled at 128.
@@ -51,12 +52,16 @@ struct idx_ring {
 #define IDX_RING_RUN_AT (IDX_RING_LANDED_AT + IDX_BATCH_PAGES * IDX_RING * 8)
 #define IDX_RING_LOWEST_AT (IDX_RING_RUN_AT + 4)
 #define IDX_RING_LIST_AT (IDX_RING_RUN_AT + 8)
+// A traced build's: where each warpgroup marks, the run's first page (idx_marker).
+#define IDX_RING_MARKS_AT (IDX_RING_RUN_AT + 16)
+#define IDX_RING_FIRST_AT (IDX_RING_MARKS_AT + 8 * IDX_BATCH_PAGES)
 #define IDX_RING_SLOTS_AT (IDX_RING_WEIGHTS_AT + IDX_RING_WEIGHT_BYTES)
-static_assert(IDX_RING_LIST_AT + 4 <= IDX_RING_SLOTS_AT, "the barriers and the run's words follow the weights");
+static_assert(IDX_RING_RUN_AT % 8 == 0 && IDX_RING_FIRST_AT + 4 <= IDX_RING_SLOTS_AT,
+              "the barriers and the run's words follow the weights");
 
 MONO_DEV idx_ring idx_ring_of(u8* lds) {
   u8* query = lds + ((1024u - (mono_lds_address(lds) & 1023u)) & 1023u);
-  return idx_ring{query, mono_shfl(mono_lds_address(query), 0)};
+  return idx_ring{query, mono_lds_address(query)};
 }
 // The B tile's descriptors' start field (mono_smem_desc_start).
 MONO_DEV u32 idx_ring_query_start(const idx_ring& ring) { return (ring.lds & 0x3ffffu) >> 4; }
@@ -68,18 +73,18 @@ MONO_DEV u32 idx_ring_run_index(const idx_ring& ring) { return idx_lds_u32(ring.
 MONO_DEV u32 idx_slot_lds(const idx_ring& ring, u32 w, u32 s) {
   return ring.lds + IDX_RING_SLOTS_AT + (w * IDX_RING + s) * IDX_RING_PAGE_BYTES;
 }
+// (From an unhoisted base: the compiler otherwise adds the barriers' offset to the base once, before
+// the page loop, and holds the sum beside the base through it.)
 MONO_DEV u32 idx_slot_landed(const idx_ring& ring, u32 w, u32 s) {
-  u32 base = ring.lds;
-  asm volatile("" : "+r"(base));
-  return base + 8u * (w * IDX_RING + s) + IDX_RING_LANDED_AT;
+  return idx_unhoisted(ring.lds) + 8u * (w * IDX_RING + s) + IDX_RING_LANDED_AT;
 }
 
 // Pages of the run that warpgroup w scores.
 MONO_DEV u32 idx_wg_pages(const idx_run& run, u32 w) { return (run.n_pages + 1u - w) / 2u; }
 
-// The warpgroup's first thread (leader) arms slot s's barrier and starts the copies of a page
-// (physical id phys), keys and scales, into the slot; nothing when the page is past the
-// warpgroup's last (!live).
+// The warpgroup's first thread (leader) arms slot s's barrier and starts the copy of a page
+// (physical id phys) into the slot, one bulk copy of its keys and scales (contiguous in the cache
+// and in the slot); nothing when the page is past the warpgroup's last (!live).
 MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 s, bool leader, bool live, u32 phys) {
   if (leader && live) {
     const u32 landed = idx_slot_landed(ring, w, s), dst = idx_slot_lds(ring, w, s);
@@ -111,11 +116,16 @@ MONO_DEV void idx_ring_load(const idx_args& a, const idx_ring& ring, u32 w, u32 
 #define IDX_MARK_END 62
 #define IDX_MARK_END_NS 63
 static_assert(IDX_MARK_PAGES + IDX_MARKS_A_PAGE * IDX_MARK_MAX_PAGES <= IDX_MARK_END, "the page marks fit before the end");
-// Where one warpgroup of a run marks: its leader's words, or null (no marks).
+// Where one warpgroup of a run marks: its leader's words, or null (no marks), kept in the run's
+// LDS (IDX_RING_MARKS_AT) with the run's first page (IDX_RING_FIRST_AT, which numbers the
+// warpgroup's pages): held in registers, they spilled the traced build's page loop.
 struct idx_marker {
-  u64* words;
+  u32 at;  // LDS address of the run's marks' words
   MONO_DEV void mark(u32 slot, u64 value) const {
 #if IDX_TRACE
+    const u32 t = mono_thread() % IDX_RUN_THREADS;
+    if (t % IDX_WG_THREADS != 0) return;
+    u64* words = (u64*)idx_lds_u64(at + IDX_RING_MARKS_AT + 8u * (t / IDX_WG_THREADS));
     if (words) words[slot] = value;
 #else
     (void)slot, (void)value;
@@ -129,18 +139,27 @@ struct idx_marker {
     (void)slot, (void)after;
 #endif
   }
-  // Mark `which` (IDX_MARK_WAITING ..) of the warpgroup's j-th page.
-  MONO_DEV void page(u32 j, u32 which) const {
+  // Mark `which` (IDX_MARK_WAITING ..) of the request's page `page` (the warpgroup's j-th).
+  MONO_DEV void page(u32 page, u32 which) const {
+#if IDX_TRACE
+    const u32 j = (page - idx_lds_u32(at + IDX_RING_FIRST_AT)) / IDX_BATCH_PAGES;
     if (j < IDX_MARK_MAX_PAGES) cycles(IDX_MARK_PAGES + IDX_MARKS_A_PAGE * j + which);
+#else
+    (void)page, (void)which;
+#endif
   }
 };
-MONO_DEV idx_marker idx_marker_of(const idx_args& a, u32 run, u32 w, bool leader) {
+// The marker of warpgroup w of run `run`: its leader stores where it marks (the run's first page
+// follows with the run's other words).
+MONO_DEV idx_marker idx_marker_of(const idx_args& a, const idx_ring& ring, u32 run, u32 w, bool leader) {
 #if IDX_TRACE
-  return idx_marker{a.trace && leader ? a.trace + ((u64)run * IDX_BATCH_PAGES + w) * IDX_TRACE_WORDS : nullptr};
+  if (leader)
+    ((u64**)(ring.query + IDX_RING_MARKS_AT))[w] =
+        a.trace ? a.trace + ((u64)run * IDX_BATCH_PAGES + w) * IDX_TRACE_WORDS : nullptr;
 #else
   (void)a, (void)run, (void)w, (void)leader;
-  return idx_marker{nullptr};
 #endif
+  return idx_marker{ring.lds};
 }
 
 // The group's query boxes, row by row: each thread t of the run's team loads words t, t +
@@ -211,40 +230,41 @@ MONO_DEV bool idx_ring_queries(const Team& team, const idx_args& a, const mbx_ct
   return team.all(ok);
 }
 
-// One page (keys, scales: its slot; first token t0), scored by this warpgroup for the group's R
-// rows and written out, a row by each lane of a quad; meanwhile() runs while the tensor units work.
+// One page (at: its slot's LDS address, keys then scales; first token t0), scored by this
+// warpgroup for the group's R rows and written out, a row by each lane of a quad; meanwhile() runs
+// while the tensor units work.
 // t: the thread of the warpgroup; position: the lane's row's position (idx_row_position of row
 // t % 4); out: the lane's row's score of its first token, idx_wg_token(t) into the page (both
 // unused when the lane has no row).
 template <u32 R, class Meanwhile>
-MONO_DEV void idx_ring_page(u32 t, const idx_ring& ring, u32 page, u32 t0, u32 position, float* out, Meanwhile meanwhile) {
+MONO_DEV void idx_ring_page(u32 t, const idx_ring& ring, u32 at, u32 t0, u32 position, float* out, Meanwhile meanwhile) {
   float s[2];
-  idx_wg_page<R>(t, page, idx_ring_query_start(ring), ring.lds + IDX_RING_WEIGHTS_AT, s, meanwhile);
+  idx_wg_page<R>(t, at, idx_ring_query_start(ring), ring.lds + IDX_RING_WEIGHTS_AT, s, meanwhile);
   if ((t & 3u) >= R) return;
   const float minus_inf = mono_bits_f32(0xff800000u);
   const u32 token = idx_wg_token(t);
 #pragma unroll
   for (u32 h = 0; h < 2; ++h) {
     const u32 n = token + 8u * h;
-    const float scale = mono_bits_f32(idx_lds_u32(page + IDX_PAGE_KEY_BYTES + 4u * n));
+    const float scale = mono_bits_f32(idx_lds_u32(at + IDX_PAGE_KEY_BYTES + 4u * n));
     out[8u * h] = t0 + n <= position ? s[h] * scale : minus_inf;
   }
 }
 
-// Patches the page at t0 (page: its slot's LDS address) with the launch's new keys, the
+// Patches the page at t0 (at: its slot's LDS address) with the launch's new keys, the
 // warpgroup's team. The run's task is read again here, on the few pages that reach the new keys:
 // its request and group held through the page loop took registers of the 4-row MMAs.
 template <class Warpgroup>
 MONO_DEV bool idx_ring_patch(const Warpgroup& wg, const idx_args& a, const mbx_ctx& c, const idx_ring& ring, u32 t0,
-                             u32 page) {
+                             u32 at) {
   const idx_run_task& task = a.runs[idx_ring_run_index(ring)];
-  u8* keys = (u8*)__cvta_shared_to_generic(page);
+  u8* keys = (u8*)__cvta_shared_to_generic(at);
   return idx_patch_tokens(wg, a, c, task.request, task.group, t0, IDX_PAGE_TOKENS, keys,
                           (float*)(keys + IDX_PAGE_KEY_BYTES));
 }
 
-// Warpgroup w's pages of run `run_index` (wg: the warpgroup's team), page by page of the request
-// (its pages first_page + w, + 2, ...). next: the physical id of its page RING - 1 (from the
+// Warpgroup w's pages of the run (wg: the warpgroup's team), by the request's page number (the
+// run's pages first_page + w, + 2, ...). next: the physical id of its page RING - 1 (from the
 // task); each pass loads the id a page ahead of the copy it starts, so that no copy waits on a
 // page-list load. The copy and the load go out while the tensor units work on the page: issued
 // before the MMAs, they held the whole warpgroup's MMAs behind its first thread (about 250 ns a
@@ -258,33 +278,33 @@ MONO_DEV bool idx_ring_run(const Warpgroup& wg, const idx_args& a, const mbx_ctx
   const u32 t = wg.thread();
   // The lane's row's score of its first token of the page, advanced a page pair at a time:
   // computed from the row every page, its 64-bit address costs about a dozen instructions a page.
-  u32 out = (grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS + idx_wg_token(t);
+  float* out = a.scores + (u64)(grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS +
+               idx_wg_token(t);
   const u32 position = idx_row_position(grp, t & 3u);
-  const u32 end = mono_shfl(run.first_page + run.n_pages, 0);
+  const u32 end = run.first_page + run.n_pages;
   // The page's slot, j % RING for the warpgroup's j-th, and its barrier's phase parity, (j / RING)
   // % 2, kept as the page goes up rather than two divisions a page.
   u32 slot = 0, parity = 0;
-  for (u32 page = mono_shfl(run.first_page + w, 0); page < end; page += IDX_BATCH_PAGES) {
-    const u32 j = (page - run.first_page) / IDX_BATCH_PAGES;  // for the marks only
+  for (u32 page = run.first_page + w; page < end; page += IDX_BATCH_PAGES) {
     // Only pages that reach the launch's new keys are patched: one compare a page, where the
     // patch's own bounds cost about ten instructions on every page.
     const u32 lowest = idx_lds_u32(ring.lds + IDX_RING_LOWEST_AT);
-    marks.page(j, IDX_MARK_WAITING);
+    marks.page(page, IDX_MARK_WAITING);
     mono_lds_barrier_wait(idx_slot_landed(ring, w, slot), parity);
-    marks.page(j, IDX_MARK_LANDED);
+    marks.page(page, IDX_MARK_LANDED);
     wg.sync();  // the page before is scored, so its slot is free
     const u32 t0 = page * IDX_PAGE_TOKENS;
     const u32 at = idx_slot_lds(ring, w, slot);
     if (t0 + IDX_PAGE_TOKENS > lowest && !idx_ring_patch(wg, a, c, ring, t0, at)) return false;
-    idx_ring_page<R>(t, ring, at, t0, position, a.scores + out, [&] {
-      marks.page(j, IDX_MARK_ISSUED);
+    idx_ring_page<R>(t, ring, at, t0, position, out, [&] {
+      marks.page(page, IDX_MARK_ISSUED);
       // The page RING - 1 of the warpgroup's ahead takes the slot the page before left.
       const u32 ahead = page + IDX_BATCH_PAGES * (IDX_RING - 1);
       idx_ring_load(a, ring, w, slot == 0 ? IDX_RING - 1 : slot - 1, t == 0, ahead < end, next);
       if (t == 0 && ahead + IDX_BATCH_PAGES < end)
         next = a.page_list[idx_lds_u32(ring.lds + IDX_RING_LIST_AT) + ahead + IDX_BATCH_PAGES];
     });
-    marks.page(j, IDX_MARK_SCORED);
+    marks.page(page, IDX_MARK_SCORED);
     out += IDX_BATCH_PAGES * IDX_PAGE_TOKENS;
     if (++slot == IDX_RING) {
       slot = 0;
@@ -306,7 +326,8 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   static_assert(Team::size == IDX_RUN_THREADS, "a run's team");
   const auto wg = team.template split<IDX_WG_THREADS>();
   const u32 w = team.thread() / IDX_WG_THREADS;
-  const idx_marker marks = idx_marker_of(a, run_index, w, wg.thread() == 0);
+  const idx_ring ring = idx_ring_of(lds);
+  const idx_marker marks = idx_marker_of(a, ring, run_index, w, wg.thread() == 0);
   marks.mark(IDX_MARK_START_NS, mono_timer_ns());
   marks.mark(IDX_MARK_SM, mono_sm_id());
   marks.cycles(IDX_MARK_START);
@@ -318,12 +339,14 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
 #pragma unroll
   for (u32 j = 0; j < IDX_RING; ++j) first[j] = task.first_pages[2u * j + w];
   marks.cycles(IDX_MARK_TASK, grp.first_row);
-  const idx_ring ring = idx_ring_of(lds);
   if (team.leader()) {
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(idx_ring_landed(ring) + 8u * s);
     *(u32*)(ring.query + IDX_RING_RUN_AT) = run_index;
     *(u32*)(ring.query + IDX_RING_LOWEST_AT) = idx_patch_lowest(q, grp);
     *(u32*)(ring.query + IDX_RING_LIST_AT) = q.page_offset;
+#if IDX_TRACE
+    *(u32*)(ring.query + IDX_RING_FIRST_AT) = run.first_page;
+#endif
   }
   idx_query_boxes boxes;
   idx_ring_query_loads(a, c, team.thread(), grp, boxes);
