@@ -25,10 +25,14 @@
 //! `INDEXER_BENCH_TRACE_DIR=dir` also writes each traced case's middle launch as
 //! `dir/trace-<keys>-<rows>-<chain|separate>-<method>.csv`, a line a warpgroup
 //! (`indexer::trace::csv`). The traced builds are timed nowhere else: their stamps cost time.
+//! With `MONO_BENCH_JSON=file` the figures are also appended there as records (`device::report`):
+//! table "indexer scoring" (wgmma single and in a graph, wgmma-pdl overlapped in a graph, beside
+//! the copy kernel) and "indexer scoring, mma.sync" (f16, beside wgmma's single launch).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use device::report::{keys_label, Figure, Reporter};
 use device::{Args, BenchFilter, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::layout::pages_through;
@@ -66,6 +70,7 @@ fn main() -> Result<(), Error> {
         dev.info().name,
         dev.info().multiprocessors
     );
+    let report = Reporter::from_env(&dev.info().name);
     let bandwidth = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;
     println!(
         "copy bandwidth: {:.2} TB/s (read + written)",
@@ -310,6 +315,57 @@ fn main() -> Result<(), Error> {
             graph,
             copy_graph
         );
+    }
+    let floor_how = format!(
+        "the key and scale bytes the rows' requests must read, once, over the copy bandwidth \
+         measured in the same run ({:.2} TB/s)",
+        bandwidth / 1e12
+    );
+    for &(keys, rows, chain, method, _, us, floor, copy, graph, copy_graph) in &lines {
+        let case = match (rows, chain) {
+            (1, _) => format!("{} x 1 row", keys_label(u64::from(keys))),
+            (_, true) => format!("{} x {rows} rows, one request", keys_label(u64::from(keys))),
+            _ => format!(
+                "{} x {rows} rows, separate requests",
+                keys_label(u64::from(keys))
+            ),
+        };
+        let figure = |table: &str, what: &str, us: f64| {
+            Figure::new(table, &case, what, us, "us").floor(floor, &floor_how)
+        };
+        let single_copy = "copy kernel, same bytes, single launch";
+        let graph_copy = "copy kernel, same bytes, in a graph";
+        let figures = match method {
+            "wgmma" => vec![
+                figure("indexer scoring", "wgmma, single launch", us).baseline(copy, single_copy),
+                figure("indexer scoring", "wgmma, in a graph", graph)
+                    .baseline(copy_graph, graph_copy),
+            ],
+            // A single launch follows a memset, so only the graph shows the overlap.
+            "wgmma-pdl" => vec![figure(
+                "indexer scoring",
+                "wgmma-pdl, overlapped, in a graph",
+                graph,
+            )
+            .baseline(copy_graph, graph_copy)],
+            _ => {
+                let wgmma = lines
+                    .iter()
+                    .find(|l| (l.0, l.1, l.2, l.3) == (keys, rows, chain, "wgmma"));
+                let f16 = figure(
+                    "indexer scoring, mma.sync",
+                    "f16 mma.sync, single launch",
+                    us,
+                );
+                vec![match wgmma {
+                    Some(w) => f16.baseline(w.5, "wgmma, single launch, same call"),
+                    None => f16,
+                }]
+            }
+        };
+        for f in &figures {
+            report.write(f)?;
+        }
     }
     Ok(())
 }
