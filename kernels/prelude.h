@@ -130,7 +130,7 @@ MONO_DEV u32 mono_shfl_xor(u32 v, u32 mask) {
 }
 MONO_DEV float mono_shfl_xor_f32(float v, u32 mask) { return mono_bits_f32(mono_shfl_xor(mono_f32_bits(v), mask)); }
 // The sum of v over the wave, in every lane: one `redux.sync` on NVIDIA (sm_80 and later), where
-// a butterfly of shuffles took ten instructions and five shuffle latencies.
+// a butterfly of shuffles takes ten instructions and five shuffle latencies.
 MONO_DEV u32 mono_wave_sum_u32(u32 v) {
 #if MONO_AMD
 #pragma unroll
@@ -144,7 +144,7 @@ MONO_DEV u32 mono_wave_sum_u32(u32 v) {
 }
 // v plus lane l - d's v, where there is such a lane (the steps of a prefix scan); and v plus lane
 // l + d's (a suffix scan). On NVIDIA the shuffle's own in-range predicate guards the add: two
-// instructions a step, where a computed source lane and a select took five.
+// instructions a step, where a computed source lane and a select take five.
 MONO_DEV u32 mono_shfl_up_add(u32 v, u32 d) {
 #if MONO_AMD
   const u32 lane = mono_lane(), o = mono_shfl(v, lane >= d ? lane - d : lane);

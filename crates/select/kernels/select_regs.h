@@ -15,18 +15,18 @@
 // - Otherwise digits of 12 and 8 bits count every key, and one block scan then places the list.
 //
 // Why a task of its own: the LDS one CTA spends most of a short row on the fixed cost of its
-// phases (PERF.md run 9), not on its keys. Here a 12-bit digit costs three block barriers: after
+// phases (PERF.md), not on its keys. Here a 12-bit digit costs three block barriers: after
 // the counts, after every wave has left the sum of its bins, and after the one thread whose bins
 // hold the rank has written the digit (an 8-bit one, chosen by wave 0 alone, costs two). Each
 // thread keeps its own bins in registers and learns the keys above them from a suffix scan in its
 // wave and the sums of the waves above, so no wave reads another's bins. At 1024 threads the CTA
-// is bound by instruction issue (PERF.md run 12). That is why waves with empty bins skip their
+// is bound by instruction issue (PERF.md). That is why waves with empty bins skip their
 // scans, why the last two digits count staged keys rather than test all eight keys of every
-// thread (PERF.md run 16), why ranks replace the last digit where few keys are left (one
-// barrier fewer, and no bins to read: PERF.md run 17), and why the staged keys' digit is an 8-bit
+// thread (PERF.md), why ranks replace the last digit where few keys are left (one
+// barrier fewer, and no bins to read: PERF.md), and why the staged keys' digit is an 8-bit
 // one whose bins keep their keys (a few hundred staged keys over 256 bins leave a handful in T's
 // bin, which wave 0 ranks: three barriers fewer than a 12-bit digit, a gather and ranks by the
-// block; PERF.md run 18). Part of select.h.
+// block; PERF.md). Part of select.h.
 #pragma once
 #include "select_tasks.h"
 
@@ -78,7 +78,7 @@ struct alignas(16) sel_reg_smem {
   u32 t, t_above;       // T as the ranks found it, and the ranked keys above it
   u32 wave_total[2][SEL_WAVES];  // the placement's scan
   // The list as positions, placed here and copied out in order: a key placed in LDS costs a few
-  // instructions, in global memory about sixteen (PERF.md run 16). The staged way copies out the
+  // instructions, in global memory about sixteen (PERF.md). The staged way copies out the
   // keys above P while wave 0 finds T, and writes the few staged keys' entries directly.
   u32 list[SEL_K];
 #if SEL_TRACE
@@ -98,7 +98,7 @@ MONO_DEV u32 sel_wave_suffix(u32 v) {
 // A 12-bit digit's bins are owned by the threads in order, SEL_REG_PER each, and read as quads.
 // In order, the eight lanes that a 16-byte LDS access serves at once would put two or more of them
 // on one bank group (a thread's bins 32 bytes or more apart); thread t's quad q lies at quad
-// q ^ sel_reg_swizzle(t) instead, which gives each of the eight its own (PERF.md run 17).
+// q ^ sel_reg_swizzle(t) instead, which gives each of the eight its own (PERF.md).
 MONO_DEV u32 sel_reg_swizzle(u32 owner) {
   constexpr u32 quads = SEL_REG_PER / 4;
   constexpr u32 spread = quads >= 8 ? 1u : 8u / quads;  // lanes apart that share a group in order
@@ -230,7 +230,7 @@ MONO_DEV void sel_reg_place_ties(sel_reg_smem& sm, u32 first, u32 m, u32 index, 
 }
 
 // As sel_reg_place_ties for keys above T, which all lie below k. With 8 keys a thread, unrolled:
-// a few predicated instructions a key, which beat the loop (PERF.md run 18); with 16, the loop.
+// a few predicated instructions a key, which beat the loop (PERF.md); with 16, the loop.
 MONO_DEV void sel_reg_place(sel_reg_smem& sm, u32 first, u32 m, u32 index) {
   if constexpr (SEL_REG_KEYS <= 8) {
 #pragma unroll
@@ -465,7 +465,7 @@ MONO_DEV bool sel_regs_run(sel_reg_smem& sm, const sel_row& r) {
   mono_sync_block();
   sel_mark(sm, SEL_PH_LOADED);
   // The first digit (12 bits) over every key: no prefix to test, and a thread whose keys are all
-  // in the row tests no bound either (the common loop took about 90 instructions a warp here).
+  // in the row tests no bound either (the common loop takes about 90 instructions a warp here).
   if (valid == SEL_REG_KEYS) {
 #pragma unroll
     for (u32 j = 0; j < SEL_REG_KEYS; ++j) mono_count_lds_u32(sm.hist + sel_reg_slot(keys[j] >> 20));
