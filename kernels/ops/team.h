@@ -7,8 +7,8 @@
 // A team is THREADS consecutive threads of a CTA of CTA threads, starting at a multiple of THREADS
 // (the CTA splits evenly, and so does every team). A team holds no state: its thread index, its
 // place among its siblings and its barrier id all follow from the thread's index in the CTA, which
-// the hardware keeps in a special register. Stored in the team, the same values held registers for
-// a whole task (the wgmma scorer spilled at the fused shape's 128-register cap).
+// the hardware keeps in a special register. Stored in the team, the same values hold registers for
+// a whole task (enough to make the wgmma scorer spill at the fused shape's 128-register cap).
 //
 // Barrier ids by a fixed rule: 0 is the whole CTA's; a team of THREADS = CTA / p (p = 2, 4, 8)
 // at index k in the CTA syncs on id p - 1 + k, so teams of different sizes that run at once (a

@@ -180,8 +180,8 @@ MONO_DEV void idx_sincos(double x, double* s, double* c) {
 // `v` as a value the compiler can neither move nor share: what is computed from it is computed
 // where it is used. A loop-invariant value (a lane number, from the thread register alone; a base
 // address) and all that follows from it are otherwise computed once, before the loop, and held
-// through it: the key and query tasks' lane numbers were held through every task, the score
-// task's 4-row page loop among them, which then spilled at the fused shape's 128 registers.
+// through it: the key and query tasks' lane numbers would be held through every task, the score
+// task's 4-row page loop among them, which then spills at the fused shape's 128 registers.
 MONO_DEV u32 idx_unhoisted(u32 v) {
 #if MONO_NVIDIA
   asm volatile("" : "+r"(v));

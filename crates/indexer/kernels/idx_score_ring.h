@@ -37,8 +37,8 @@ static_assert(IDX_RING_PAGE_BYTES == IDX_PAGE_BYTES, "a slot holds a page as cac
 // copies have landed), the run's words (below), and the [2][RING] page slots as cached, each at a
 // fixed offset from it. The run's start writes the tile and the weights through the pointer; the page
 // loop and what follows it reach everything from the 32-bit LDS address alone, at constant offsets
-// the loads and copies take as immediates: held apart, each base or address took registers of the
-// page loop, which then spilled at 128.
+// the loads and copies take as immediates: held apart, each base or address takes registers of the
+// page loop, which then spills at 128.
 struct idx_ring {
   u8* query;
   u32 lds;  // LDS address of `query`
@@ -46,7 +46,7 @@ struct idx_ring {
 #define IDX_RING_WEIGHTS_AT IDX_RING_QUERY_BYTES
 #define IDX_RING_LANDED_AT (IDX_RING_WEIGHTS_AT + IDX_GROUP_ROWS * IDX_HEADS * 4)
 // Words of the run the page loop reads where it needs them rather than hold them through the MMAs
-// (held, each took a register of the 4-row MMAs'): the run's index (on the pages patched and after
+// (held, each takes a register of the 4-row MMAs'): the run's index (on the pages patched and after
 // the loop), the first token the patch replaces (idx_patch_lowest: at each page's start), the
 // request's page-list offset (by the copying thread, under the MMAs).
 #define IDX_RING_RUN_AT (IDX_RING_LANDED_AT + IDX_BATCH_PAGES * IDX_RING * 8)
@@ -192,8 +192,8 @@ MONO_DEV void idx_ring_query_loads(const idx_args& a, const mbx_ctx& c, u32 t, c
 // weights beside it; the run's team. A thread's words, t + RUN_THREADS k of each row, are all word
 // t % 32 of a head (RUN_THREADS is a multiple of a head's 32 words), of heads t / 32 + 8 k: their
 // B-tile columns differ by multiples of 8, which the swizzle does not see, so each word's place is
-// the thread's first place plus a constant. Computed word by word, the places took most of the
-// 0.8 us the widening took at every run's start (H200, 1 row; every warp of the SM does it at once).
+// the thread's first place plus a constant. Computed word by word, the places cost most of
+// 0.8 us at every run's start (H200, 1 row; every warp of the SM does it at once).
 static_assert(IDX_RUN_THREADS % (IDX_HEAD_DIM / 4) == 0 && IDX_QUERY_VALUE_WORDS % IDX_RUN_THREADS == 0,
               "a thread's words are one word of a head, in whole rounds");
 static_assert(IDX_QUERY_WORDS - IDX_QUERY_VALUE_WORDS <= IDX_RUN_THREADS, "a row's weights take one load a thread");
@@ -253,7 +253,7 @@ MONO_DEV void idx_ring_page(u32 t, const idx_ring& ring, u32 at, u32 t0, u32 pos
 
 // Patches the page at t0 (at: its slot's LDS address) with the launch's new keys, the
 // warpgroup's team. The run's task is read again here, on the few pages that reach the new keys:
-// its request and group held through the page loop took registers of the 4-row MMAs.
+// its request and group, held through the page loop, take registers of the 4-row MMAs.
 template <class Warpgroup>
 MONO_DEV bool idx_ring_patch(const Warpgroup& wg, const idx_args& a, const mbx_ctx& c, const idx_ring& ring, u32 t0,
                              u32 at) {

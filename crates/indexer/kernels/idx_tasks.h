@@ -17,8 +17,8 @@
 
 // The team splits into run teams of IDX_RUN_THREADS; run team k scores run args[0] + k if k <
 // args[1], in its own IDX_RUN_LDS_BYTES of the LDS. A task carries at most a run a run team (the
-// host's RUNS_PER_SCORE_TASK): a loop over more kept its counters live through the page loop,
-// which then spilled at 128 registers.
+// host's RUNS_PER_SCORE_TASK): a loop over more keeps its counters live through the page loop,
+// which then spills at 128 registers.
 template <class Team>
 MONO_DEV bool idx_score_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
   static_assert(Team::size % IDX_RUN_THREADS == 0, "a team scores in whole run teams");

@@ -334,7 +334,7 @@ MONO_DEV void idx_wg_head_sums(const float (&d)[16 * G], u32 weights, u32 quad, 
 
 // The quad's head sums of G rows, added up: lane q gets row q's (q < G; with one row, every lane
 // gets it), for both tokens. Each step trades the rows a lane does not keep for its partner's
-// share of the ones it keeps: 6 shuffles at 4 rows, where summing every row in every lane took 16.
+// share of the ones it keeps: 6 shuffles at 4 rows, where summing every row in every lane takes 16.
 template <u32 G>
 MONO_DEV void idx_wg_quad_sum(const float (&x)[G], const float (&y)[G], u32 quad, float& sx, float& sy) {
   static_assert(G >= 1 && G <= 4, "a row a lane of the quad");

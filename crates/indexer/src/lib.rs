@@ -3,7 +3,9 @@
 //!
 //! - [`reference`](mod@reference): the CPU oracle (f64 sums), with switches for the variants engines differ on.
 //! - [`layout`]: cache pages, row groups and runs of pages, used by kernels, reference and executor.
-//! - [`gpu`]: host side of the standalone kernels (`kernels/*.hip`).
+//! - [`gpu`]: host side of `indexer_tasks` (`kernels/indexer.hip`), the task-list entry over the
+//!   key, query and score kinds: builds (wgmma scoring on sm_90a, the mma path elsewhere),
+//!   arguments and launches.
 //! - [`trace`]: the phase marks of a trace build's scorer, and their summary.
 
 mod error;

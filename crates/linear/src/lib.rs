@@ -7,7 +7,9 @@
 //! - [`layout`]: the task kind, tiles split over CTAs, boxes, shared memory.
 //! - [`reference`](mod@reference): the CPU reference (model's); [`cases`], [`check`]: problems and
 //!   the contract a device result is held to.
-//! - [`gpu`]: the standalone launch (`kernels/linear.hip`).
+//! - [`shapes`]: the matrices one GLM-5.2 TP-8 rank streams, as the GPU test and bench use them.
+//! - [`gpu`]: the standalone launch (`linear_tasks`, `kernels/linear.hip`); the same source runs
+//!   on CPU threads in `tests/host_emulation.rs`.
 
 pub mod cases;
 pub mod check;

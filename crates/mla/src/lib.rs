@@ -5,7 +5,10 @@
 //! - [`layout`]: where each head's rows sit in the weights, each part of a cached token, and how a
 //!   launch's attention is cut into tasks (cache writes, splits, combines) and boxes.
 //! - [`reference`](mod@reference): the CPU reference, the oracle of the kernels.
-//! - [`gpu`]: the kernels' sources, arguments and standalone launch.
+//! - [`gpu`]: the kernels' sources, arguments and standalone launch. The kernels are the sparse
+//!   attention tasks of `mla_tasks` (`kernels/mla.hip`): cache writes, splits over blocks of
+//!   the selected slots, combines; their own source also runs on CPU threads
+//!   (`tests/host_emulation.rs`).
 //! - [`trace`]: a trace build's per-task phase marks, read back into a timeline.
 
 mod error;

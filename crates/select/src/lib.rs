@@ -4,7 +4,9 @@
 //! - [`check`]: entry-by-entry comparison, "missed", and the negative controls.
 //! - [`layout`]: k and the candidate room, digits, slicing, a launch's task list, scratch regions.
 //! - [`cases`]: the adversarial score rows of the checks and benchmarks, masked rows included.
-//! - [`gpu`]: host side of the kernels (`kernels/select.hip`, `kernels/select*.h`).
+//! - [`gpu`]: host side of the kernels: `select_tasks` (`kernels/select.hip`), the task-list
+//!   entry over a plan of one-CTA, registers and slice tasks (a row's slices a gang), and the
+//!   task functions and decoder in `kernels/select*.h`.
 //!
 //! The kernels' own source runs on CPU threads in `tests/host_emulation.rs`.
 
