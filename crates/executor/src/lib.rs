@@ -1,4 +1,4 @@
-//! The layer task graph, placement, the CPU emulator and the `mono` binary.
+//! The fused launch (its CTA shape and generated kernel), the kernel registry and build table, the CPU reference step, the task timeline, and the `mono` binary.
 
 pub mod fused;
 pub mod info;
