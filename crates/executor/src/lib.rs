@@ -1,4 +1,5 @@
-//! The fused launch (its CTA shape and generated kernel), the kernel registry and build table, the CPU reference step, the task timeline, and the `mono` binary.
+//! The fused launch (its CTA shape and generated kernel), the kernel registry and build table,
+//! the CPU reference step, the task timeline, and the `mono` binary.
 
 pub mod fused;
 pub mod info;
