@@ -212,6 +212,42 @@ impl KernelConfig {
     }
 }
 
+impl KernelConfig {
+    /// What the fused kernel's generator takes from this stage: the headers, `idx_args`,
+    /// `idx_decode` and the shape defines of [`KernelConfig::source`] (the launch sets the CTA's
+    /// thread count and the mailbox's variant).
+    pub fn stage_kernel(&self) -> mailbox::StageKernel {
+        let defines = self
+            .source()
+            .defines()
+            .iter()
+            .filter(|(name, _)| name.as_str() != "MONO_CTA_THREADS" && !name.starts_with("MBX_"))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        mailbox::StageKernel {
+            stage: mailbox::Stage::Indexer,
+            include: "idx_tasks.h",
+            headers: HEADERS.to_vec(),
+            args_type: "idx_args",
+            decoder: "idx_decode",
+            defines,
+        }
+    }
+}
+
+/// The production configuration's stage for the fused kernel: GLM-5's shape, each target's
+/// scorer (`IDX_WGMMA` set to `MONO_NVIDIA`, as [`sources`]).
+pub fn stage_kernel() -> mailbox::StageKernel {
+    let cfg = ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
+    let dims = IndexerDims::new(&cfg).expect("GLM-5's indexer dims");
+    let wgmma = KernelConfig::new(dims, &IndexerOptions::deepseek(&cfg)).expect("FP8 q and k");
+    let mut stage = wgmma.stage_kernel();
+    stage
+        .defines
+        .insert("IDX_WGMMA".into(), "MONO_NVIDIA".into());
+    stage
+}
+
 /// `indexer.hip` with every header it includes, and no defines.
 fn indexer_source() -> KernelSource {
     HEADERS

@@ -5,7 +5,9 @@
 //   args[1]  the row's keys (its length)
 //   args[2]  SEL_KIND_SLICE: the slice, me | count << 16 (src/layout.rs Slices); 0 otherwise
 //   in[...]  boxes the task waits on before it reads the row's scores: the completion boxes of the
-//            runs that wrote them, each put after a release (mbx_publish); none, no wait
+//            runs that wrote them, each put after a release (mbx_publish); none, no wait. A range
+//            is slots of sel_args::in_stride boxes whose first box is the one written (a run's
+//            completion box and its line's padding), so one range covers consecutive runs
 //   out      none: the list goes to out (the row's SEL_K entries), the slices' exchange to the
 //            row's boxes in the SelectBoxes regions (hist_offset, cand_offset)
 // Every select task takes the whole CTA as its team (its block scans and barriers are the CTA's).
@@ -32,7 +34,7 @@ struct sel_args {
   u32 hist_offset;  // SelectBoxes::hist: row r's boxes from hist_offset + r * SEL_ROW_HIST_BOXES
   u32 cand_offset;  // SelectBoxes::cand: row r's from cand_offset + r * cand_stride
   u32 cand_stride;
-  u32 pad;
+  u32 in_stride;  // input ranges are slots of this many boxes, the first written (0 or 1: every box)
 };
 #define SEL_ROW_HIST_BOXES (SEL_ROUNDS * SEL_MAX_SLICES * SEL_HIST_BOXES)
 
@@ -51,13 +53,14 @@ MONO_DEV sel_row sel_row_of(const sel_args& a, u32 row, u32 len) {
 // published before them visible (mbx_acquire in every thread before the barrier that ends the
 // wait). Block-wide; false (flagged) when a debug wait gave up. A SEL_FAULT_SKIP_WAIT build skips
 // it: the negative control of the hand-off.
-MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_row& r) {
+MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_args& a, const sel_row& r) {
   const u32 inputs = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
   if (inputs == 0 || SEL_FAULT == SEL_FAULT_SKIP_WAIT) return true;
+  const u32 step = a.in_stride > 1u ? a.in_stride : 1u;
   bool ok = true;
   for (u32 in = 0; in < inputs; ++in) {
     const mbx_range range = task.in[in];
-    for (u32 i = mono_thread(); i < range.len && ok; i += SEL_BLOCK) {
+    for (u32 i = mono_thread() * step; i < range.len && ok; i += SEL_BLOCK * step) {
       u32 value;
       ok = mbx_poll(c, range.first + i, &value);
     }
@@ -79,7 +82,7 @@ MONO_DEV bool sel_one_cta_task(const Team& team, const mbx_task& task, mbx_ctx& 
   sel_team_check(team);
   sel_smem& sm = *(sel_smem*)smem;
   const sel_row r = sel_row_of(a, task.args[0], task.args[1]);
-  if (!sel_wait_inputs(c, task, r)) return false;
+  if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, task.args[0] == 0);
   sel_one_cta_run(sm, (u32*)smem + SEL_SMEM_WORDS, r);
   return true;
@@ -92,7 +95,7 @@ MONO_DEV bool sel_registers_task(const Team& team, const mbx_task& task, mbx_ctx
   sel_reg_smem& sm = *(sel_reg_smem*)smem;
   const sel_row r = sel_row_of(a, task.args[0], task.args[1]);
   sel_regs_clear(sm);
-  if (!sel_wait_inputs(c, task, r)) return false;
+  if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, task.args[0] == 0);
   sel_regs_run(sm, r);
   return true;
@@ -105,7 +108,7 @@ MONO_DEV bool sel_slice_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   sel_smem& sm = *(sel_smem*)smem;
   const u32 row = task.args[0], me = task.args[2] & 0xffffu, count = task.args[2] >> 16;
   const sel_row r = sel_row_of(a, row, task.args[1]);
-  if (!sel_wait_inputs(c, task, r)) return false;
+  if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, row == 0 && me == 0);
   return sel_slice_run(sm, (u32*)smem + SEL_SMEM_WORDS, c, r, me, count, a.hist_offset + row * SEL_ROW_HIST_BOXES,
                        a.cand_offset + row * a.cand_stride);

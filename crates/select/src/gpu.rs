@@ -251,6 +251,26 @@ pub fn sources() -> Vec<KernelSource> {
     vec![source(shape, Variant::default())]
 }
 
+/// What the fused kernel's generator takes from this stage for a build of `shape`: the headers,
+/// `sel_args`, `sel_decode` and the shape defines of [`source`] (the launch sets the CTA's thread
+/// count and the mailbox's variant).
+pub fn stage_kernel(shape: Shape) -> mailbox::StageKernel {
+    let defines = source(shape, Variant::default())
+        .defines()
+        .iter()
+        .filter(|(name, _)| name.as_str() != "MONO_CTA_THREADS" && !name.starts_with("MBX_"))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    mailbox::StageKernel {
+        stage: mailbox::Stage::Select,
+        include: "select.h",
+        headers: SELECT_HEADERS.to_vec(),
+        args_type: "sel_args",
+        decoder: "sel_decode",
+        defines,
+    }
+}
+
 fn with_headers(src: KernelSource) -> KernelSource {
     SELECT_HEADERS
         .iter()
@@ -335,7 +355,9 @@ pub struct SelArgs {
     pub hist_offset: u32,
     pub cand_offset: u32,
     pub cand_stride: u32,
-    pub pad: u32,
+    /// Input ranges are slots of this many boxes whose first box is the written one (a fused
+    /// launch's run completion boxes, a line each); 0 or 1: every box of a range is written.
+    pub in_stride: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<SelArgs>() == 64);
@@ -426,7 +448,7 @@ impl Batch {
             hist_offset: boxes.hist.offset(),
             cand_offset: boxes.cand.offset(),
             cand_stride: boxes.cand.stride(),
-            pad: 0,
+            in_stride: 0,
         };
         Ok(Batch {
             method: sel.method,

@@ -1,0 +1,415 @@
+//! The front half of a full-indexer layer as one fused launch: index keys for the step's new
+//! tokens, index queries, scoring runs, then the exact top-k of every row (ARCHITECTURE.md
+//! section 5). From the model config, a batch and the CTA count this makes the task graph, its one
+//! global order (keys, queries, score tasks, then a rank a row for select, a row's slices a gang),
+//! places it on the CTAs and checks it, and generates the fused kernel's source.
+//!
+//! The hand-off from scoring to select: a run's scores are written, then a release, then the
+//! run's completion box (the indexer's). A select task waits on the completion boxes of exactly the
+//! runs whose pages hold the positions it reads: one input range over the row's group's runs that
+//! overlap its slice, the runs' slots a line each (`sel_args::in_stride`), so it polls the one
+//! written box of each.
+//!
+//! Select's contract here is select's own (`select::reference`): a row of at most k keys lists
+//! them all by position then -1; a -inf score (past the row's position) is never selected.
+//! Output: each row's k cache slots in `out[row * k..]`, plain memory read after the launch.
+
+use super::{fused_source, CtaShape};
+use device::KernelSource;
+use indexer::layout::{
+    max_runs, pages_through, IndexerBoxes, Limits as PlanLimits, PageTable, Row, ScorePlan,
+    MAX_GROUP_ROWS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
+};
+use indexer::reference::IndexerDims;
+use mailbox::gpu::Variant;
+use mailbox::layout::{BoxRange, ScratchLayout};
+use mailbox::{Limits, Placement, Stage, Task, ValidPlacement};
+use model::ModelConfig;
+use select::gpu::Shape as SelectShape;
+use select::layout::{
+    SelectBoxes, SelectKind, SelectPlan, Slices, Slicing, TopK, MAX_ROW_KEYS, SLICE_ROOM,
+};
+use std::ops::Range;
+
+/// Rows a fused front-half build takes at most: its score boxes and select regions are sized for
+/// them, and each row's key and query tasks take a CTA beside the scorers.
+pub const MAX_ROWS: u32 = 32;
+/// Keys a registers-kind select task holds in the production build (16 a thread of 512): longer
+/// rows take the multi-slice gangs.
+pub const REGISTERS_ROW: u32 = 8192;
+
+/// One request of a step: the tokens already in its cache, its query rows this step (a decoded
+/// token and its MTP verify rows: one new token each, at consecutive positions after the
+/// context), and its physical cache pages by logical page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontRequest {
+    pub context: u32,
+    pub rows: u32,
+    pub pages: Vec<u32>,
+}
+
+/// What a launch is built for: the CTAs (one a SM) and the pages of the index-key cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrontBuild {
+    pub ctas: u32,
+    pub cache_pages: u32,
+    pub max_rows: u32,
+}
+
+/// Bad input, found before anything runs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrontError {
+    #[error("a step needs at least one row")]
+    NoRows,
+    #[error("the step has {rows} rows; the launch was built for at most {max}")]
+    TooManyRows { rows: u32, max: u32 },
+    #[error("request {request}: its {context} cached tokens and {rows} new ones need {need} pages; its page table has {have}")]
+    ContextPastPages {
+        request: usize,
+        context: u32,
+        rows: u32,
+        need: u32,
+        have: u32,
+    },
+    #[error("request {request}: logical page {page} is physical page {physical}, past the cache's {cache_pages} pages")]
+    PagePastCache {
+        request: usize,
+        page: u32,
+        physical: u32,
+        cache_pages: u32,
+    },
+    #[error("request {request}: a row at position {position} has more than {MAX_ROW_KEYS} keys, the most select takes")]
+    RowTooLong { request: usize, position: u32 },
+    #[error("index_topk = {0} from the config is outside what select builds for")]
+    BadTopK(usize),
+    #[error("indexer: {0}")]
+    Indexer(String),
+    #[error("select: {0}")]
+    Select(String),
+    #[error("placement: {0}")]
+    Placement(String),
+    #[error("select task {task} (row {row}, positions {start}..{end}) does not wait on run {run}, whose pages it reads")]
+    MissedRun {
+        task: u32,
+        row: u32,
+        start: u32,
+        end: u32,
+        run: u32,
+    },
+}
+
+/// The scratch regions of a front-half launch.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontBoxes {
+    pub indexer: IndexerBoxes,
+    pub select: SelectBoxes,
+}
+
+/// The task graph of one step's front half, placed and checked.
+#[derive(Clone, Debug)]
+pub struct FrontGraph {
+    pub top: TopK,
+    pub plan: ScorePlan,
+    pub pages: PageTable,
+    /// Keys of each row (its position + 1): select's row lengths.
+    pub lens: Vec<u32>,
+    pub select_kind: SelectKind,
+    pub layout: ScratchLayout,
+    pub boxes: FrontBoxes,
+    pub placement: ValidPlacement,
+}
+
+impl FrontGraph {
+    /// Plans a step of `requests` on a launch `build`, with k and the indexer's shape from `cfg`.
+    pub fn new(
+        cfg: &ModelConfig,
+        requests: &[FrontRequest],
+        build: FrontBuild,
+    ) -> Result<FrontGraph, FrontError> {
+        let top = u32::try_from(cfg.index_topk)
+            .ok()
+            .and_then(|k| TopK::new(k).ok())
+            .ok_or(FrontError::BadTopK(cfg.index_topk))?;
+        let dims = IndexerDims::new(cfg).map_err(|e| FrontError::Indexer(e.to_string()))?;
+        let rows = rows_of(requests, build)?;
+        let table: Vec<Vec<u32>> = requests.iter().map(|r| r.pages.clone()).collect();
+        let pages = PageTable::new(&table).map_err(|e| FrontError::Indexer(e.to_string()))?;
+        let n_rows = rows.len() as u32;
+        let most_runs = max_runs(build.ctas, n_rows).ok_or(FrontError::TooManyRows {
+            rows: n_rows,
+            max: build.ctas.saturating_sub(1) / 2,
+        })?;
+        let plan = ScorePlan::new(
+            &rows,
+            &pages,
+            PlanLimits {
+                max_runs: most_runs,
+                group_rows: MAX_GROUP_ROWS,
+            },
+        )
+        .map_err(|e| FrontError::Indexer(e.to_string()))?;
+        let lens: Vec<u32> = rows.iter().map(|r| r.position + 1).collect();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let select_kind = if longest <= REGISTERS_ROW {
+            SelectKind::Registers
+        } else {
+            SelectKind::Slice
+        };
+        let mut builder = ScratchLayout::builder();
+        let indexer = IndexerBoxes::add(
+            &mut builder,
+            n_rows,
+            plan.runs.len() as u32,
+            dims.heads as u32,
+            dims.head_dim as u32,
+        )
+        .map_err(|e| FrontError::Indexer(e.to_string()))?;
+        let select = SelectBoxes::add(&mut builder, "sel", n_rows, top)
+            .map_err(|e| FrontError::Select(e.to_string()))?;
+        let layout = builder.build();
+        let boxes = FrontBoxes { indexer, select };
+        let placement = place(&plan, &lens, select_kind, top, &boxes, build.ctas)?
+            .check(Limits {
+                max_resident: build.ctas,
+                scratch_boxes: layout.boxes(),
+            })
+            .map_err(|e| FrontError::Placement(e.to_string()))?;
+        let graph = FrontGraph {
+            top,
+            plan,
+            pages,
+            lens,
+            select_kind,
+            layout,
+            boxes,
+            placement,
+        };
+        graph.check_handoff(graph.placement.placement())?;
+        Ok(graph)
+    }
+
+    /// Positions a select task reads: its row's slice (the whole row for the one-task kinds).
+    pub fn select_range(task: &Task) -> Range<u32> {
+        let len = task.args[1];
+        if task.kind != SelectKind::Slice.kind() {
+            return 0..len;
+        }
+        let (me, count) = (task.args[2] & 0xffff, task.args[2] >> 16);
+        Slices::new(len, count).map_or(0..len, |s| s.range(me))
+    }
+
+    /// Runs (indices into the plan) whose pages hold positions `range` of `row`.
+    pub fn runs_of(&self, row: u32, range: Range<u32>) -> Range<u32> {
+        runs_in(&self.plan, row, range)
+    }
+
+    /// Every select task of `placement` waits on the completion box of every run it reads (the
+    /// hand-off's rule, which the placement check cannot see: it only knows boxes).
+    pub fn check_handoff(&self, placement: &Placement) -> Result<(), FrontError> {
+        let run = self.boxes.indexer.run;
+        for (_, task) in placement.tasks() {
+            if task.stage_bits() != Stage::Select as u32 {
+                continue;
+            }
+            let range = Self::select_range(task);
+            for r in self.runs_of(task.args[0], range.clone()) {
+                let Some(slot) = run.box_index(r, 0) else {
+                    continue;
+                };
+                if !task
+                    .inputs()
+                    .iter()
+                    .any(|i| i.boxes().contains(&u64::from(slot)))
+                {
+                    return Err(FrontError::MissedRun {
+                        task: task.order,
+                        row: task.args[0],
+                        start: range.start,
+                        end: range.end,
+                        run: r,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the launch must move at least: the index-key pages it scores, and the scores written
+    /// then read once.
+    pub fn floor_bytes(&self, head_dim: u32) -> u64 {
+        let page = u64::from(PAGE_TOKENS) * u64::from(head_dim + 4);
+        let pages: u64 = self.plan.runs.iter().map(|r| u64::from(r.n_pages)).sum();
+        let scores: u64 = self.lens.iter().map(|&l| u64::from(l) * 4 * 2).sum();
+        pages * page + scores
+    }
+}
+
+/// The step's rows in request order, after checking the batch against the build.
+fn rows_of(requests: &[FrontRequest], build: FrontBuild) -> Result<Vec<Row>, FrontError> {
+    let mut rows = Vec::new();
+    for (index, r) in requests.iter().enumerate() {
+        if r.rows == 0 {
+            continue;
+        }
+        let last = r.context + r.rows - 1;
+        if last >= MAX_ROW_KEYS {
+            return Err(FrontError::RowTooLong {
+                request: index,
+                position: last,
+            });
+        }
+        let need = pages_through(last);
+        if (r.pages.len() as u64) < u64::from(need) {
+            return Err(FrontError::ContextPastPages {
+                request: index,
+                context: r.context,
+                rows: r.rows,
+                need,
+                have: r.pages.len() as u32,
+            });
+        }
+        if let Some((page, &physical)) = r
+            .pages
+            .iter()
+            .enumerate()
+            .find(|(_, &p)| p >= build.cache_pages)
+        {
+            return Err(FrontError::PagePastCache {
+                request: index,
+                page: page as u32,
+                physical,
+                cache_pages: build.cache_pages,
+            });
+        }
+        rows.extend((0..r.rows).map(|i| Row {
+            request: index as u32,
+            position: r.context + i,
+        }));
+    }
+    if rows.is_empty() {
+        return Err(FrontError::NoRows);
+    }
+    if rows.len() as u32 > build.max_rows {
+        return Err(FrontError::TooManyRows {
+            rows: rows.len() as u32,
+            max: build.max_rows,
+        });
+    }
+    Ok(rows)
+}
+
+/// The global order and the CTAs: row r's key task rank r and its query rows + r, score task k
+/// rank 2 rows + k on CTA k, the key and query tasks on the CTAs after the scorers (wrapping),
+/// then select: row r's tasks at rank 2 rows + scorers + r, on CTAs in turn from CTA 0 (a row's
+/// slices a gang on distinct CTAs), each waiting on the completion boxes of the runs it reads.
+fn place(
+    plan: &ScorePlan,
+    lens: &[u32],
+    kind: SelectKind,
+    top: TopK,
+    boxes: &FrontBoxes,
+    ctas: u32,
+) -> Result<Placement, FrontError> {
+    let idx = |e: indexer::IndexerError| FrontError::Indexer(e.to_string());
+    let mut lists = indexer::layout::stage_placement(
+        plan,
+        &boxes.indexer,
+        ctas,
+        indexer::layout::StageTasks::Whole,
+    )
+    .map_err(idx)?
+    .lists()
+    .to_vec();
+    lists.resize(ctas as usize, Vec::new());
+    let rows = plan.rows.len() as u32;
+    let scorers = (plan.runs.len() as u32).div_ceil(RUNS_PER_SCORE_TASK);
+    let first_order = 2 * rows + scorers;
+    let mut select = SelectPlan::new(
+        lens,
+        kind,
+        top,
+        ctas,
+        Slicing::production(SLICE_ROOM),
+        first_order,
+    )
+    .map_err(|e| FrontError::Select(e.to_string()))?;
+    let run = boxes.indexer.run;
+    for planned in select.tasks_mut() {
+        let t = planned.task;
+        let range = FrontGraph::select_range(&t);
+        let runs = runs_in(plan, planned.row, range);
+        let inputs = if runs.is_empty() {
+            Vec::new()
+        } else {
+            vec![BoxRange::new(
+                run.offset() + runs.start * run.stride(),
+                runs.len() as u32 * run.stride(),
+            )]
+        };
+        planned.task = Task::new(t.kind, t.order, t.out, &inputs, t.args)
+            .map_err(|e| FrontError::Select(e.to_string()))?;
+    }
+    for t in select.tasks() {
+        lists[t.cta as usize].push(t.task);
+    }
+    Ok(Placement::new(lists))
+}
+
+/// [`FrontGraph::runs_of`] before the graph exists.
+fn runs_in(plan: &ScorePlan, row: u32, range: Range<u32>) -> Range<u32> {
+    if range.is_empty() {
+        return 0..0;
+    }
+    let (first_page, last_page) = (range.start / PAGE_TOKENS, (range.end - 1) / PAGE_TOKENS);
+    let Some(group) = plan
+        .groups
+        .iter()
+        .position(|g| (g.first_row..g.first_row + g.n_rows).contains(&row))
+    else {
+        return 0..0;
+    };
+    let hits: Vec<u32> = plan
+        .runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.group == group as u32
+                && r.first_page <= last_page
+                && first_page < r.first_page + r.n_pages
+        })
+        .map(|(i, _)| i as u32)
+        .collect();
+    match (hits.first(), hits.last()) {
+        (Some(&a), Some(&b)) => a..b + 1,
+        _ => 0..0,
+    }
+}
+
+/// The name of the front half's fused kernel source.
+pub const SOURCE_NAME: &str = "fused_front";
+
+/// The front half's fused kernel for a CTA `shape` and k: the indexer's production stage (each
+/// target's scorer) and select's production build (every kind, slices of up to [`SLICE_ROOM`]
+/// keys, registers rows of up to [`REGISTERS_ROW`]), one switch over their decoders, the mailbox's
+/// `variant`.
+pub fn front_source(
+    shape: CtaShape,
+    top: TopK,
+    variant: Variant,
+) -> Result<KernelSource, FrontError> {
+    let select_shape =
+        SelectShape::production(top).map_err(|e| FrontError::Select(e.to_string()))?;
+    if select_shape.threads != shape.threads {
+        return Err(FrontError::Select(format!(
+            "select's tasks take {} threads; the fused CTA has {}",
+            select_shape.threads, shape.threads
+        )));
+    }
+    let stages = [
+        indexer::gpu::stage_kernel(),
+        select::gpu::stage_kernel(select_shape),
+    ];
+    let source = fused_source(SOURCE_NAME, &stages, shape)
+        .map_err(|e| FrontError::Placement(e.to_string()))?;
+    Ok(variant.apply(source))
+}
