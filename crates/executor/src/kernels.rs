@@ -41,10 +41,13 @@ fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
     let top = select::layout::TopK::new(cfg.index_topk as u32).expect("GLM-5's k is valid");
     let shape = crate::fused::CtaShape::for_target("sm_90a").expect("an sm_90a shape");
-    vec![
-        crate::fused::front::front_source(shape, top, mailbox::gpu::Variant::default())
-            .expect("the front half's stages fit one CTA shape"),
-    ]
+    vec![crate::fused::front::front_source(
+        shape,
+        indexer::gpu::stage_kernel(),
+        top,
+        mailbox::gpu::Variant::default(),
+    )
+    .expect("the front half's stages fit one CTA shape")]
 }
 
 /// The targets CI builds for.

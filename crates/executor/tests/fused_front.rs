@@ -493,7 +493,8 @@ fn the_fused_front_half_builds_for_both_targets() {
     let top = TopK::new(cfg.index_topk as u32).unwrap();
     for target in ["sm_90a", "gfx950"] {
         let shape = CtaShape::for_target(target).unwrap();
-        let source = front_source(shape, top, Default::default()).unwrap();
+        let source =
+            front_source(shape, indexer::gpu::stage_kernel(), top, Default::default()).unwrap();
         let Some(compiler) = optional_compiler(target).unwrap() else {
             continue;
         };

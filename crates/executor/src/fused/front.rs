@@ -18,12 +18,12 @@ use super::{fused_source, CtaShape};
 use device::KernelSource;
 use indexer::layout::{
     max_runs, pages_through, IndexerBoxes, Limits as PlanLimits, PageTable, Row, ScorePlan,
-    MAX_GROUP_ROWS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
+    MAX_GROUP_ROWS, MAX_RUNS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
 };
 use indexer::reference::IndexerDims;
 use mailbox::gpu::Variant;
 use mailbox::layout::{BoxRange, ScratchLayout};
-use mailbox::{Limits, Placement, Stage, Task, ValidPlacement};
+use mailbox::{Limits, Placement, Stage, StageKernel, Task, ValidPlacement};
 use model::ModelConfig;
 use select::gpu::Shape as SelectShape;
 use select::layout::{
@@ -143,7 +143,7 @@ impl FrontGraph {
             &rows,
             &pages,
             PlanLimits {
-                max_runs: most_runs,
+                max_runs: most_runs.min(MAX_RUNS),
                 group_rows: MAX_GROUP_ROWS,
             },
         )
@@ -388,12 +388,13 @@ fn runs_in(plan: &ScorePlan, row: u32, range: Range<u32>) -> Range<u32> {
 /// The name of the front half's fused kernel source.
 pub const SOURCE_NAME: &str = "fused_front";
 
-/// The front half's fused kernel for a CTA `shape` and k: the indexer's production stage (each
-/// target's scorer) and select's production build (every kind, slices of up to [`SLICE_ROOM`]
-/// keys, registers rows of up to [`REGISTERS_ROW`]), one switch over their decoders, the mailbox's
-/// `variant`.
+/// The front half's fused kernel for a CTA `shape`, the indexer's stage (its configuration's
+/// `stage_kernel`, or the production one of `indexer::gpu::stage_kernel`) and k: select's
+/// production build (every kind, slices of up to [`SLICE_ROOM`] keys, registers rows of up to
+/// [`REGISTERS_ROW`]), one switch over the decoders, the mailbox's `variant`.
 pub fn front_source(
     shape: CtaShape,
+    indexer: StageKernel,
     top: TopK,
     variant: Variant,
 ) -> Result<KernelSource, FrontError> {
@@ -405,10 +406,7 @@ pub fn front_source(
             select_shape.threads, shape.threads
         )));
     }
-    let stages = [
-        indexer::gpu::stage_kernel(),
-        select::gpu::stage_kernel(select_shape),
-    ];
+    let stages = [indexer, select::gpu::stage_kernel(select_shape)];
     let source = fused_source(SOURCE_NAME, &stages, shape)
         .map_err(|e| FrontError::Placement(e.to_string()))?;
     Ok(variant.apply(source))

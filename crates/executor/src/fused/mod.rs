@@ -1,6 +1,7 @@
 //! The fused launch: one persistent kernel per layer, its CTA shape, and its generated source.
 
 pub mod front;
+pub mod front_gpu;
 pub mod shape;
 pub mod source;
 

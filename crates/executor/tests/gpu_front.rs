@@ -1,0 +1,334 @@
+//! The front half's fused launch on a GPU: the selected slots equal, entry by entry, the reference
+//! radix select of the launch's own scores and the standalone select's lists of them, and the
+//! scores equal the standalone indexer's bit for bit (which are checked against the reference
+//! here too), over 8K / 128K / 512K contexts, 1 and 4 rows, two requests of different lengths, new
+//! keys patched (their cache slots poisoned). Negative control: select tasks built to skip their
+//! wait read the previous launch's scores, and the check catches it.
+//!
+//! `cargo test -p executor --release --test gpu_front -- --ignored --nocapture --test-threads 1`
+
+#[path = "../../indexer/tests/support/mod.rs"]
+mod support;
+
+use device::{Buffer, Device};
+use executor::fused::front::{FrontGraph, FrontRequest};
+use executor::fused::front_gpu::{FrontFault, FrontInputs, FrontKernel, FrontLaunch};
+use indexer::gpu::KernelConfig;
+use indexer::reference::{IndexerDims, IndexerOptions};
+use mailbox::gpu::{DebugBound, Variant};
+use model::ModelConfig;
+use select::gpu::{Batch, Method, Selector, Shape};
+use select::reference::{select_rows, Pages, Rows};
+use support::{check_runs_done, check_scores, CacheKind, Inputs, Request, Scene, Stage};
+
+/// Debug waits: a wait that never ends gives up and reports instead of hanging the test.
+fn variant() -> Variant {
+    Variant {
+        debug: Some(DebugBound {
+            poll_limit: 1 << 24,
+            trap: false,
+        }),
+        ..Variant::default()
+    }
+}
+
+fn r(rows: u32, last_position: u32) -> Request {
+    Request {
+        rows,
+        last_position,
+    }
+}
+
+/// The step's requests in the fused launch's terms.
+fn front_requests(scene: &Scene) -> Vec<FrontRequest> {
+    scene
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, q)| FrontRequest {
+            context: q.first_position(),
+            rows: q.rows,
+            pages: scene.table.pages(i).to_vec(),
+        })
+        .collect()
+}
+
+struct Step {
+    key_proj: Buffer<u16>,
+    query_proj: Buffer<u16>,
+    gates: Buffer<f32>,
+    norm_weight: Buffer<f32>,
+    norm_bias: Buffer<f32>,
+    cache: Buffer<u8>,
+}
+
+impl Step {
+    fn new(dev: &Device, scene: &Scene, inputs: &Inputs) -> Step {
+        Step {
+            key_proj: dev.upload(&inputs.key_proj).unwrap(),
+            query_proj: dev.upload(&inputs.query_proj).unwrap(),
+            gates: dev.upload(&inputs.gates).unwrap(),
+            norm_weight: dev.upload(&inputs.norm_weight).unwrap(),
+            norm_bias: dev.upload(&inputs.norm_bias).unwrap(),
+            cache: dev.upload(&scene.bytes).unwrap(),
+        }
+    }
+
+    fn inputs(&self) -> FrontInputs<'_> {
+        FrontInputs {
+            key_proj: &self.key_proj,
+            query_proj: &self.query_proj,
+            gates: &self.gates,
+            norm_weight: &self.norm_weight,
+            norm_bias: &self.norm_bias,
+            cache: &self.cache,
+        }
+    }
+}
+
+/// Every row's page table as select reads it.
+fn row_pages(graph: &FrontGraph) -> (Vec<i32>, usize) {
+    let stride = (graph.plan.stride / indexer::layout::PAGE_TOKENS) as usize;
+    let mut table = vec![0; graph.lens.len() * stride];
+    for (i, row) in graph.plan.rows.iter().enumerate() {
+        for (p, &id) in graph
+            .pages
+            .pages(row.request as usize)
+            .iter()
+            .enumerate()
+            .take(stride)
+        {
+            table[i * stride + p] = id as i32;
+        }
+    }
+    (table, stride)
+}
+
+fn reference_lists(graph: &FrontGraph, scores: &[f32]) -> Vec<i32> {
+    let (table, stride) = row_pages(graph);
+    let rows = Rows {
+        scores,
+        stride: graph.plan.stride as usize,
+        lens: &graph.lens,
+    };
+    select_rows(
+        &rows,
+        graph.top,
+        Some(&Pages {
+            table: &table,
+            stride,
+        }),
+    )
+    .unwrap()
+}
+
+fn first_difference(a: &[i32], b: &[i32]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+const CASES: [(&str, &[Request]); 7] = [
+    (
+        "8K x 1",
+        &[Request {
+            rows: 1,
+            last_position: 8191,
+        }],
+    ),
+    (
+        "8K x 4",
+        &[Request {
+            rows: 4,
+            last_position: 8191,
+        }],
+    ),
+    (
+        "128K x 1",
+        &[Request {
+            rows: 1,
+            last_position: 131_071,
+        }],
+    ),
+    (
+        "128K x 4",
+        &[Request {
+            rows: 4,
+            last_position: 131_071,
+        }],
+    ),
+    (
+        "2 requests",
+        &[
+            Request {
+                rows: 1,
+                last_position: 131_071,
+            },
+            Request {
+                rows: 4,
+                last_position: 40_000,
+            },
+        ],
+    ),
+    (
+        "512K x 1",
+        &[Request {
+            rows: 1,
+            last_position: 524_287,
+        }],
+    ),
+    (
+        "short rows",
+        &[
+            Request {
+                rows: 2,
+                last_position: 1500,
+            },
+            Request {
+                rows: 1,
+                last_position: 70,
+            },
+        ],
+    ),
+];
+
+#[test]
+#[ignore = "needs a GPU"]
+fn fused_front_half_matches_the_reference_and_the_standalone_stages() {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let dims = IndexerDims::new(&cfg).unwrap();
+    let config = KernelConfig {
+        mailbox: variant(),
+        ..KernelConfig::new(dims, &IndexerOptions::deepseek(&cfg)).unwrap()
+    };
+    let stage = Stage::new(Device::open(0).expect("a GPU"), config).unwrap();
+    let dev = &stage.dev;
+    let fused = FrontKernel::build(dev, &cfg, variant(), None).unwrap();
+    let stream = dev.stream();
+    for (i, (name, requests)) in CASES.iter().enumerate() {
+        let scene = Scene::new(dims, requests.to_vec(), CacheKind::Random, 40 + i as u64);
+        let cache_pages = (scene.bytes.len() as u64 / scene.cache.page_bytes()) as u32;
+        let rows: u32 = requests.iter().map(|q| q.rows).sum();
+        let inputs = Inputs::random(&dims, rows as usize, 90 + i as u64);
+        let step = Step::new(dev, &scene, &inputs);
+        let graph = FrontGraph::new(&cfg, &front_requests(&scene), fused.build_info(cache_pages))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let kind = graph.select_kind;
+        let launch = FrontLaunch::new(dev, &fused, graph, &step.inputs()).unwrap();
+        launch.enqueue(&fused, stream).unwrap();
+        stream.sync().unwrap();
+        let lists = launch
+            .read(&fused)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let scores = launch.scores.download().unwrap();
+        let graph = &launch.graph;
+
+        // The reference radix select of the launch's own scores.
+        let want = reference_lists(graph, &scores);
+        assert_eq!(
+            first_difference(&lists, &want),
+            None,
+            "{name}: against the reference"
+        );
+
+        // The standalone indexer on the same inputs and a fresh copy of the cache.
+        let chosen: Vec<usize> = (0..requests.len()).collect();
+        let plan = stage.plan(&scene, &chosen).unwrap();
+        let cache = dev.upload(&scene.bytes).unwrap();
+        let alone = stage
+            .launch(&scene, &plan, &inputs, &cache, &cache)
+            .unwrap();
+        check_runs_done(&alone).unwrap();
+        let stats = check_scores(&scene, &alone).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(alone.plan.stride, graph.plan.stride);
+        let differ = scores
+            .iter()
+            .zip(&alone.scores)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differ, None,
+            "{name}: fused scores against the standalone indexer's"
+        );
+        // The fused launch stored the new keys as the standalone one did.
+        assert!(
+            step.cache.download().unwrap() == cache.download().unwrap(),
+            "{name}: the caches differ after the launches"
+        );
+
+        // The standalone select over the fused scores.
+        let longest = *graph.lens.iter().max().unwrap();
+        let method = Method::fastest_for(longest);
+        let shape = Shape::for_rows(method, graph.top, longest).unwrap();
+        let selector = Selector::build(dev, method, shape, variant()).unwrap();
+        let (table, pages_stride) = row_pages(graph);
+        let rows_in = Rows {
+            scores: &scores,
+            stride: graph.plan.stride as usize,
+            lens: &graph.lens,
+        };
+        let pages = Pages {
+            table: &table,
+            stride: pages_stride,
+        };
+        let batch = Batch::upload(dev, &selector, &rows_in, Some(&pages)).unwrap();
+        batch.enqueue(&selector, stream, 1).unwrap();
+        stream.sync().unwrap();
+        let standalone = batch.read(&selector).unwrap();
+        assert_eq!(
+            first_difference(&lists, &standalone),
+            None,
+            "{name}: against the standalone select"
+        );
+        println!(
+            "{name}: {} rows, {} runs, select {kind:?} (standalone {}): lists equal the reference and the standalone select; scores bit-equal to the standalone indexer's (worst {:.2e} of the row's largest)",
+            graph.lens.len(),
+            graph.plan.runs.len(),
+            method.name(),
+            stats.worst
+        );
+    }
+}
+
+/// Two launches of one step, the second with new queries: with `fault`, its select tasks read
+/// scores before the runs wrote them. Returns whether the second launch's lists equal the
+/// reference select of its own scores.
+fn second_launch_matches(fault: Option<FrontFault>) -> bool {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let dims = IndexerDims::new(&cfg).unwrap();
+    let dev = Device::open(0).expect("a GPU");
+    let kernel = FrontKernel::build(&dev, &cfg, variant(), fault).unwrap();
+    let requests = vec![r(4, 131_071), r(1, 30_000)];
+    let scene = Scene::new(dims, requests, CacheKind::Random, 7);
+    let cache_pages = (scene.bytes.len() as u64 / scene.cache.page_bytes()) as u32;
+    let step = Step::new(&dev, &scene, &Inputs::random(&dims, 5, 1));
+    let graph = FrontGraph::new(
+        &cfg,
+        &front_requests(&scene),
+        kernel.build_info(cache_pages),
+    )
+    .unwrap();
+    let launch = FrontLaunch::new(&dev, &kernel, graph, &step.inputs()).unwrap();
+    let stream = dev.stream();
+    launch.enqueue(&kernel, stream).unwrap();
+    stream.sync().unwrap();
+    step.query_proj
+        .write(&Inputs::random(&dims, 5, 2).query_proj)
+        .unwrap();
+    launch.clear().unwrap();
+    launch.enqueue(&kernel, stream).unwrap();
+    stream.sync().unwrap();
+    let lists = launch.read(&kernel).unwrap();
+    let scores = launch.scores.download().unwrap();
+    first_difference(&lists, &reference_lists(&launch.graph, &scores)).is_none()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn select_tasks_that_skip_their_wait_are_caught() {
+    assert!(second_launch_matches(None), "the real wait must pass");
+    assert!(
+        !second_launch_matches(Some(FrontFault::SelectSkipsWait)),
+        "select tasks that skip their wait read the previous launch's scores; the check missed it"
+    );
+    println!(
+        "skipped waits: caught (the lists differ from the reference select of the launch's scores)"
+    );
+}
