@@ -12,7 +12,7 @@ use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::Tags;
 use mailbox::{Stall, DIAG_WORDS};
 use model::ModelConfig;
-use select::gpu::{SelArgs, FLAG_NAMES};
+use select::gpu::{SelArgs, Shape as SelectShape, FLAG_NAMES};
 use select::layout::TopK;
 use std::marker::PhantomData;
 
@@ -82,6 +82,25 @@ impl FrontKernel {
         }
         let module = dev.build(&source)?;
         let kernel = module.kernel(ENTRY)?;
+        // The CTA's shared memory less what the kernel declares statically (a debug build's
+        // report words), and at least what every stage's tasks take.
+        let fixed = kernel.resources()?.shared_bytes;
+        let shape = CtaShape {
+            shared_bytes: shape
+                .shared_bytes
+                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
+            ..shape
+        };
+        let select_lds = SelectShape::production(top)
+            .map_err(|e| FrontError::Select(e.to_string()))?
+            .lds_bytes();
+        let need = config.score_lds_bytes().max(select_lds);
+        if shape.shared_bytes < need {
+            return Err(FrontGpuError::Shape(format!(
+                "the stages' tasks take {need} bytes of shared memory; a CTA of this kernel gets {}",
+                shape.shared_bytes
+            )));
+        }
         let ctas = dev.info().multiprocessors;
         let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
         if resident < ctas {
