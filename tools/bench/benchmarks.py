@@ -73,9 +73,9 @@ Floors are bytes a launch must move over the copy bandwidth measured in the same
 REPRODUCE = """## How to reproduce
 
 Build the benches here (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer
---bench gpu` and `-p select --bench gpu`; the mailbox figures come from `cargo test --release -p
-mailbox --test gpu --no-run`), copy the binaries to the GPU machine, and run each there with the
-records file named:
+--bench gpu`, `-p select --bench gpu`, `-p mla --bench gpu` and `-p executor --bench front`; the
+mailbox figures come from `cargo test --release -p mailbox --test gpu --no-run`), copy the binaries
+to the GPU machine, and run each there with the records file named:
 
 ```sh
 export MONO_BENCH_JSON=$PWD/run.jsonl MONO_BENCH_COMMIT=<the commit built>
