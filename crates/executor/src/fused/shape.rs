@@ -7,6 +7,16 @@
 //! one CTA a SM gives each task the SM's whole shared memory for its rings.
 //!
 //! gfx950 (MI355X): 512 threads (eight waves of 64), one CTA per CU, 160 KiB of LDS.
+//!
+//! What the shape costs each stage against its own best shape (H200, graph replays; the stages'
+//! PERF.md have the runs): the indexer's scoring, as two 256-thread run teams in one CTA against
+//! two 256-thread CTAs a SM, 128K x 1 row 11.25 against 9.78 us, 128K x 4 14.87 against 12.34,
+//! 512K x 1 25.03 against 22.93, 512K x 4 36.35 against 32.27 (the later launch can start only
+//! when the whole CTA is done, so overlapping launches gain little); select's registers kind at
+//! 8K x 4 rows 5.25 against 4.40 us at 1024 threads, its slices at 128K x 4 12.26 against 11.80
+//! at two CTAs a SM. The MLA attention and the linear task were written for this shape (93-101
+//! and 94-96 registers, no spills). 384 threads, the other candidate on sm_90a, was not measured:
+//! the wgmma scorer's page pairs and the attention's splits are laid out in warpgroup pairs.
 
 use device::DeviceInfo;
 
