@@ -26,4 +26,4 @@ pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Modu
 pub use error::{DeviceError, Result};
 pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};
 pub use skips::{record_skipped_check, skip_summary, skipped_checks};
-pub use source::{KernelSource, NUMERICS, OPS, PRELUDE};
+pub use source::{KernelSource, HOST_LAUNCH, HOST_PRELUDE, NUMERICS, OPS, PRELUDE};

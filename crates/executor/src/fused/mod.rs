@@ -4,6 +4,7 @@
 pub mod front;
 pub mod front_gpu;
 pub mod graph;
+pub mod host;
 pub mod shape;
 pub mod source;
 
