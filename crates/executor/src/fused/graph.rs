@@ -168,6 +168,12 @@ impl LaunchGraph {
         self.next_rank - 1
     }
 
+    /// `n` consecutive ranks, for a part that numbers its tasks itself (counted from the start).
+    pub fn ranks(&mut self, n: u32) -> std::ops::Range<u32> {
+        self.next_rank += n;
+        self.next_rank - n..self.next_rank
+    }
+
     /// The CTA after the one this returned last, wrapping: parts that take CTAs in turn spread
     /// the launch's tasks over the grid.
     pub fn next_cta(&mut self) -> u32 {
