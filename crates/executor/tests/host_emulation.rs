@@ -126,3 +126,100 @@ fn a_hand_off_never_made_stops_the_run_with_an_error() {
     let err = run(5, Some(3), 3).unwrap_err();
     assert!(err.contains("no CTA passed a barrier"), "{err}");
 }
+
+const MMA_HEADER: &str = r#"#pragma once
+#include "prelude.h"
+#include "mailbox.h"
+#include "ops/warp_mma.h"
+struct mma_args { const u16* a; const u16* b; float* d; };
+// One wave: A 16 x 16 and B 16 x 8 (f16, row-major, B as [n][k]) into the fragments of
+// mono_mma_m16n8k16_f16 as its comment gives them, the product back to D 16 x 8 (row-major).
+template <class Team>
+MONO_DEV bool mma_decode(const Team& team, const mbx_task& t, mbx_ctx& c, const mma_args& x, u8* smem) {
+  if (team.thread() >= 32) return true;
+  const u32 lane = team.thread(), g = lane >> 2, q = lane & 3u;
+  auto pair = [](const u16* p) { return (u32)p[0] | ((u32)p[1] << 16); };
+  const u32 a[4] = {pair(x.a + g * 16 + 2 * q), pair(x.a + (g + 8) * 16 + 2 * q),
+                    pair(x.a + g * 16 + 2 * q + 8), pair(x.a + (g + 8) * 16 + 2 * q + 8)};
+  const u32 b0 = pair(x.b + g * 16 + 2 * q), b1 = pair(x.b + g * 16 + 2 * q + 8);
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mono_mma_m16n8k16_f16(d, a, b0, b1);
+  x.d[g * 8 + 2 * q] = d[0];
+  x.d[g * 8 + 2 * q + 1] = d[1];
+  x.d[(g + 8) * 8 + 2 * q] = d[2];
+  x.d[(g + 8) * 8 + 2 * q + 1] = d[3];
+  return true;
+}
+"#;
+
+/// The host stand-in of mma.sync m16n8k16 (f16) against a plain product: small integers, exact
+/// in f16 and in f32 sums, so equal bit for bit. Negative control: B read as [k][n] differs.
+#[test]
+#[ignore = "needs g++ (C++20)"]
+fn the_host_mma_stand_in_multiplies_as_mma_sync_does() {
+    let stage = StageKernel {
+        stage: Stage::Synthetic,
+        include: "mma_probe.h",
+        headers: vec![("mma_probe.h", MMA_HEADER)],
+        args_type: "mma_args",
+        decoder: "mma_decode",
+        defines: Default::default(),
+    };
+    let mut g = LaunchGraph::new(1).unwrap();
+    let rank = g.rank();
+    let t = Task::new(
+        Task::kind_of(Stage::Synthetic, 1),
+        rank,
+        BoxRange::default(),
+        &[],
+        [0; 3],
+    );
+    g.push(0, t.unwrap()).unwrap();
+    let planned = g.finish().unwrap();
+    let stages = [stage];
+    let source = fused_source("mma_probe", &stages, SHAPE).unwrap();
+    let kernel = HostKernel::build(&source, &stages, SHAPE).unwrap();
+
+    let a: Vec<f32> = (0..256).map(|i| ((i * 7 + 3) % 11) as f32 - 5.0).collect();
+    let b: Vec<f32> = (0..128).map(|i| ((i * 5 + 1) % 9) as f32 - 4.0).collect(); // [n][k]
+    let f16 = |v: &[f32]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes())
+            .collect()
+    };
+    let mut image = HostImage::new();
+    let (pa, pb, pd) = (
+        image.put(&f16(&a)),
+        image.put(&f16(&b)),
+        image.zeroed(128 * 4),
+    );
+    let table = image
+        .launch_table(
+            &planned.placement,
+            planned.layout.boxes(),
+            Tags::new(1).unwrap(),
+            0,
+            0,
+        )
+        .unwrap();
+    let args: Vec<u8> = [pa, pb, pd].iter().flat_map(|p| p.to_le_bytes()).collect();
+    kernel.run(&mut image, &table, &[&args], 60).unwrap();
+    let got: Vec<f32> = image
+        .read(pd, 128 * 4)
+        .unwrap()
+        .chunks(4)
+        .map(|w| f32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    let product = |b_at: &dyn Fn(usize, usize) -> f32| -> Vec<f32> {
+        (0..16)
+            .flat_map(|r| (0..8).map(move |n| (r, n)))
+            .map(|(r, n)| (0..16).map(|k| a[r * 16 + k] * b_at(k, n)).sum())
+            .collect()
+    };
+    assert_eq!(got, product(&|k, n| b[n * 16 + k]));
+    assert_ne!(
+        got,
+        product(&|k, n| b[k * 8 + n]),
+        "the control must differ"
+    );
+}
