@@ -1,5 +1,6 @@
 //! GPU backends behind one API: CUDA (driver + NVRTC) and HIP (feature `hip`), both loaded at run
-//! time, so one binary starts on any machine and says clearly when there is no GPU.
+//! time, so one binary starts on any machine and says clearly when there is no GPU; and `host`,
+//! a device emulated on CPU threads from the kernels' own source (`MONO_BACKEND=host`).
 
 mod backend;
 mod bench_filter;
@@ -10,6 +11,7 @@ mod device;
 mod error;
 #[cfg(feature = "hip")]
 mod hip;
+pub mod host;
 pub mod probes;
 pub mod report;
 mod resources;
