@@ -5,9 +5,10 @@
 //
 // A team runs a range of tiles of one matrix (lin_tiles). Its threads form groups of 32 (a warp
 // on NVIDIA, half a wave on AMD); a group streams batches of 4 loads a lane (a k-block of FP8,
-// half one of bf16), each batch's loads
-// issued while the batch before it is being multiplied, the very first before the caller's
-// `ready` (the wait on the input: weights never wait on a hand-off). The groups split a round of
+// half one of bf16), either through registers, each batch's loads issued while the batch before
+// it is being multiplied, or (NVIDIA, a whole-CTA team, a long range) through a ring of LDS slots
+// that the copy engine fills; the first loads go out before the caller's `ready` (the wait on the
+// input: weights never wait on a hand-off). The groups split a round of
 // tiles: G groups share a tile's batches, P = groups / G tiles a round; each group's sums go to
 // LDS, then the team adds the G parts of each output in a fixed order and applies the epilogue.
 //
@@ -361,6 +362,11 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
   return true;
 }
 
+// LIN_NO_RING=1 (measurement builds only): every team streams through registers.
+#ifndef LIN_NO_RING
+#define LIN_NO_RING 0
+#endif
+
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
 // ---- through an LDS ring filled by the copy engine (NVIDIA) ----------------------------------------
 // A step is one batch of every group: for each of a round's P tiles, G consecutive units (one run
@@ -371,8 +377,38 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 // `slots` steps has all its weight bytes in flight at once; thereafter the slot of step s - 1 is
 // refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; a
 // round's end already is one).
+#ifndef LIN_RING_MAX
 #define LIN_RING_MAX 8u
+#endif
 #define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
+// Slots filled before the input wait (the rest once x is staged, so that x's reads need not queue
+// behind the task's whole weight in HBM), and the fewest steps a range takes to go through the
+// ring at all. On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
+// after a task's first slot took 2.4 us): a long range streams at the HBM's rate when every SM
+// does so (lm_head: 1.05 x the copy kernel, against 1.16 x through registers), but a range of a
+// few steps finishes sooner through registers, whose loads many warps keep in flight (q_a: 3
+// steps a CTA, 11.3 against 13.3 us a launch). PERF.md has the figures.
+#ifndef LIN_RING_EARLY
+#define LIN_RING_EARLY LIN_RING_MAX
+#endif
+#ifndef LIN_RING_MIN_STEPS
+#define LIN_RING_MIN_STEPS 8u
+#endif
+// The longest single bulk copy; a longer run goes as several.
+#ifndef LIN_RING_PIECE
+#define LIN_RING_PIECE (1u << 20)
+#endif
+// LIN_STAMPS=1 (measurement builds only): the leader overwrites the first 32 bytes of the task's
+// columns of y row 0 with four SM clock readings: the descriptor read, x staged, the first and
+// the last slot landed (the bench places them against the task's trace record).
+#ifndef LIN_STAMPS
+#define LIN_STAMPS 0
+#endif
+MONO_DEV u64 lin_clock_after(u32 dep) {
+  u64 t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "r"(dep));
+  return t;
+}
 
 MONO_DEV u32 lin_dynamic_lds() {
   u32 v;
@@ -403,7 +439,7 @@ MONO_DEV lin_ring lin_ring_of(const lin_matrix& m, const lin_plan& p, bool fp8, 
   const u32 lds = lin_dynamic_lds(), slot = groups * LIN_UNIT_BYTES;
   const u32 fit = lin_min(lin_min(lds > g.w ? (lds - g.w) / slot : 0u, LIN_RING_MAX), g.steps);
   // One slot for a longer range would leave nothing in flight while it is multiplied.
-  g.slots = (fit >= 2 || fit == g.steps) ? fit : 0u;
+  g.slots = (g.steps >= LIN_RING_MIN_STEPS && (fit >= 2 || fit == g.steps)) ? fit : 0u;
   return g;
 }
 
@@ -421,28 +457,38 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
     mono_lds_barrier_expect(bar, tiles * nu * (LIN_UNIT_BYTES + (g.lds_scales ? 8u : 0u)));
     for (u32 q = 0; q < tiles; ++q) {
       const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
-      mono_copy_bulk(base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, m.w + unit * LIN_UNIT_BYTES,
-                     nu * LIN_UNIT_BYTES, bar);
+      const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
+      for (u32 at = 0; at < len; at += LIN_RING_PIECE)
+        mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
       if (g.lds_scales)
         mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
     }
   };
 
+#if LIN_STAMPS
+  u64 stamp[4] = {lin_clock_after(p.units), 0, 0, 0};
+#endif
+  const u32 early = lin_min(g.slots, LIN_RING_EARLY);
   // The previous task's plain stores to this LDS come before the copy engine's writes.
   mono_fence_lds_async();
   team.sync();
   if (team.leader()) {
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_init(base + g.bar + 8u * j);
-    for (u32 s = 0; s < g.slots; ++s) issue(s);
+    for (u32 s = 0; s < early; ++s) issue(s);
   }
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) {
     // The copies still land in this LDS: let them before the CTA stops.
-    for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_wait(base + g.bar + 8u * j, 0);
+    for (u32 j = 0; j < early; ++j) mono_lds_barrier_wait(base + g.bar + 8u * j, 0);
     return false;
   }
   lin_stage_x(team, m, xs, xstride);
+  if (team.leader())
+    for (u32 s = early; s < g.slots; ++s) issue(s);
   team.sync();
+#if LIN_STAMPS
+  stamp[1] = mono_clock_cycles();
+#endif
 
   lin_acc<RT> acc;
   acc.zero();
@@ -453,6 +499,10 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       if (team.leader()) issue(s - 1 + g.slots);
     }
     mono_lds_barrier_wait(base + g.bar + 8u * slot, (s / g.slots) & 1u);
+#if LIN_STAMPS
+    if (s == 0) stamp[2] = mono_clock_cycles();
+    if (s + 1 == g.steps) stamp[3] = mono_clock_cycles();
+#endif
     u32 tile = 0, unit = 0;
     if (lin_batch(p, grp, r, i, &tile, &unit)) {
       const mono_u32x4* src = (const mono_u32x4*)(smem + g.w + slot * slot_bytes + grp * LIN_UNIT_BYTES) + lane;
@@ -476,6 +526,14 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
   // plain LDS.
   if (team.leader())
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_inval(base + g.bar + 8u * j);
+#if LIN_STAMPS
+  if (team.leader()) {
+    const bool f32 = m.flags & LIN_OUT_F32;
+    const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+    u64* out = (u64*)((u8*)m.y + (u64)first * cols * (f32 ? 4u : 2u));
+    for (u32 j = 0; j < 4 && 8 * (j + 1) <= p.count * cols * (f32 ? 4u : 2u); ++j) out[j] = stamp[j];
+  }
+#endif
   return true;
 }
 #endif
@@ -495,7 +553,7 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
   u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
   const u32 xstride = lin_x_stride(m.k);
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
-  if (Team::size == MONO_CTA_THREADS) {
+  if (Team::size == MONO_CTA_THREADS && !LIN_NO_RING) {
     const u32 used = lin_partial_floats(groups, RT) * 4u + m.rows * xstride * 2u;
     const lin_ring g = lin_ring_of<groups>(m, p, FP8, used);
     if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, ready);

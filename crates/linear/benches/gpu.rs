@@ -21,7 +21,7 @@
 use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use linear::cases::{Pattern, Problem};
-use linear::gpu::{DevicePlan, DeviceProblem, LinMatrix, LinearKernel};
+use linear::gpu::{source, DevicePlan, DeviceProblem, LinMatrix, LinearKernel};
 use linear::layout::{lds_bytes, place_weighted, LaunchPlan, MatrixPlan};
 use linear::shapes::{rank_matrices, RankMatrix};
 use mailbox::gpu::{EpochNode, Variant};
@@ -144,7 +144,19 @@ impl Bench {
         let mut sets: Vec<(Vec<DeviceProblem>, Buffer<LinMatrix>)> = Vec::new();
         for _ in 0..copies {
             let bufs = self.upload(parts)?;
-            let mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
+            let mut mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
+            if x_warm() {
+                // Every copy reads the first copy's x rows (and residual), which stay in L2 as a
+                // step's activations would.
+                if let Some((first, _)) = sets.first() {
+                    for (m, (mat, b)) in mats.iter_mut().zip(first.iter()).enumerate() {
+                        if parts[m].after.is_none() {
+                            mat.x = b.matrix.x;
+                        }
+                        mat.residual = b.matrix.residual;
+                    }
+                }
+            }
             let mats = self.dev.upload(&mats)?;
             sets.push((bufs, mats));
         }
@@ -208,6 +220,9 @@ impl Bench {
             let task = &plan.placement.table().tasks[position as usize];
             parts[task.args[0] as usize].after.is_some()
         };
+        if stamps() {
+            text_stamps(&decoded, &plan, parts, &bufs, self.dev.info().clock_khz)?;
+        }
         let runs: Vec<f64> = line.bars.iter().map(|b| b.end_us - b.start_us).collect();
         let longest = runs.iter().copied().fold(0.0, f64::max);
         let mut text = format!(
@@ -245,6 +260,9 @@ impl Bench {
     }
 
     fn line(&self, name: &str, rows: usize, parts: &[Part]) -> Result<(), Error> {
+        if !wanted(name) {
+            return Ok(());
+        }
         let (us, bytes) = self.linear_us(parts)?;
         let copy = self.copy_us(bytes)?;
         let floor = bytes as f64 / self.bandwidth * 1e6;
@@ -276,6 +294,36 @@ impl Bench {
         )?;
         Ok(())
     }
+}
+
+/// `LIN_BENCH_DEFINES` (`NAME=VALUE,...`): defines every kernel of the run is built with (the
+/// tile's measurement knobs, `kernels/ops/linear.h`).
+fn defines() -> Vec<(String, i64)> {
+    std::env::var("LIN_BENCH_DEFINES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|d| {
+            let (name, value) = d.split_once('=')?;
+            Some((name.trim().to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// `LIN_BENCH_X=warm`: every replayed launch reads one copy of x and the residual (warm in L2, as
+/// a step's activations are); otherwise each copy of the weights has its own (cold).
+fn x_warm() -> bool {
+    std::env::var("LIN_BENCH_X").is_ok_and(|v| v == "warm")
+}
+
+/// `LIN_BENCH_STAMPS=1`: the traced launch also writes the tile's clock stamps (`LIN_STAMPS`).
+fn stamps() -> bool {
+    std::env::var("LIN_BENCH_STAMPS").is_ok_and(|v| v == "1")
+}
+
+/// `LIN_BENCH_CASES` (name prefixes, comma-separated): only those cases.
+fn wanted(name: &str) -> bool {
+    std::env::var("LIN_BENCH_CASES")
+        .map_or(true, |v| v.split(',').any(|c| name.starts_with(c.trim())))
 }
 
 /// Bytes a launch streams for a packed weight: codes (or bf16) and scales.
@@ -350,8 +398,19 @@ fn main() -> Result<(), Error> {
     };
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
-    let kernel = LinearKernel::build(&dev, 512, Variant::default())?;
-    let traced = LinearKernel::build_traced(&dev, 512, Variant::default())?;
+    let with_defines = |mut src: device::KernelSource| {
+        for (name, value) in defines() {
+            src = src.define(&name, value);
+        }
+        src
+    };
+    let kernel =
+        LinearKernel::build_source(&dev, 512, with_defines(source(512, Variant::default())))?;
+    let mut traced_src = with_defines(trace::traced(source(512, Variant::default())));
+    if stamps() {
+        traced_src = traced_src.define("LIN_STAMPS", 1);
+    }
+    let traced = LinearKernel::build_source(&dev, 512, traced_src)?;
     let lds = kernel.lds_budget(&dev)?.min(traced.lds_budget(&dev)?);
     let bench = Bench {
         stream: dev.new_stream()?,
@@ -435,4 +494,53 @@ fn main() -> Result<(), Error> {
 /// columns.
 fn chain_fits(chain: &[Part]) -> bool {
     chain.windows(2).all(|p| p[0].problem.n >= p[1].problem.k)
+}
+
+/// The tile's clock stamps of every task (`LIN_STAMPS`), from its trace start, in us: medians of
+/// the descriptor read, x staged, first and last slot landed, and the end.
+fn text_stamps(
+    decoded: &trace::Trace,
+    plan: &LaunchPlan,
+    parts: &[Part],
+    bufs: &[DeviceProblem],
+    khz: u32,
+) -> Result<(), Error> {
+    let ys: Vec<Vec<u8>> = bufs
+        .iter()
+        .map(|b| b.y.download())
+        .collect::<Result<_, _>>()?;
+    let table = plan.placement.table();
+    let ghz = f64::from(khz) / 1e6;
+    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); 5];
+    for span in &decoded.spans {
+        let task = &table.tasks[span.position as usize];
+        let (m, first) = (task.args[0] as usize, task.args[1] as usize);
+        let p = &parts[m];
+        let per_tile = p.packed.layout.pairing.columns_per_tile();
+        let elt = if p.problem.out_f32() { 4 } else { 2 };
+        let at = first * per_tile * elt;
+        let room = (task.args[2] as usize * per_tile * elt).min(32) / 8;
+        if room < 4 {
+            continue;
+        }
+        let word =
+            |j: usize| u64::from_le_bytes(ys[m][at + 8 * j..at + 8 * j + 8].try_into().unwrap());
+        let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
+        for j in 0..4 {
+            cols[j].push(us(word(j)));
+        }
+        cols[4].push(us(span.end_cycles));
+    }
+    if cols[0].is_empty() {
+        return Ok(());
+    }
+    let med: Vec<String> = cols
+        .into_iter()
+        .map(|c| format!("{:.2}", median(c)))
+        .collect();
+    println!(
+        "    stamps (median us after the task's start): descriptor {}, x staged {}, first slot {}, last slot {}, end {}",
+        med[0], med[1], med[2], med[3], med[4]
+    );
+    Ok(())
 }

@@ -121,7 +121,8 @@ impl LinearKernel {
         )
     }
 
-    fn build_source(dev: &Device, threads: u32, source: KernelSource) -> Result<Self> {
+    /// `source` (one of [`source`], with what a measurement adds) built for CTAs of `threads`.
+    pub fn build_source(dev: &Device, threads: u32, source: KernelSource) -> Result<Self> {
         lds_bytes(threads, 128, 1)?;
         let module = dev.build(&source)?;
         Ok(LinearKernel {

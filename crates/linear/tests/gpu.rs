@@ -3,14 +3,15 @@
 //! contract of the host emulation) with the measured error printed; outliers on q_a; an expert's
 //! gate/up and its down in one launch, the down waiting on the gate/up's boxes; nine experts and
 //! the router in one launch, placed by bytes; the same tile streaming through registers (too
-//! little shared memory for its ring); and the negative controls, which must fail: two scale
-//! blocks swapped, a task (a column range) dropped.
+//! little shared memory for its ring) and, in a build that sends every range through the ring,
+//! through the ring; and the negative controls, which must fail: two scale blocks swapped (also
+//! through the ring), a task (a column range) dropped.
 //! `cargo test --release -p linear --test gpu -- --ignored --nocapture`
 
 use device::Device;
 use linear::cases::{Pattern, Problem};
 use linear::check::check;
-use linear::gpu::{DevicePlan, DeviceProblem, LinearKernel};
+use linear::gpu::{source, DevicePlan, DeviceProblem, LinearKernel};
 use linear::layout::{lds_bytes, place, place_weighted, MatrixPlan};
 use linear::shapes::rank_matrices;
 use mailbox::gpu::Variant;
@@ -170,6 +171,39 @@ fn a_down_waits_for_its_gate_up() {
         down.x = y[0].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
         report(&down, &y[1]).unwrap();
     }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_ring_path_matches_too() {
+    // Every range through the copy engine's ring, however short (production keeps short ranges
+    // in registers): FP8 with its scales through the ring, bf16, 1 and 4 rows, every epilogue.
+    let dev = Device::open(0).unwrap();
+    let src = source(THREADS, Variant::default()).define("LIN_RING_MIN_STEPS", 1);
+    let kernel = LinearKernel::build_source(&dev, THREADS, src).unwrap();
+    let mut failures = Vec::new();
+    for (seed, (i, rows)) in [(0, 1), (1, 4), (2, 1), (3, 4), (4, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let p = problem(i, Pattern::Random, rows, 70 + seed as u64);
+        let w = p.packed().unwrap();
+        let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
+        if let Err(e) = report(&p, &y[0]) {
+            eprintln!("FAILED {e}");
+            failures.push(p.name.clone());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    let p = problem(0, Pattern::Random, 4, 7);
+    let mut w = p.packed().unwrap();
+    let other = (1..w.scales.len())
+        .find(|&i| w.scales[i] != w.scales[0])
+        .unwrap();
+    w.scales.swap(0, other);
+    let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
+    let err = check(&p, &y[0]).expect_err("swapped scales passed the ring");
+    eprintln!("swapped scales, ring: {err}");
 }
 
 #[test]
