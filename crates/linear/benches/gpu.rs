@@ -423,7 +423,7 @@ fn main() -> Result<(), Error> {
         epoch: EpochNode::build(&dev, Variant::default())?,
         bandwidth,
         report: Reporter::from_env(&format!(
-            "{} ({} SMs), driver {}",
+            "{} ({} SMs), {}",
             dev.info().name,
             dev.info().multiprocessors,
             dev.info().driver_version
