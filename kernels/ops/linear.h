@@ -233,11 +233,29 @@ MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v));
 
 MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 
+// LIN_WEIGHTS_L1=0 (measurement builds only): the register path's weight loads skip L1
+// (ld.global.nc.L1::no_allocate). A CTA that takes all of the SM's shared memory leaves it about
+// 29 KB of L1, less than the 64 KB of weight loads its groups keep in flight.
+#ifndef LIN_WEIGHTS_L1
+#define LIN_WEIGHTS_L1 1
+#endif
+MONO_DEV mono_u32x4 lin_load_weight(const mono_u32x4* p) {
+#if MONO_NVIDIA && !LIN_WEIGHTS_L1
+  mono_u32x4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
 // Issues the loads of batch (tile, unit) for lane `lane` of a group.
 MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 units, u32 tile, u32 unit, u32 lane) {
   const mono_u32x4* src = (const mono_u32x4*)m.w + ((u64)tile * units + unit) * (LIN_LOADS * LIN_GROUP) + lane;
 #pragma unroll
-  for (u32 j = 0; j < LIN_LOADS; ++j) dst[j] = src[j * LIN_GROUP];
+  for (u32 j = 0; j < LIN_LOADS; ++j) dst[j] = lin_load_weight(src + j * LIN_GROUP);
 }
 
 // The matrix's x rows to LDS (no others: lin_multiply reads none). A thread's loads go out four

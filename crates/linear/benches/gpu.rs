@@ -526,8 +526,8 @@ fn text_stamps(
         let word =
             |j: usize| u64::from_le_bytes(ys[m][at + 8 * j..at + 8 * j + 8].try_into().unwrap());
         let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
-        for j in 0..4 {
-            cols[j].push(us(word(j)));
+        for (j, col) in cols.iter_mut().take(4).enumerate() {
+            col.push(us(word(j)));
         }
         cols[4].push(us(span.end_cycles));
     }

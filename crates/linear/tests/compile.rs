@@ -51,7 +51,8 @@ fn measurement_builds_for_sm90a() {
         let src = mailbox::trace::traced(source(512, Variant::default()))
             .define("LIN_STAMPS", 1)
             .define("LIN_RING_PIECE", 4096)
-            .define("LIN_RING_MAX", 2);
+            .define("LIN_RING_MAX", 2)
+            .define("LIN_WEIGHTS_L1", 0);
         let compiled = c.compile(&src).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("sm_90a with stamps: {:?}", compiled.resources);
     }
