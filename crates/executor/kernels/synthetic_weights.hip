@@ -38,7 +38,7 @@ MONO_DEV float syn_value(const syn_source& s, u64 row, u64 col) {
 
 // model::numerics::ue8m0_scale: 2^ceil(log2(max(amax, 1e-4) / 448)) from the float's bits.
 MONO_DEV float syn_ue8m0(float amax) {
-  const float ratio = fmaxf(amax, SYN_AMAX_FLOOR) / SYN_E4M3_MAX;
+  const float ratio = mono_fmaxf(amax, SYN_AMAX_FLOOR) / SYN_E4M3_MAX;
   const u32 bits = mono_f32_bits(ratio);
   i32 e = (i32)((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
   e = e < -126 ? -126 : (e > 127 ? 127 : e);
@@ -46,7 +46,7 @@ MONO_DEV float syn_ue8m0(float amax) {
 }
 
 MONO_DEV u8 syn_code(float v, float scale) {
-  return mono_f32_to_e4m3(fminf(fmaxf(v / scale, -SYN_E4M3_MAX), SYN_E4M3_MAX));
+  return mono_f32_to_e4m3(mono_fminf(mono_fmaxf(v / scale, -SYN_E4M3_MAX), SYN_E4M3_MAX));
 }
 
 // One CTA per 128 x 128 block of a [rows, cols] shard (blocks row-major): its scale. Shards of an
@@ -55,17 +55,21 @@ MONO_KERNEL void syn_block_scales(syn_source s, u32 rows, u32 cols, float* scale
   __shared__ float part[32];
   const u32 block_cols = (cols + SYN_BLOCK - 1) / SYN_BLOCK;
   const u32 br = mono_block() / block_cols, bc = mono_block() % block_cols;
-  const u32 r_end = min(rows, (br + 1) * SYN_BLOCK), c_end = min(cols, (bc + 1) * SYN_BLOCK);
+  const u32 r_end = rows < (br + 1) * SYN_BLOCK ? rows : (br + 1) * SYN_BLOCK;
+  const u32 c_end = cols < (bc + 1) * SYN_BLOCK ? cols : (bc + 1) * SYN_BLOCK;
   float amax = 0.0f;
   for (u32 e = mono_thread(); e < SYN_BLOCK * SYN_BLOCK; e += mono_block_dim()) {
     const u32 r = br * SYN_BLOCK + e / SYN_BLOCK, c = bc * SYN_BLOCK + e % SYN_BLOCK;
-    if (r < r_end && c < c_end) amax = fmaxf(amax, fabsf(syn_value(s, r, c)));
+    if (r < r_end && c < c_end) {
+      const float v = syn_value(s, r, c);
+      amax = mono_fmaxf(amax, mono_fmaxf(v, -v));
+    }
   }
   amax = mono_wave_max(amax);
   if (mono_lane() == 0) part[mono_wave()] = amax;
   mono_sync_block();
   if (mono_thread() == 0) {
-    for (u32 w = 1; w < mono_waves_per_block(); ++w) amax = fmaxf(amax, part[w]);
+    for (u32 w = 1; w < mono_waves_per_block(); ++w) amax = mono_fmaxf(amax, part[w]);
     scales[mono_block()] = syn_ue8m0(amax);
   }
 }
@@ -108,7 +112,7 @@ MONO_DEV float syn_packed_value(const syn_packed_args& a, u32 tile, u32 row_in_t
   *source = a.gate_up ? half : 0u;
   *row = a.gate_up ? tile * 8u + within : tile * 16u + row_in_tile;
   *real = *row < a.n;
-  return *real ? syn_value(a.src[*source], *row, kk) : 0.0f;
+  return *real ? syn_value(*source ? a.src[1] : a.src[0], *row, kk) : 0.0f;
 }
 
 MONO_KERNEL void syn_packed(syn_packed_args a) {
@@ -126,7 +130,9 @@ MONO_KERNEL void syn_packed(syn_packed_args a) {
     const u32 kb = (u32)(tkb % k_blocks), tile = (u32)(tkb / k_blocks);
     const u32 g = lane / 4u, t = lane % 4u;
     u32 words[4] = {0u, 0u, 0u, 0u};
-    for (u32 e = 0; e < per_load; ++e) {
+#pragma unroll
+    for (u32 e = 0; e < 16u; ++e) {
+      if (e >= per_load) break;
       const u32 s = e / 8u, reg = (e % 8u) / 2u;
       const u32 row_in_tile = g + 8u * (reg & 1u);
       const u32 kk = kb * SYN_BLOCK + j * k_per_load + 16u * s + 2u * t + 8u * (reg >> 1) + e % 2u;
@@ -135,7 +141,8 @@ MONO_KERNEL void syn_packed(syn_packed_args a) {
       const float v = syn_packed_value(a, tile, row_in_tile, kk, &real, &source, &row);
       u32 bits;
       if (a.fp8) {
-        bits = real ? syn_code(v, a.block_scales[source][(row / SYN_BLOCK) * block_cols + kb]) : 0u;
+        const float* scales = source ? a.block_scales[1] : a.block_scales[0];
+        bits = real ? syn_code(v, scales[(row / SYN_BLOCK) * block_cols + kb]) : 0u;
         words[e / 4u] |= bits << (8u * (e % 4u));
       } else {
         bits = mono_f32_bits(v) >> 16;
@@ -154,7 +161,8 @@ MONO_KERNEL void syn_packed(syn_packed_args a) {
       const u32 kb2 = (u32)((x / 2u) % k_blocks), tile2 = (u32)(x / 2u / k_blocks);
       const u32 source = a.gate_up ? half : 0u;
       const u32 row = a.gate_up ? tile2 * 8u : tile2 * 16u + 8u * half;
-      a.packed_scales[x] = row < a.n ? a.block_scales[source][(row / SYN_BLOCK) * block_cols + kb2] : 0.0f;
+      const float* scales = source ? a.block_scales[1] : a.block_scales[0];
+      a.packed_scales[x] = row < a.n ? scales[(row / SYN_BLOCK) * block_cols + kb2] : 0.0f;
     }
   }
 }

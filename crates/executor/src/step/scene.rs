@@ -120,6 +120,11 @@ impl FrontScene {
         })
     }
 
+    /// Each full-indexer layer's planned front half, in step order.
+    pub fn graphs(&self) -> &[FrontGraph] {
+        &self.graphs
+    }
+
     /// Front-half launches in the step: one per full-indexer layer.
     pub fn launch_count(&self) -> u32 {
         self.layers.len() as u32
