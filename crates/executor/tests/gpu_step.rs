@@ -54,7 +54,13 @@ fn check_tensors(weights: &DeviceWeights, names: &[&str]) -> usize {
     tensors.len()
 }
 
-fn generate(dev: &Device, cfg: &ModelConfig, tp: usize, rank: usize, f: WeightFormat) -> DeviceWeights {
+fn generate(
+    dev: &Device,
+    cfg: &ModelConfig,
+    tp: usize,
+    rank: usize,
+    f: WeightFormat,
+) -> DeviceWeights {
     let kernels = WeightKernels::build(dev).unwrap();
     let plan = WeightPlan::new(cfg, tp, rank, f).unwrap();
     let mut reports = 0;
@@ -63,7 +69,10 @@ fn generate(dev: &Device, cfg: &ModelConfig, tp: usize, rank: usize, f: WeightFo
         assert!(p.bytes_done <= p.bytes && p.tensors_done <= p.tensors);
     })
     .unwrap();
-    assert!(reports >= 2, "progress is reported at the start and the end");
+    assert!(
+        reports >= 2,
+        "progress is reported at the start and the end"
+    );
     w
 }
 
@@ -94,8 +103,8 @@ fn synthetic_weights_on_the_gpu_equal_the_cpu_rule() {
         "model.layers.5.mlp.shared_experts.gate_proj.weight",
         "model.layers.3.mlp.gate.weight",
         "model.layers.3.mlp.gate.e_score_correction_bias",
-        "model.layers.3.self_attn.indexer.weights_proj.weight",
-        "model.layers.3.self_attn.indexer.k_norm.bias",
+        "model.layers.4.self_attn.indexer.weights_proj.weight",
+        "model.layers.4.self_attn.indexer.k_norm.bias",
         "model.layers.60.input_layernorm.weight",
         "model.norm.weight",
     ];
@@ -108,7 +117,9 @@ fn synthetic_weights_on_the_gpu_equal_the_cpu_rule() {
         let at = embed.offset + row * cols * 2;
         let got = w.arena.download_range(at..at + cols * 2).unwrap();
         let want: Vec<u8> = (0..cols as u64)
-            .flat_map(|c| ((rule.value(row as u64 * cols as u64 + c).to_bits() >> 16) as u16).to_le_bytes())
+            .flat_map(|c| {
+                ((rule.value(row as u64 * cols as u64 + c).to_bits() >> 16) as u16).to_le_bytes()
+            })
             .collect();
         assert!(got == want, "embedding row {row} differs from the CPU's");
     }
@@ -123,7 +134,9 @@ fn synthetic_weights_on_the_gpu_equal_the_cpu_rule() {
     let glm5 = ModelConfig::preset("glm-5").unwrap();
     let plan = WeightPlan::new(&glm5, 1, 0, WeightFormat::Fp8).unwrap();
     let kernels = WeightKernels::build(&dev).unwrap();
-    match DeviceWeights::generate(&dev, &kernels, plan, 1, &mut |_| panic!("no progress when refused")) {
+    match DeviceWeights::generate(&dev, &kernels, plan, 1, &mut |_| {
+        panic!("no progress when refused")
+    }) {
         Err(e @ StepError::Memory { .. }) => println!("glm-5 TP 1 refused: {e}"),
         Err(e) => panic!("expected the memory error, got {e}"),
         Ok(_) => panic!("glm-5 TP 1 does not fit one GPU (with {RESERVE_BYTES} bytes to spare)"),
@@ -175,7 +188,11 @@ impl StepLaunch for ToyTail<'_> {
             .buf(&self.inputs.argmax)
             .u32(rows)
             .u32(self.vocab);
-        Ok(stream.launch(self.kernel, Launch::new(1, rows.next_multiple_of(32)), &args)?)
+        Ok(stream.launch(
+            self.kernel,
+            Launch::new(1, rows.next_multiple_of(32)),
+            &args,
+        )?)
     }
     fn outputs(&self) -> Vec<Output<'_>> {
         vec![Output::new("argmax", &self.inputs.argmax)]
@@ -197,14 +214,26 @@ fn lists_match(graph: &StepGraph, fronts: &[FrontGraph]) -> bool {
     fronts.iter().zip(graph.launches()).all(|(fg, launch)| {
         let out = launch.outputs();
         let words = |i: usize| -> Vec<[u8; 4]> {
-            out[i].data.bytes().unwrap().chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]).collect()
+            out[i]
+                .data
+                .bytes()
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| [b[0], b[1], b[2], b[3]])
+                .collect()
         };
         let scores: Vec<f32> = words(0).into_iter().map(f32::from_le_bytes).collect();
         let lists: Vec<i32> = words(1).into_iter().map(i32::from_le_bytes).collect();
         let stride = (fg.plan.stride / indexer::layout::PAGE_TOKENS) as usize;
         let mut table = vec![0; fg.lens.len() * stride];
         for (i, row) in fg.plan.rows.iter().enumerate() {
-            for (p, &id) in fg.pages.pages(row.request as usize).iter().take(stride).enumerate() {
+            for (p, &id) in fg
+                .pages
+                .pages(row.request as usize)
+                .iter()
+                .take(stride)
+                .enumerate()
+            {
                 table[i * stride + p] = id as i32;
             }
         }
@@ -213,7 +242,15 @@ fn lists_match(graph: &StepGraph, fronts: &[FrontGraph]) -> bool {
             stride: fg.plan.stride as usize,
             lens: &fg.lens,
         };
-        let want = select_rows(&rows, fg.top, Some(&Pages { table: &table, stride })).unwrap();
+        let want = select_rows(
+            &rows,
+            fg.top,
+            Some(&Pages {
+                table: &table,
+                stride,
+            }),
+        )
+        .unwrap();
         lists == want
     })
 }
@@ -228,14 +265,22 @@ struct Run {
 /// inputs against the CPU twin after each.
 fn run_step(dev: &Device, cfg: &ModelConfig, kernel: &FrontKernel, replays: u32) -> Run {
     let requests = [
-        SceneRequest { context: 8000, rows: 4 },
-        SceneRequest { context: 3000, rows: 1 },
+        SceneRequest {
+            context: 8000,
+            rows: 4,
+        },
+        SceneRequest {
+            context: 3000,
+            rows: 1,
+        },
     ];
     let vocab = cfg.vocab_size as u32;
     let scene = FrontScene::new(dev, cfg, kernel, &requests, 5).unwrap();
     let batch = scene.batch(5, cfg.vocab_size);
     let inputs = StepInputs::new(dev, &batch).unwrap();
-    let toy_module: Module = dev.build(&KernelSource::new("toy_tail.hip", TOY_TAIL)).unwrap();
+    let toy_module: Module = dev
+        .build(&KernelSource::new("toy_tail.hip", TOY_TAIL))
+        .unwrap();
     let toy_kernel = toy_module.kernel("toy_tail").unwrap();
     let feed_kernel = FeedKernel::build(dev).unwrap();
     let fronts = scene.launch_count();
@@ -261,14 +306,26 @@ fn run_step(dev: &Device, cfg: &ModelConfig, kernel: &FrontKernel, replays: u32)
         Err(e) => panic!("the eager step: {e}"),
     };
     advance(&mut host);
-    assert_eq!(inputs.read().unwrap(), host, "the fed inputs after the eager step");
+    assert_eq!(
+        inputs.read().unwrap(),
+        host,
+        "the fed inputs after the eager step"
+    );
     graph.capture().unwrap();
     for step in 1..=replays {
         graph.replay(1).unwrap();
         advance(&mut host);
-        assert_eq!(inputs.read().unwrap(), host, "the fed inputs after replay {step}");
+        assert_eq!(
+            inputs.read().unwrap(),
+            host,
+            "the fed inputs after replay {step}"
+        );
     }
-    assert_eq!(graph.frame().epoch().unwrap(), 1 + replays, "one epoch a step");
+    assert_eq!(
+        graph.frame().epoch().unwrap(),
+        1 + replays,
+        "one epoch a step"
+    );
     let lists_ok = lists_match(&graph, scene.graphs());
     let after = graph.digest_now().unwrap();
     println!(
@@ -304,9 +361,15 @@ fn the_captured_step_replays_bit_for_bit_and_feeds_greedy_tokens() {
     let kernel = FrontKernel::build(&dev, &cfg, variant(), None).unwrap();
     let a = run_step(&dev, &cfg, &kernel, 3);
     let b = run_step(&dev, &cfg, &kernel, 3);
-    assert!(a.lists_ok && b.lists_ok, "lists against the reference select of their scores");
+    assert!(
+        a.lists_ok && b.lists_ok,
+        "lists against the reference select of their scores"
+    );
     let two_runs = compare(&a.after, &b.after);
-    assert!(matches!(two_runs, Comparison::Equal { .. }), "two runs: {two_runs}");
+    assert!(
+        matches!(two_runs, Comparison::Equal { .. }),
+        "two runs: {two_runs}"
+    );
     let replayed = compare(&fronts_of(&a.eager), &fronts_of(&a.after));
     assert!(
         matches!(replayed, Comparison::Equal { .. }),
@@ -315,7 +378,8 @@ fn the_captured_step_replays_bit_for_bit_and_feeds_greedy_tokens() {
     println!("two runs: {two_runs}; replays against the eager step's front halves: {replayed}");
 
     // Negative control: select tasks that do not wait for the scores.
-    let faulty = FrontKernel::build(&dev, &cfg, variant(), Some(FrontFault::SelectSkipsWait)).unwrap();
+    let faulty =
+        FrontKernel::build(&dev, &cfg, variant(), Some(FrontFault::SelectSkipsWait)).unwrap();
     let f = run_step(&dev, &cfg, &faulty, 1);
     let caught = compare(&a.eager, &f.eager);
     println!("skipped waits against the real step: {caught}");

@@ -13,12 +13,23 @@ use super::Result;
 pub struct StepTimes {
     /// Milliseconds of each replay.
     pub replays_ms: Vec<f64>,
-    /// (kind, launches of that kind in the step, median milliseconds of one such launch).
-    pub kinds: Vec<(String, usize, f64)>,
+    pub kinds: Vec<KindTime>,
     /// Bytes the step's launches must move, summed over those that know theirs.
     pub floor_bytes: u64,
     /// Launches of the step that gave no floor.
     pub without_floor: usize,
+}
+
+/// One launch kind's time in a step.
+#[derive(Clone, Debug)]
+pub struct KindTime {
+    pub kind: String,
+    /// Launches of this kind in the step.
+    pub count: usize,
+    /// Median milliseconds of one such launch.
+    pub ms: f64,
+    /// Mean bytes one such launch must move, when they all know theirs.
+    pub floor_bytes: Option<u64>,
 }
 
 pub fn median(values: &[f64]) -> f64 {
@@ -51,22 +62,31 @@ pub fn time_step(
             times.push(ms);
         }
     }
-    let mut kinds: Vec<(String, Vec<f64>, usize)> = Vec::new();
+    let mut kinds: Vec<(String, Vec<f64>, Vec<Option<u64>>)> = Vec::new();
     for (launch, times) in launches.iter().zip(per_launch) {
-        let kind = launch.kind();
+        let (kind, floor) = (launch.kind(), launch.floor_bytes());
         match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
-            Some((_, all, n)) => {
+            Some((_, all, floors)) => {
                 all.extend(times);
-                *n += 1;
+                floors.push(floor);
             }
-            None => kinds.push((kind, times, 1)),
+            None => kinds.push((kind, times, vec![floor])),
         }
     }
     Ok(StepTimes {
         replays_ms,
         kinds: kinds
             .into_iter()
-            .map(|(k, times, n)| (k, n, median(&times)))
+            .map(|(kind, times, floors)| KindTime {
+                kind,
+                count: floors.len(),
+                ms: median(&times),
+                floor_bytes: floors
+                    .iter()
+                    .copied()
+                    .sum::<Option<u64>>()
+                    .map(|b| b / floors.len() as u64),
+            })
             .collect(),
         floor_bytes: launches.iter().filter_map(|l| l.floor_bytes()).sum(),
         without_floor: launches

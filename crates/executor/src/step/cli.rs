@@ -151,6 +151,19 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
         }
         Err(e) => return Err(e.to_string()),
     };
+    // The step's launches are built for the GLM-5 family's shapes; a preset they do not take (the
+    // tiny one) runs on the CPU, saying why.
+    let cfg = config(&args.preset).map_err(|e| e.to_string())?;
+    if args.weights.is_none() && args.config.is_none() {
+        if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
+            println!(
+                "mono step: the GPU step does not take preset {} ({e}); the CPU reference step \
+                 instead (--preset glm-5.2 for the GPU)",
+                args.preset
+            );
+            return crate::reference::cli::run(args);
+        }
+    }
     run_gpu_step(&dev, args, gpu).map_err(|e| e.to_string())
 }
 
@@ -237,9 +250,9 @@ pub fn run_dump(args: &DumpArgs) -> Result<(), String> {
 }
 
 fn dump(args: &DumpArgs) -> Result<()> {
-    let dev = open_device()?;
     let s = &args.shape;
     let cfg = config(&s.preset)?;
+    let dev = open_device()?;
     let requests = scene_requests(s.requests, s.rows, s.context)?;
     let dump = with_step(&dev, &cfg, &requests, s.seed, |graph, _| {
         graph.run_eager()?;
@@ -312,8 +325,8 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
-    let dev = open_device()?;
     let cfg = config(&args.preset)?;
+    let dev = open_device()?;
     let shapes = RankShapes::new(&cfg, args.tp)?;
     let plan = cfg.layer_plan()?;
     let copy = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;
@@ -386,9 +399,21 @@ fn report_case(
             "{preset}; launches in the step so far: front halves only; whole step floor {:.3} ms",
             whole_step_bytes as f64 / copy * 1e3
         ))];
-    for (kind, n, ms) in &times.kinds {
-        println!("  {kind}: {n} a step, {ms:.3} ms each (median, launched directly)");
-        figures.push(Figure::new("step", &case, kind, *ms, "ms").note(&format!("{n} a step")));
+    for k in &times.kinds {
+        let mut figure = Figure::new("step", &case, &k.kind, k.ms, "ms")
+            .note(&format!("{} a step, launched directly", k.count));
+        let floor = k.floor_bytes.map(|b| b as f64 / copy * 1e3);
+        if let Some(f) = floor {
+            figure = figure.floor(f, "bytes of one launch over the copy bandwidth");
+        }
+        println!(
+            "  {}: {} a step, {:.3} ms each (median, launched directly){}",
+            k.kind,
+            k.count,
+            k.ms,
+            floor.map_or(String::new(), |f| format!("; floor {f:.4} ms"))
+        );
+        figures.push(figure);
     }
     for f in figures {
         reporter.write(&f)?;
