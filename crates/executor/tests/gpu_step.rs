@@ -76,6 +76,39 @@ fn generate(
     w
 }
 
+/// Tensors of a glm-5.2 TP 8 rank checked whole against the CPU: each form, element type and
+/// split (replicated, rows, columns, gate/up pairs, routed and shared experts, vectors).
+const GLM52_SAMPLES: [&str; 15] = [
+    "model.layers.0.self_attn.q_a_proj.weight",
+    "model.layers.10.self_attn.q_b_proj.weight",
+    "model.layers.10.self_attn.kv_b_proj.weight",
+    "model.layers.10.self_attn.o_proj.weight",
+    "model.layers.1.mlp.gate_proj.weight",
+    "model.layers.1.mlp.down_proj.weight",
+    "model.layers.40.mlp.experts.200.up_proj.weight",
+    "model.layers.77.mlp.experts.255.down_proj.weight",
+    "model.layers.5.mlp.shared_experts.gate_proj.weight",
+    "model.layers.3.mlp.gate.weight",
+    "model.layers.3.mlp.gate.e_score_correction_bias",
+    "model.layers.0.self_attn.indexer.weights_proj.weight",
+    "model.layers.0.self_attn.indexer.k_norm.bias",
+    "model.layers.60.input_layernorm.weight",
+    "model.norm.weight",
+];
+
+/// The samples name tensors of the rank (checked without a GPU, so a misnamed sample shows here).
+#[test]
+fn the_glm52_samples_are_tensors_of_the_rank() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let plan = WeightPlan::new(&cfg, 8, 3, WeightFormat::Fp8).unwrap();
+    for name in GLM52_SAMPLES {
+        assert!(
+            plan.get(name).is_some(),
+            "{name} is not a tensor of glm-5.2 TP 8 rank 3"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn synthetic_weights_on_the_gpu_equal_the_cpu_rule() {
@@ -91,24 +124,7 @@ fn synthetic_weights_on_the_gpu_equal_the_cpu_rule() {
     let started = Instant::now();
     let w = generate(&dev, &cfg, 8, 3, WeightFormat::Fp8);
     let secs = started.elapsed().as_secs_f64();
-    let samples = [
-        "model.layers.0.self_attn.q_a_proj.weight",
-        "model.layers.10.self_attn.q_b_proj.weight",
-        "model.layers.10.self_attn.kv_b_proj.weight",
-        "model.layers.10.self_attn.o_proj.weight",
-        "model.layers.1.mlp.gate_proj.weight",
-        "model.layers.1.mlp.down_proj.weight",
-        "model.layers.40.mlp.experts.200.up_proj.weight",
-        "model.layers.77.mlp.experts.255.down_proj.weight",
-        "model.layers.5.mlp.shared_experts.gate_proj.weight",
-        "model.layers.3.mlp.gate.weight",
-        "model.layers.3.mlp.gate.e_score_correction_bias",
-        "model.layers.4.self_attn.indexer.weights_proj.weight",
-        "model.layers.4.self_attn.indexer.k_norm.bias",
-        "model.layers.60.input_layernorm.weight",
-        "model.norm.weight",
-    ];
-    let n = check_tensors(&w, &samples);
+    let n = check_tensors(&w, &GLM52_SAMPLES);
     // The embedding is too large to remake on the CPU whole: rows from its start and end.
     let embed = w.tensor("model.embed_tokens.weight").unwrap();
     let rule = SyntheticRule::new(11, &embed.name, &embed.sources[0].full_shape);
