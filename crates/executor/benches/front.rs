@@ -306,12 +306,7 @@ fn quantiles(mut v: Vec<f64>) -> String {
         return "-".into();
     }
     v.sort_by(|a, b| a.total_cmp(b));
-    format!(
-        "{:.2} [{:.2}..{:.2}]",
-        v[v.len() / 2],
-        v[0],
-        v[v.len() - 1]
-    )
+    format!("{:.2} [{:.2}..{:.2}]", v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 /// Where the traced steps' time went, one line a figure: each launch's span (first task start
@@ -330,11 +325,19 @@ fn breakdown(steps: &[Vec<(trace::Trace, Vec<(u32, u64)>)>], ghz: f64) -> Vec<St
     let mut handoff = Vec::new();
     for step in steps {
         for (k, (t, marks)) in step.iter().enumerate() {
-            let start = t.spans.iter().map(|s| at(s).0).fold(f64::INFINITY, f64::min);
+            let start = t
+                .spans
+                .iter()
+                .map(|s| at(s).0)
+                .fold(f64::INFINITY, f64::min);
             let end = t.spans.iter().map(|s| at(s).1).fold(0.0, f64::max);
             if k == 0 { &mut span.0 } else { &mut span.1 }.push((end - start) / 1e3);
             if let Some((next, _)) = step.get(k + 1) {
-                let next_start = next.spans.iter().map(|s| at(s).0).fold(f64::INFINITY, f64::min);
+                let next_start = next
+                    .spans
+                    .iter()
+                    .map(|s| at(s).0)
+                    .fold(f64::INFINITY, f64::min);
                 gap.push((next_start - end) / 1e3);
             }
             let mut firsts = vec![f64::INFINITY; t.ctas as usize];
@@ -378,7 +381,10 @@ fn breakdown(steps: &[Vec<(trace::Trace, Vec<(u32, u64)>)>], ghz: f64) -> Vec<St
     let mut lines = vec![
         format!("launch span, first launch: {}", quantiles(span.0)),
         format!("launch span, later launches: {}", quantiles(span.1)),
-        format!("gap to the next launch (epoch node + launch): {}", quantiles(gap)),
+        format!(
+            "gap to the next launch (epoch node + launch): {}",
+            quantiles(gap)
+        ),
         format!("last CTA's first task start: {}", quantiles(skew)),
     ];
     for (name, [first, last, len]) in kinds {
@@ -391,8 +397,14 @@ fn breakdown(steps: &[Vec<(trace::Trace, Vec<(u32, u64)>)>], ghz: f64) -> Vec<St
             quantiles(len)
         ));
     }
-    lines.push(format!("row 0 select, wait on its scores: {}", quantiles(wait)));
-    lines.push(format!("row 0 select, work after the wait: {}", quantiles(work)));
+    lines.push(format!(
+        "row 0 select, wait on its scores: {}",
+        quantiles(wait)
+    ));
+    lines.push(format!(
+        "row 0 select, work after the wait: {}",
+        quantiles(work)
+    ));
     lines.push(format!(
         "row 0 select, wait end after the last score task's end (shared clock): {}",
         quantiles(handoff)

@@ -408,8 +408,13 @@ fn emulated_front_half_selects_the_reference_slots() {
             .unwrap_or_else(|e| panic!("case {i}: {e}"));
         let inputs = Inputs::new(&cfg, &requests, 100 + i as u64);
         let want = reference_lists(&graph, &inputs);
-        let got = emulate(&graph, graph.placement.placement(), &inputs, Slow::default())
-            .unwrap_or_else(|e| panic!("case {i}: {e}"));
+        let got = emulate(
+            &graph,
+            graph.placement.placement(),
+            &inputs,
+            Slow::default(),
+        )
+        .unwrap_or_else(|e| panic!("case {i}: {e}"));
         assert_eq!(got.len(), want.len());
         let differ = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(differ, None, "case {i}: first differing entry");

@@ -15,9 +15,7 @@ mod support;
 
 use device::{Buffer, Device};
 use executor::fused::front::{FrontGraph, FrontRequest};
-use executor::fused::front_gpu::{
-    FrontFault, FrontInputs, FrontKernel, FrontLaunch, FrontOptions,
-};
+use executor::fused::front_gpu::{FrontFault, FrontInputs, FrontKernel, FrontLaunch, FrontOptions};
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{DebugBound, Variant};
@@ -382,7 +380,10 @@ fn readers_see_the_second_launch(requests: Vec<Request>, fault: Option<FrontFaul
         "the second launch's lists against the reference"
     );
     assert!(first != lists, "new queries must change the lists");
-    let copies = launch.read_copies().unwrap().expect("a kernel with readers");
+    let copies = launch
+        .read_copies()
+        .unwrap()
+        .expect("a kernel with readers");
     first_difference(&copies, &lists).is_none()
 }
 

@@ -131,7 +131,11 @@ impl FrontKernel {
             .ok()
             .and_then(|k| TopK::new(k).ok())
             .ok_or(FrontError::BadTopK(cfg.index_topk))?;
-        let more = if readers { vec![reader_stage()] } else { vec![] };
+        let more = if readers {
+            vec![reader_stage()]
+        } else {
+            vec![]
+        };
         let mut source = front_source_with(shape, config.stage_kernel(), top, variant, &more)?;
         match fault {
             Some(FrontFault::SelectSkipsWait) => source = source.define("SEL_FAULT", 1),
@@ -386,7 +390,12 @@ impl<'a> FrontLaunch<'a> {
     /// [`Self::enqueue`], the fused launch `cooperative` or not (a plain launch of the same grid,
     /// for measuring what the cooperative attribute costs: the occupancy check at build time is
     /// what keeps one CTA on every SM).
-    pub fn enqueue_as(&self, kernel: &FrontKernel, stream: &Stream, cooperative: bool) -> Result<()> {
+    pub fn enqueue_as(
+        &self,
+        kernel: &FrontKernel,
+        stream: &Stream,
+        cooperative: bool,
+    ) -> Result<()> {
         kernel
             .epoch
             .enqueue(stream, &self.epoch, &self.scratch, self.tags)?;
