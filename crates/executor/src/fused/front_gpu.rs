@@ -53,6 +53,25 @@ pub enum FrontFault {
     ReaderSkipsWait,
 }
 
+/// How the fused launch is made. Every mode runs one CTA a SM: the occupancy check at build time
+/// is what keeps them all resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchMode {
+    /// The cooperative attribute (the driver refuses a grid that cannot all be resident).
+    pub cooperative: bool,
+    /// Overlapping the epoch node before it (programmatic dependent launch): its CTAs are
+    /// scheduled while the node runs and wait for its epoch (`mono_wait_prior`).
+    pub overlap_epoch: bool,
+}
+
+impl LaunchMode {
+    /// What [`FrontLaunch::enqueue`] uses.
+    pub const PRODUCTION: LaunchMode = LaunchMode {
+        cooperative: true,
+        overlap_epoch: false,
+    };
+}
+
 /// How a front kernel is built, besides the model config.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrontOptions {
@@ -384,17 +403,15 @@ impl<'a> FrontLaunch<'a> {
 
     /// The epoch node, then the one fused launch (a graph capture records both).
     pub fn enqueue(&self, kernel: &FrontKernel, stream: &Stream) -> Result<()> {
-        self.enqueue_as(kernel, stream, true)
+        self.enqueue_as(kernel, stream, LaunchMode::PRODUCTION)
     }
 
-    /// [`Self::enqueue`], the fused launch `cooperative` or not (a plain launch of the same grid,
-    /// for measuring what the cooperative attribute costs: the occupancy check at build time is
-    /// what keeps one CTA on every SM).
+    /// [`Self::enqueue`] with the fused launch in `mode` (for measuring what each costs).
     pub fn enqueue_as(
         &self,
         kernel: &FrontKernel,
         stream: &Stream,
-        cooperative: bool,
+        mode: LaunchMode,
     ) -> Result<()> {
         kernel
             .epoch
@@ -412,7 +429,8 @@ impl<'a> FrontLaunch<'a> {
         }
         let mut launch =
             Launch::new(self.table.ctas, kernel.shape.threads).shared(kernel.shape.shared_bytes);
-        launch.cooperative = cooperative;
+        launch.cooperative = mode.cooperative;
+        launch.overlap_prior = mode.overlap_epoch;
         let mut args = Args::new().value(&table).value(&self.idx).value(&self.sel);
         if kernel.readers {
             args = args.value(&self.reader);
