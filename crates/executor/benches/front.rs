@@ -2,9 +2,7 @@
 //! keys x 1 and 4 rows of one request, the median of TIMED graph replays, the L2 flushed before
 //! each, of COPIES steps back to back, each on its own copy of the cache, divided by COPIES (what a
 //! step costs when it follows another, as inside a captured step): (a) the epoch node and the
-//! fused launch, cooperative as in production, plain (the same grid without the cooperative
-//! attribute), and overlapping the epoch node (programmatic dependent launch, cooperative and
-//! plain), (b) the standalone indexer's whole-stage launch and the standalone select's launch
+//! fused launch, (b) the standalone indexer's whole-stage launch and the standalone select's launch
 //! (each with its epoch node); beside the floor: the index-key pages the scorers read plus the
 //! scores written and read, over the copy bandwidth measured in the same run. Records go to
 //! `MONO_BENCH_JSON` (table "fused front half").
@@ -24,7 +22,7 @@ mod support;
 use device::report::{Figure, Reporter};
 use device::Device;
 use executor::fused::front::{FrontGraph, FrontRequest};
-use executor::fused::front_gpu::{FrontInputs, FrontKernel, FrontLaunch, FrontOptions, LaunchMode};
+use executor::fused::front_gpu::{FrontInputs, FrontKernel, FrontLaunch, FrontOptions};
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{EpochNode, Variant};
@@ -113,16 +111,8 @@ fn main() -> Result<(), Error> {
         bandwidth / 1e12
     );
     println!(
-        "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7}",
-        "case",
-        "fused us",
-        "plain us",
-        "ovl us",
-        "ovl pl us",
-        "pair us",
-        "ratio",
-        "floor us",
-        "x floor"
+        "{:<10} {:>9} {:>9} {:>7} {:>9} {:>7}",
+        "case", "fused us", "pair us", "ratio", "floor us", "x floor"
     );
     let mut timelines = Vec::new();
     for (keys, rows) in CASES {
@@ -168,30 +158,6 @@ fn main() -> Result<(), Error> {
             }
             Ok(())
         })?;
-        let mode_us = |mode: LaunchMode| {
-            graph_us(&|| {
-                for launch in &launches {
-                    launch.enqueue_as(&fused, &stream, mode)?;
-                }
-                Ok(())
-            })
-        };
-        let plain_us = mode_us(LaunchMode {
-            cooperative: false,
-            overlap_epoch: false,
-        })?;
-        // A mode the driver refuses is reported, not fatal.
-        let overlap = |cooperative| {
-            mode_us(LaunchMode {
-                cooperative,
-                overlap_epoch: true,
-            })
-            .unwrap_or_else(|e| {
-                println!("overlapped launch (cooperative {cooperative}) failed: {e}");
-                f64::NAN
-            })
-        };
-        let (overlap_us, overlap_plain_us) = (overlap(true), overlap(false));
 
         // The timeline: the same steps on the traced kernel, every launch's records read back.
         let traced_launches = caches
@@ -268,7 +234,7 @@ fn main() -> Result<(), Error> {
         })?;
         let case = format!("{}K x {rows}", keys / 1024);
         println!(
-            "{case:<10} {fused_us:>9.2} {plain_us:>9.2} {overlap_us:>9.2} {overlap_plain_us:>9.2} {pair_us:>9.2} {:>7.2} {floor_us:>9.2} {:>7.2}",
+            "{case:<10} {fused_us:>9.2} {pair_us:>9.2} {:>7.2} {floor_us:>9.2} {:>7.2}",
             fused_us / pair_us,
             fused_us / floor_us
         );
@@ -293,30 +259,6 @@ fn main() -> Result<(), Error> {
                 .baseline(pair_us, "standalone indexer + select, same graph replays")
                 .note(&note),
         )?;
-        reporter.write(
-            &Figure::new(
-                "fused front half",
-                &case,
-                "fused launch, plain (not cooperative)",
-                plain_us,
-                "us",
-            )
-            .baseline(fused_us, "fused launch, cooperative, same run"),
-        )?;
-        for (what, us) in [
-            ("fused launch, overlapping the epoch node", overlap_us),
-            (
-                "fused launch, overlapping the epoch node, plain",
-                overlap_plain_us,
-            ),
-        ] {
-            if us.is_finite() {
-                reporter.write(
-                    &Figure::new("fused front half", &case, what, us, "us")
-                        .baseline(fused_us, "fused launch, cooperative, same run"),
-                )?;
-            }
-        }
     }
     println!(
         "\ntimeline (traced kernel; medians over {TRACED} replays x {COPIES} launches, us; launch 0 of a replay follows the L2 flush)"

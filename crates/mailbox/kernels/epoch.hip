@@ -3,9 +3,6 @@
 #include "prelude.h"
 #include "mailbox.h"
 
-// A launch after it that overlaps it (Launch::overlap_prior) may have its CTAs scheduled at once:
-// they wait (mono_wait_prior) until this kernel has finished and its epoch is visible.
 MONO_KERNEL void mailbox_epoch(u32* epoch_word, u64* scratch, u32 n_boxes, u32 launches_per_step) {
-  mono_release_next();
   mbx_advance_epoch(epoch_word, scratch, n_boxes, launches_per_step);
 }

@@ -53,25 +53,6 @@ pub enum FrontFault {
     ReaderSkipsWait,
 }
 
-/// How the fused launch is made. Every mode runs one CTA a SM: the occupancy check at build time
-/// is what keeps them all resident.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LaunchMode {
-    /// The cooperative attribute (the driver refuses a grid that cannot all be resident).
-    pub cooperative: bool,
-    /// Overlapping the epoch node before it (programmatic dependent launch): its CTAs are
-    /// scheduled while the node runs and wait for its epoch (`mono_wait_prior`).
-    pub overlap_epoch: bool,
-}
-
-impl LaunchMode {
-    /// What [`FrontLaunch::enqueue`] uses.
-    pub const PRODUCTION: LaunchMode = LaunchMode {
-        cooperative: true,
-        overlap_epoch: false,
-    };
-}
-
 /// How a front kernel is built, besides the model config.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrontOptions {
@@ -403,16 +384,6 @@ impl<'a> FrontLaunch<'a> {
 
     /// The epoch node, then the one fused launch (a graph capture records both).
     pub fn enqueue(&self, kernel: &FrontKernel, stream: &Stream) -> Result<()> {
-        self.enqueue_as(kernel, stream, LaunchMode::PRODUCTION)
-    }
-
-    /// [`Self::enqueue`] with the fused launch in `mode` (for measuring what each costs).
-    pub fn enqueue_as(
-        &self,
-        kernel: &FrontKernel,
-        stream: &Stream,
-        mode: LaunchMode,
-    ) -> Result<()> {
         kernel
             .epoch
             .enqueue(stream, &self.epoch, &self.scratch, self.tags)?;
@@ -427,10 +398,9 @@ impl<'a> FrontLaunch<'a> {
         if let Some(records) = &self.records {
             table = table.with_trace(&self.table, records)?;
         }
-        let mut launch =
-            Launch::new(self.table.ctas, kernel.shape.threads).shared(kernel.shape.shared_bytes);
-        launch.cooperative = mode.cooperative;
-        launch.overlap_prior = mode.overlap_epoch;
+        let launch = Launch::new(self.table.ctas, kernel.shape.threads)
+            .shared(kernel.shape.shared_bytes)
+            .cooperative();
         let mut args = Args::new().value(&table).value(&self.idx).value(&self.sel);
         if kernel.readers {
             args = args.value(&self.reader);

@@ -65,9 +65,6 @@ pub fn fused_source(
         "MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) {ENTRY}(mbx_launch l, {}) {{",
         params.join(", ")
     );
-    // A launch that overlaps the kernel before it (the epoch node) waits here until that one's
-    // writes are visible; on a plain launch it does nothing.
-    text.push_str("  mono_wait_prior();\n");
     text.push_str("  const auto team = mono_cta_team<MONO_CTA_THREADS>();\n");
     text.push_str(
         "  mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) MONO_TASK_BODY -> bool {\n",
