@@ -272,6 +272,9 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// One traced launch: its timeline and the marks of row 0's select task (phase, SM cycles).
+type TracedLaunch = (trace::Trace, Vec<(u32, u64)>);
+
 /// Own kinds of the front half's tasks, by stage.
 fn kind_label(kind: u32) -> String {
     let own = kind & 0xff;
@@ -297,7 +300,7 @@ fn quantiles(mut v: Vec<f64>) -> String {
 /// start, the spread of the CTAs' first starts, each kind's first start, last end and task
 /// length, and row 0's select: its wait on the scores (its first mark less its record's start,
 /// SM cycles), its work after it, and the time from the last score task's end to that wait's end.
-fn breakdown(steps: &[Vec<(trace::Trace, Vec<(u32, u64)>)>], ghz: f64) -> Vec<String> {
+fn breakdown(steps: &[Vec<TracedLaunch>], ghz: f64) -> Vec<String> {
     let at = |s: &Span| (s.start_ns as f64, s.end_ns as f64);
     let mut span = (Vec::new(), Vec::new());
     let mut gap = Vec::new();

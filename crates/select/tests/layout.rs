@@ -159,7 +159,8 @@ proptest! {
         let few = SelectBoxes::add(&mut short, "sel", rows - 1, top);
         if let Ok(few) = few {
             let refused = plan.clone().publish(&few);
-            prop_assert!(matches!(refused, Err(LayoutError::NotInLayout { row, .. }) if row == rows - 1));
+            let missed = matches!(refused, Err(LayoutError::NotInLayout { row, .. }) if row == rows - 1);
+            prop_assert!(missed, "publishing into regions for {} rows: {:?}", rows - 1, refused);
         }
         let mut b = ScratchLayout::builder();
         let boxes = SelectBoxes::add(&mut b, "sel", rows, top).unwrap();
