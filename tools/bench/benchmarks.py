@@ -56,6 +56,13 @@ TABLES = [
      "5 us, 128K x 4 rows at most 12 us."),
     ("select, launch floor", "What a select launch costs when it has nothing to select (rows of "
      "exactly k keys), same call as the select table."),
+    ("fused front half", "A full-indexer layer's front half (index key and query of the step's new "
+     "rows, scoring runs, top-2048 of every row) as one fused launch, GLM-5 shapes, one request. A step "
+     "is the epoch node and the cooperative fused launch; the median of 30 graph replays of 6 steps "
+     "back to back, each on its own copy of the cache, the L2 flushed before each replay, per step. "
+     "Baseline: the standalone indexer and select launches (each with its epoch node) replayed the "
+     "same way. Where the time goes is in `crates/executor/PERF.md` (the bench's timeline). Targets: "
+     "at most 0.75 x the standalone pair at 128K and 512K, 128K x 4 rows in at most 16 us."),
 ]
 
 INTRO = """# Benchmarks

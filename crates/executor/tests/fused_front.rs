@@ -1,12 +1,17 @@
 //! The front half's fused launch on the CPU: its task graph placed by the rule at tiny and
 //! production shapes, run in the mailbox emulator with the tasks' CPU forms (scores from
 //! `indexer::reference`, the lists from `select::reference`), and the selected slots equal to the
-//! reference radix select of the reference scores. Negative controls: a select task that misses a
-//! run it reads is refused by the hand-off check and, run anyway, reads unwritten scores; bad
-//! batches are refused before anything runs. The fused kernel builds for both targets.
+//! reference radix select of the reference scores, and every list reader (the attention tasks'
+//! stand-in) running only after all of its row's select tasks. Negative controls: a select task
+//! that misses a run it reads is refused by the hand-off check and, run anyway, reads unwritten
+//! scores; a reader that skips its row's list box, or a row's first slice that skips its gang's
+//! boxes, lets a reader run before a slow select task finished; bad batches are refused before
+//! anything runs. The fused kernel builds for both targets.
 
 use device::optional_compiler;
-use executor::fused::front::{front_source, FrontBuild, FrontError, FrontGraph, FrontRequest};
+use executor::fused::front::{
+    front_source, FrontBuild, FrontError, FrontGraph, FrontRequest, READER_KIND,
+};
 use executor::fused::{CtaShape, ENTRY};
 use indexer::layout::{RunDesc, PAGE_TOKENS};
 use indexer::reference::{key_score, IndexerDims, RowQuery, ScaledVector};
@@ -16,6 +21,7 @@ use mailbox::{Placement, Stage, Task};
 use model::ModelConfig;
 use select::layout::TopK;
 use select::reference::{select_rows, Pages, Rows};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -139,8 +145,9 @@ impl Inputs {
 /// The tasks' CPU forms over the emulator's boxes. Key and query tasks publish their row (the
 /// values are the reference's); a score task checks that the queries and new keys it reads were
 /// published, writes its runs' scores, then its boxes go out; a select task copies the scores it
-/// reads and fails on any that no run wrote yet. The lists are the reference select of what the
-/// select tasks read.
+/// reads and fails on any that no run wrote yet, then marks its part of the row's list written; a
+/// list reader fails unless every select task of its row has. The lists are the reference select
+/// of what the select tasks read.
 struct CpuFront<'a> {
     graph: &'a FrontGraph,
     inputs: &'a Inputs,
@@ -148,14 +155,31 @@ struct CpuFront<'a> {
     query_ready: Vec<AtomicBool>,
     scores: Mutex<Vec<u32>>,
     seen: Mutex<Vec<f32>>,
-    /// A run whose scoring takes a while (the hand-off control).
-    slow_run: Option<u32>,
+    /// (row, slice) of every select task that has written its part of the row's list.
+    written: Mutex<HashSet<(u32, u32)>>,
+    /// Select tasks of each row.
+    parts: Vec<u32>,
+    slow: Slow,
+}
+
+/// A task that takes a while (the hand-off controls).
+#[derive(Clone, Copy, Debug, Default)]
+struct Slow {
+    run: Option<u32>,
+    /// (row, slice) of a select task.
+    select: Option<(u32, u32)>,
 }
 
 impl<'a> CpuFront<'a> {
-    fn new(graph: &'a FrontGraph, inputs: &'a Inputs, slow_run: Option<u32>) -> Self {
+    fn new(graph: &'a FrontGraph, inputs: &'a Inputs, slow: Slow) -> Self {
         let rows = graph.plan.rows.len();
         let cells = rows * graph.plan.stride as usize;
+        let mut parts = vec![0; rows];
+        for (_, t) in graph.placement.placement().tasks() {
+            if t.stage_bits() == Stage::Select as u32 {
+                parts[t.args[0] as usize] += 1;
+            }
+        }
         CpuFront {
             graph,
             inputs,
@@ -163,8 +187,38 @@ impl<'a> CpuFront<'a> {
             query_ready: (0..rows).map(|_| AtomicBool::new(false)).collect(),
             scores: Mutex::new(vec![UNWRITTEN; cells]),
             seen: Mutex::new(vec![f32::NAN; cells]),
-            slow_run,
+            written: Mutex::new(HashSet::new()),
+            parts,
+            slow,
         }
+    }
+
+    /// A select task's CPU form: the scores it reads, then its part of the list marked written.
+    /// Once a task: a gang member's share and run both call it.
+    fn select(&self, task: &Task) -> Result<(), TaskFailed> {
+        let row = task.args[0];
+        let slice = task.args[2] & 0xffff;
+        if self.written.lock().unwrap().contains(&(row, slice)) {
+            return Ok(());
+        }
+        if self.slow.select == Some((row, slice)) {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let stride = self.graph.plan.stride as usize;
+        let range = FrontGraph::select_range(task);
+        let scores = self.scores.lock().unwrap();
+        let mut seen = self.seen.lock().unwrap();
+        for t in range {
+            let cell = row as usize * stride + t as usize;
+            if scores[cell] == UNWRITTEN {
+                return Err(TaskFailed(format!(
+                    "select reads row {row} at {t} before its run wrote it"
+                )));
+            }
+            seen[cell] = f32::from_bits(scores[cell]);
+        }
+        self.written.lock().unwrap().insert((row, slice));
+        Ok(())
     }
 
     fn score_run(&self, index: u32) -> Result<Vec<(usize, f32)>, TaskFailed> {
@@ -217,7 +271,7 @@ impl mailbox::TaskFn for CpuFront<'_> {
             }
             Some(Stage::Indexer) if own == 2 => {
                 for run in task.args[0]..task.args[0] + task.args[1] {
-                    if self.slow_run == Some(run) {
+                    if self.slow.run == Some(run) {
                         std::thread::sleep(Duration::from_millis(300));
                     }
                     let cells = self.score_run(run)?;
@@ -227,19 +281,15 @@ impl mailbox::TaskFn for CpuFront<'_> {
                     }
                 }
             }
-            Some(Stage::Select) => {
-                let stride = self.graph.plan.stride as usize;
-                let range = FrontGraph::select_range(task);
-                let scores = self.scores.lock().unwrap();
-                let mut seen = self.seen.lock().unwrap();
-                for t in range {
-                    let cell = row * stride + t as usize;
-                    if scores[cell] == UNWRITTEN {
-                        return Err(TaskFailed(format!(
-                            "select reads row {row} at {t} before its run wrote it"
-                        )));
-                    }
-                    seen[cell] = f32::from_bits(scores[cell]);
+            Some(Stage::Select) => self.select(task)?,
+            Some(Stage::Synthetic) if own == READER_KIND => {
+                let written = self.written.lock().unwrap();
+                let done = written.iter().filter(|&&(r, _)| r as usize == row).count();
+                if done as u32 != self.parts[row] {
+                    return Err(TaskFailed(format!(
+                        "a reader reads row {row}'s list after {done} of its {} select tasks",
+                        self.parts[row]
+                    )));
                 }
             }
             _ => {
@@ -251,6 +301,16 @@ impl mailbox::TaskFn for CpuFront<'_> {
         }
         out.fill(task.order);
         Ok(())
+    }
+
+    fn share(&self, task: &Task, inputs: &[&[u32]], out: &mut [u32]) -> Result<(), TaskFailed> {
+        // A slice's gang box goes out after its part of the list, as on the device.
+        if task.stage_bits() == Stage::Select as u32 {
+            self.select(task)?;
+            out.fill(task.order);
+            return Ok(());
+        }
+        self.run(task, inputs, out)
     }
 }
 
@@ -302,9 +362,9 @@ fn emulate(
     graph: &FrontGraph,
     placement: &Placement,
     inputs: &Inputs,
-    slow_run: Option<u32>,
+    slow: Slow,
 ) -> Result<Vec<i32>, emulator::EmuError> {
-    let cpu = CpuFront::new(graph, inputs, slow_run);
+    let cpu = CpuFront::new(graph, inputs, slow);
     let scratch = Scratch::new(graph.layout.boxes());
     let config = EmuConfig {
         timeout: Duration::from_secs(20),
@@ -344,11 +404,17 @@ fn emulated_front_half_selects_the_reference_slots() {
         let cfg = tiny_config(k);
         let (requests, cache_pages) = batch(shape, 11 + i as u64);
         let graph = FrontGraph::new(&cfg, &requests, build(ctas, cache_pages))
+            .and_then(FrontGraph::with_readers)
             .unwrap_or_else(|e| panic!("case {i}: {e}"));
         let inputs = Inputs::new(&cfg, &requests, 100 + i as u64);
         let want = reference_lists(&graph, &inputs);
-        let got = emulate(&graph, graph.placement.placement(), &inputs, None)
-            .unwrap_or_else(|e| panic!("case {i}: {e}"));
+        let got = emulate(
+            &graph,
+            graph.placement.placement(),
+            &inputs,
+            Slow::default(),
+        )
+        .unwrap_or_else(|e| panic!("case {i}: {e}"));
         assert_eq!(got.len(), want.len());
         let differ = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(differ, None, "case {i}: first differing entry");
@@ -408,12 +474,94 @@ fn a_select_task_that_misses_a_run_is_refused_and_reads_unwritten_scores() {
         other => panic!("the hand-off check let it through: {other:?}"),
     }
     // Run anyway, with that run's scoring slow: the select task reads scores no run wrote.
-    let err = emulate(&graph, &broken, &inputs, Some(run)).unwrap_err();
+    let slow = Slow {
+        run: Some(run),
+        select: None,
+    };
+    let err = emulate(&graph, &broken, &inputs, slow).unwrap_err();
     assert!(err.to_string().contains("before its run wrote it"), "{err}");
     // The control's control: the same slow run with the real wait is fine.
     let want = reference_lists(&graph, &inputs);
-    let got = emulate(&graph, graph.placement.placement(), &inputs, Some(run)).unwrap();
+    let got = emulate(&graph, graph.placement.placement(), &inputs, slow).unwrap();
     assert_eq!(got, want);
+}
+
+/// The reader of a row of several slices, the row and its last slice.
+fn sliced_reader(graph: &FrontGraph) -> (u32, u32) {
+    let placement = graph.placement.placement();
+    let (_, reader) = placement
+        .tasks()
+        .find(|(_, t)| {
+            t.stage_bits() == Stage::Synthetic as u32
+                && placement.tasks().any(|(_, s)| {
+                    s.stage_bits() == Stage::Select as u32
+                        && s.args[0] == t.args[0]
+                        && s.args[2] >> 16 > 1
+                })
+        })
+        .expect("a reader of a row of slices");
+    let row = reader.args[0];
+    let last = placement
+        .tasks()
+        .filter(|(_, s)| s.stage_bits() == Stage::Select as u32 && s.args[0] == row)
+        .map(|(_, s)| s.args[2] & 0xffff)
+        .max()
+        .unwrap();
+    (row, last)
+}
+
+#[test]
+fn readers_wait_for_the_whole_list_of_their_row() {
+    let (shape, k, ctas) = CASES[1];
+    let cfg = tiny_config(k);
+    let (requests, cache_pages) = batch(shape, 13);
+    let graph = FrontGraph::new(&cfg, &requests, build(ctas, cache_pages))
+        .and_then(FrontGraph::with_readers)
+        .unwrap();
+    let inputs = Inputs::new(&cfg, &requests, 102);
+    let want = reference_lists(&graph, &inputs);
+    let (row, last) = sliced_reader(&graph);
+    let limits = graph.placement.limits();
+    // Every reader waits on its row's one list box, at a later rank than the row's select tasks.
+    for (_, t) in graph.placement.placement().tasks() {
+        if t.stage_bits() == Stage::Synthetic as u32 {
+            assert_eq!(t.inputs(), &[graph.list_ready(t.args[0]).unwrap()]);
+            assert!(t.order >= graph.next_rank());
+        }
+    }
+    // The row's last slice is slow: with the real waits the reader still sees the whole list.
+    let slow = Slow {
+        run: None,
+        select: Some((row, last)),
+    };
+    assert_eq!(
+        emulate(&graph, graph.placement.placement(), &inputs, slow).unwrap(),
+        want
+    );
+    // A reader that skips the list box reads the row before its select tasks are done.
+    let mut skips = graph.placement.placement().clone();
+    for task in skips.lists_mut().iter_mut().flatten() {
+        if task.stage_bits() == Stage::Synthetic as u32 && task.args[0] == row {
+            task.n_inputs = 0;
+        }
+    }
+    assert!(skips.validate(limits).is_ok());
+    let err = emulate(&graph, &skips, &inputs, slow).unwrap_err();
+    assert!(err.to_string().contains("select tasks"), "{err}");
+    // A first slice that puts the list box without waiting on its gang's boxes: the reader,
+    // waiting on the list box, still runs before the slow slice is done.
+    let mut early = graph.placement.placement().clone();
+    for task in early.lists_mut().iter_mut().flatten() {
+        if task.stage_bits() == Stage::Select as u32
+            && task.args[0] == row
+            && task.args[2] & 0xffff == 0
+        {
+            task.n_inputs -= 1;
+        }
+    }
+    assert!(early.validate(limits).is_ok());
+    let err = emulate(&graph, &early, &inputs, slow).unwrap_err();
+    assert!(err.to_string().contains("select tasks"), "{err}");
 }
 
 #[test]

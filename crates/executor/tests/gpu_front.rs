@@ -3,7 +3,10 @@
 //! scores equal the standalone indexer's bit for bit (which are checked against the reference
 //! here too), over 8K / 128K / 512K contexts, 1 and 4 rows, two requests of different lengths, new
 //! keys patched (their cache slots poisoned). Negative control: select tasks built to skip their
-//! wait read the previous launch's scores, and the check catches it.
+//! wait read the previous launch's scores, and the check catches it. The lists' hand-off: list
+//! readers in the same launch (the attention tasks' stand-in), waiting on each row's list box, copy
+//! this launch's lists; built to skip that wait they copy the previous launch's, and the check
+//! catches it.
 //!
 //! `cargo test -p executor --release --test gpu_front -- --ignored --nocapture --test-threads 1`
 
@@ -12,7 +15,7 @@ mod support;
 
 use device::{Buffer, Device};
 use executor::fused::front::{FrontGraph, FrontRequest};
-use executor::fused::front_gpu::{FrontFault, FrontInputs, FrontKernel, FrontLaunch};
+use executor::fused::front_gpu::{FrontFault, FrontInputs, FrontKernel, FrontLaunch, FrontOptions};
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{DebugBound, Variant};
@@ -331,4 +334,76 @@ fn select_tasks_that_skip_their_wait_are_caught() {
     println!(
         "skipped waits: caught (the lists differ from the reference select of the launch's scores)"
     );
+}
+
+/// Two launches of one step of `requests` with list readers, the second with new queries: returns
+/// whether what the second launch's readers copied equals its lists (which must equal the
+/// reference select of its own scores and differ from the first launch's).
+fn readers_see_the_second_launch(requests: Vec<Request>, fault: Option<FrontFault>) -> bool {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let dims = IndexerDims::new(&cfg).unwrap();
+    let dev = Device::open(0).expect("a GPU");
+    let options = FrontOptions {
+        variant: variant(),
+        fault,
+        readers: true,
+        trace: false,
+    };
+    let kernel = FrontKernel::build_with(&dev, &cfg, options).unwrap();
+    let rows: u32 = requests.iter().map(|q| q.rows).sum();
+    let scene = Scene::new(dims, requests, CacheKind::Random, 8);
+    let cache_pages = (scene.bytes.len() as u64 / scene.cache.page_bytes()) as u32;
+    let step = Step::new(&dev, &scene, &Inputs::random(&dims, rows as usize, 3));
+    let graph = FrontGraph::new(
+        &cfg,
+        &front_requests(&scene),
+        kernel.build_info(cache_pages),
+    )
+    .and_then(FrontGraph::with_readers)
+    .unwrap();
+    let launch = FrontLaunch::new(&dev, &kernel, graph, &step.inputs()).unwrap();
+    let stream = dev.stream();
+    launch.enqueue(&kernel, stream).unwrap();
+    stream.sync().unwrap();
+    let first = launch.read(&kernel).unwrap();
+    step.query_proj
+        .write(&Inputs::random(&dims, rows as usize, 4).query_proj)
+        .unwrap();
+    // The lists stay as the first launch left them: a reader that does not wait copies those.
+    launch.enqueue(&kernel, stream).unwrap();
+    stream.sync().unwrap();
+    let lists = launch.read(&kernel).unwrap();
+    let scores = launch.scores.download().unwrap();
+    assert_eq!(
+        first_difference(&lists, &reference_lists(&launch.graph, &scores)),
+        None,
+        "the second launch's lists against the reference"
+    );
+    assert!(first != lists, "new queries must change the lists");
+    let copies = launch
+        .read_copies()
+        .unwrap()
+        .expect("a kernel with readers");
+    first_difference(&copies, &lists).is_none()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn list_readers_see_this_launchs_lists_and_skipped_waits_are_caught() {
+    // Slices (a gang a row, the list box put by slice 0 after the others') and the registers kind.
+    let cases = [
+        ("128K x 4 + 30K x 1", vec![r(4, 131_071), r(1, 30_000)]),
+        ("8K x 4", vec![r(4, 8191)]),
+    ];
+    for (name, requests) in cases {
+        assert!(
+            readers_see_the_second_launch(requests.clone(), None),
+            "{name}: readers that wait must copy this launch's lists"
+        );
+        assert!(
+            !readers_see_the_second_launch(requests, Some(FrontFault::ReaderSkipsWait)),
+            "{name}: readers that skip the wait copy the previous launch's lists; the check missed it"
+        );
+        println!("{name}: readers that wait copy this launch's lists; skipped waits caught");
+    }
 }

@@ -7,9 +7,15 @@
 //   in[...]  boxes the task waits on before it reads the row's scores: the completion boxes of the
 //            runs that wrote them, each put after a release (mbx_publish); none, no wait. A range
 //            is slots of sel_args::in_stride boxes whose first box is the one written (a run's
-//            completion box and its line's padding), so one range covers consecutive runs
-//   out      none: the list goes to out (the row's SEL_K entries), the slices' exchange to the
-//            row's boxes in the SelectBoxes regions (hist_offset, cand_offset)
+//            completion box and its line's padding), so one range covers consecutive runs.
+//            Slice 0 of a row of several slices that publishes its list (out below) lists last
+//            the row's gang boxes of slices 1.. (slots of sel_args::gang_stride boxes), waited on
+//            after its own part, before it puts the list box (sel_gang_waits)
+//   out      the slot (a line) whose first box tells the list's readers it is written (SelectPlan::publish):
+//            a one-task kind's, and slice 0's, is the row's list box, put once the whole list is
+//            in out (the row's SEL_K entries), after a release; slice s > 0 puts the row's gang box
+//            s once its part is written. None (a plan that publishes nothing): no box. The slices'
+//            exchange goes to the row's boxes in the SelectBoxes regions (hist_offset, cand_offset)
 // Every select task takes the whole CTA as its team (its block scans and barriers are the CTA's).
 // A task returns false only when a debug wait gave up (the CTA then stops); other errors are
 // flagged on the row (SEL_FLAG_*). Part of select.h.
@@ -35,6 +41,8 @@ struct sel_args {
   u32 cand_offset;  // SelectBoxes::cand: row r's from cand_offset + r * cand_stride
   u32 cand_stride;
   u32 in_stride;  // input ranges are slots of this many boxes, the first written (0 or 1: every box)
+  u32 gang_stride;  // SelectBoxes::gang's slots: a gang range is slots of this many boxes, the first written
+  u32 pad;
 };
 #define SEL_ROW_HIST_BOXES (SEL_ROUNDS * SEL_MAX_SLICES * SEL_HIST_BOXES)
 
@@ -49,16 +57,21 @@ MONO_DEV sel_row sel_row_of(const sel_args& a, u32 row, u32 len) {
   return r;
 }
 
-// Waits on every box of the task's input ranges (a thread per box), then makes what their writers
-// published before them visible (mbx_acquire in every thread before the barrier that ends the
-// wait). Block-wide; false (flagged) when a debug wait gave up. A SEL_FAULT_SKIP_WAIT build skips
-// it: the negative control of the hand-off.
-MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_args& a, const sel_row& r) {
-  const u32 inputs = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  if (inputs == 0 || SEL_FAULT == SEL_FAULT_SKIP_WAIT) return true;
-  const u32 step = a.in_stride > 1u ? a.in_stride : 1u;
+// Input ranges at the end of a task's list that it waits on only after its part of the list:
+// slice 0's gang range (1 when it has one).
+MONO_DEV u32 sel_gang_waits(const mbx_task& task) {
+  const u32 me = task.args[2] & 0xffffu, count = task.args[2] >> 16;
+  return mbx_own_kind(task.kind) == SEL_KIND_SLICE && me == 0 && count > 1 && task.out.len != 0 && task.n_inputs > 0;
+}
+
+// Waits on every box of input ranges first..end (slots of `stride` boxes, the first written; a
+// thread per box), then makes what their writers published before them visible (mbx_acquire in
+// every thread before the barrier that ends the wait). Block-wide; false (flagged) when a debug
+// wait gave up.
+MONO_DEV bool sel_wait_ranges(const mbx_ctx& c, const mbx_task& task, u32 first, u32 end, u32 stride, const sel_row& r) {
+  const u32 step = stride > 1u ? stride : 1u;
   bool ok = true;
-  for (u32 in = 0; in < inputs; ++in) {
+  for (u32 in = first; in < end; ++in) {
     const mbx_range range = task.in[in];
     for (u32 i = mono_thread() * step; i < range.len && ok; i += SEL_BLOCK * step) {
       u32 value;
@@ -69,6 +82,26 @@ MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_
   if (mbx_block_agree(c, ok)) return true;
   sel_flag(r, SEL_FLAG_STALLED);
   return false;
+}
+
+// The waits before the task reads the row's scores: every input range but the gang's. A
+// SEL_FAULT_SKIP_WAIT build skips them: the negative control of the scores' hand-off.
+MONO_DEV bool sel_wait_inputs(const mbx_ctx& c, const mbx_task& task, const sel_args& a, const sel_row& r) {
+  const u32 inputs = mbx_min(task.n_inputs, MBX_MAX_INPUTS) - sel_gang_waits(task);
+  if (inputs == 0 || SEL_FAULT == SEL_FAULT_SKIP_WAIT) return true;
+  return sel_wait_ranges(c, task, 0, inputs, a.in_stride, r);
+}
+
+// Tells the readers of the task's output box that what it wrote is visible: every thread's
+// entries (the barrier), then a release and one tagged box valued with the row. Block-wide; nothing
+// when the task has no output box.
+MONO_DEV void sel_publish(const mbx_ctx& c, const mbx_task& task, u32 row) {
+  if (task.out.len == 0) return;
+  mono_sync_block();
+  if (mono_thread() == 0) {
+    mbx_publish();
+    mbx_put(c, task.out.first, row);
+  }
 }
 
 template <class Team>
@@ -85,6 +118,7 @@ MONO_DEV bool sel_one_cta_task(const Team& team, const mbx_task& task, mbx_ctx& 
   if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, task.args[0] == 0);
   sel_one_cta_run(sm, (u32*)smem + SEL_SMEM_WORDS, r);
+  sel_publish(c, task, task.args[0]);
   return true;
 }
 
@@ -98,6 +132,7 @@ MONO_DEV bool sel_registers_task(const Team& team, const mbx_task& task, mbx_ctx
   if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, task.args[0] == 0);
   sel_regs_run(sm, r);
+  sel_publish(c, task, task.args[0]);
   return true;
 }
 
@@ -110,8 +145,14 @@ MONO_DEV bool sel_slice_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   const sel_row r = sel_row_of(a, row, task.args[1]);
   if (!sel_wait_inputs(c, task, a, r)) return false;
   sel_trace_begin(sm, a.trace, row == 0 && me == 0);
-  return sel_slice_run(sm, (u32*)smem + SEL_SMEM_WORDS, c, r, me, count, a.hist_offset + row * SEL_ROW_HIST_BOXES,
-                       a.cand_offset + row * a.cand_stride);
+  if (!sel_slice_run(sm, (u32*)smem + SEL_SMEM_WORDS, c, r, me, count, a.hist_offset + row * SEL_ROW_HIST_BOXES,
+                     a.cand_offset + row * a.cand_stride))
+    return false;
+  // The row's list is whole once every slice's part is: slice 0 publishes it after the others'.
+  const u32 inputs = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
+  if (sel_gang_waits(task) && !sel_wait_ranges(c, task, inputs - 1, inputs, a.gang_stride, r)) return false;
+  sel_publish(c, task, row);
+  return true;
 }
 
 // The select stage's decoder. A kind it does not know is skipped (the host makes no others).

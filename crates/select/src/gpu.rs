@@ -358,9 +358,13 @@ pub struct SelArgs {
     /// Input ranges are slots of this many boxes whose first box is the written one (a fused
     /// launch's run completion boxes, a line each); 0 or 1: every box of a range is written.
     pub in_stride: u32,
+    /// Boxes of a [`SelectBoxes::gang`] slot: slice 0's gang range is slots of this many boxes,
+    /// the first written.
+    pub gang_stride: u32,
+    pub pad: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<SelArgs>() == 64);
+const _: () = assert!(std::mem::size_of::<SelArgs>() == 72);
 
 /// A batch of rows in device memory, with its task list and everything a select of them needs.
 pub struct Batch {
@@ -414,7 +418,7 @@ impl Batch {
             }
         }
         let n = rows.count();
-        let plan = SelectPlan::new(
+        let mut plan = SelectPlan::new(
             rows.lens,
             sel.method.kind(),
             top,
@@ -424,6 +428,7 @@ impl Batch {
         )?;
         let mut builder = ScratchLayout::builder();
         let boxes = SelectBoxes::add(&mut builder, "sel", n as u32, top)?;
+        plan.publish(&boxes)?;
         let layout = builder.build();
         let placement = plan.placement().check(Limits {
             max_resident: sel.ctas,
@@ -449,6 +454,8 @@ impl Batch {
             cand_offset: boxes.cand.offset(),
             cand_stride: boxes.cand.stride(),
             in_stride: 0,
+            gang_stride: boxes.gang.stride(),
+            pad: 0,
         };
         Ok(Batch {
             method: sel.method,

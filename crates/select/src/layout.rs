@@ -193,6 +193,10 @@ pub enum LayoutError {
         keys: u32,
         ctas: u32,
     },
+    #[error("row {row}'s first slice waits on too many input ranges to add its gang's")]
+    TooManyInputs { row: u32 },
+    #[error("row {row} slice {slice} has no box in the select regions (laid out for fewer rows)")]
+    NotInLayout { row: u32, slice: u32 },
     #[error(transparent)]
     Scratch(#[from] BoxLayoutError),
 }
@@ -460,6 +464,38 @@ impl SelectPlan {
         &mut self.tasks
     }
 
+    /// Gives every task the box it puts once its part of its row's list is written
+    /// ([`SelectBoxes::list`] for a one-task kind and a row's slice 0; [`SelectBoxes::gang`] for
+    /// the other slices), and a row's slice 0 of several the other slices' gang boxes as its last
+    /// input range (it waits on them after its own part, before it puts the list box), so that a
+    /// reader of the lists waits on one box a row. Call it after the inputs are wired.
+    pub fn publish(&mut self, boxes: &SelectBoxes) -> Result<(), LayoutError> {
+        let missing = |t: &PlannedTask| LayoutError::NotInLayout {
+            row: t.row,
+            slice: t.slice,
+        };
+        for t in &mut self.tasks {
+            let count = t.task.args[2] >> 16;
+            // A slot, its padding included, is its one writer's; the box is its first.
+            let (region, slot) = if t.slice == 0 {
+                (&boxes.list, t.row)
+            } else {
+                (&boxes.gang, t.row * MAX_SLICES + t.slice)
+            };
+            let first = region.box_index(slot, 0).ok_or_else(|| missing(t))?;
+            t.task.out = BoxRange::new(first, region.stride());
+            if t.slice == 0 && count > 1 {
+                let first = boxes.gang_box(t.row, 1).ok_or_else(|| missing(t))?;
+                boxes.gang_box(t.row, count - 1).ok_or_else(|| missing(t))?;
+                let mut inputs = t.task.inputs().to_vec();
+                inputs.push(BoxRange::new(first, (count - 1) * boxes.gang.stride()));
+                t.task = Task::new(t.task.kind, t.task.order, t.task.out, &inputs, t.task.args)
+                    .map_err(|_| LayoutError::TooManyInputs { row: t.row })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every CTA's list, in order.
     pub fn placement(&self) -> Placement {
         let mut lists = vec![Vec::new(); self.ctas as usize];
@@ -478,6 +514,12 @@ pub struct SelectBoxes {
     /// One slot per row: the keys sharing the prefix P, in position order, as (key, position)
     /// pairs in boxes 2i and 2i + 1, staged by every slice for the row's first slice.
     pub cand: Region<u32>,
+    /// One box per row, a line each: the row's list is written (put after a release, valued
+    /// with the row). What a reader of the list waits on before it reads the entries.
+    pub list: Region<u32>,
+    /// One box per (row, slice), a line each: that slice's part of the row's list is written
+    /// (put after a release). Slice 0 waits on the others' before it puts the list box.
+    pub gang: Region<u32>,
 }
 
 impl SelectBoxes {
@@ -495,7 +537,32 @@ impl SelectBoxes {
             })?;
         let hist = builder.region::<u32>(&format!("{name}_hist"), slots, HIST_BOXES)?;
         let cand = builder.region::<u32>(&format!("{name}_cand"), rows, 2 * top.room())?;
-        Ok(SelectBoxes { hist, cand })
+        let list = builder.region::<u32>(&format!("{name}_list"), rows, 1)?;
+        let gang_slots = rows
+            .checked_mul(MAX_SLICES)
+            .ok_or(BoxLayoutError::TooLarge {
+                boxes: rows as u64 * MAX_SLICES as u64,
+            })?;
+        let gang = builder.region::<u32>(&format!("{name}_gang"), gang_slots, 1)?;
+        Ok(SelectBoxes {
+            hist,
+            cand,
+            list,
+            gang,
+        })
+    }
+
+    /// The box a reader of `row`'s list waits on, as an input range.
+    pub fn list_ready(&self, row: u32) -> Option<BoxRange> {
+        self.list.slot(row)
+    }
+
+    /// The box slice `slice` of `row` puts once its part of the list is written. (device)
+    pub fn gang_box(&self, row: u32, slice: u32) -> Option<u32> {
+        if slice >= MAX_SLICES {
+            return None;
+        }
+        self.gang.box_index(row * MAX_SLICES + slice, 0)
     }
 
     /// First box of the histogram of (row, round, slice). (device)

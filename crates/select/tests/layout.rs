@@ -1,8 +1,9 @@
 //! Properties of the layout math: slices tile each row once within their limits, a launch's plan
-//! gives every slice its own task and passes the placement rule, histogram and candidate boxes
-//! never collide, and the registers task holds the rows it is built for.
+//! gives every slice its own task and passes the placement rule, histogram, candidate, list and
+//! gang boxes never collide, a published plan puts each row's list box once, and the registers
+//! task holds the rows it is built for.
 
-use mailbox::layout::ScratchLayout;
+use mailbox::layout::{ScratchLayout, BOXES_PER_LINE};
 use mailbox::Limits;
 use proptest::prelude::*;
 use select::gpu::CTA_THREADS;
@@ -144,6 +145,57 @@ proptest! {
     }
 
     #[test]
+    fn a_published_plan_puts_each_rows_list_box_once(
+        lens in prop::collection::vec(0..=MAX_ROW_KEYS, 1..9),
+        kind in prop::sample::select(vec![SelectKind::OneCta, SelectKind::Registers, SelectKind::Slice]),
+    ) {
+        let (top, ctas) = (TopK::GLM5, 132);
+        let rows = lens.len() as u32;
+        let Ok(mut plan) = SelectPlan::new(&lens, kind, top, ctas, Slicing::production(SLICE_ROOM), 0) else {
+            return Ok(());
+        };
+        // Regions laid out for fewer rows are refused, naming a task they miss.
+        let mut short = ScratchLayout::builder();
+        let few = SelectBoxes::add(&mut short, "sel", rows - 1, top);
+        if let Ok(few) = few {
+            let refused = plan.clone().publish(&few);
+            let missed = matches!(refused, Err(LayoutError::NotInLayout { row, .. }) if row == rows - 1);
+            prop_assert!(missed, "publishing into regions for {} rows: {:?}", rows - 1, refused);
+        }
+        let mut b = ScratchLayout::builder();
+        let boxes = SelectBoxes::add(&mut b, "sel", rows, top).unwrap();
+        let layout = b.build();
+        plan.publish(&boxes).unwrap();
+        plan.placement()
+            .validate(Limits { max_resident: ctas, scratch_boxes: layout.boxes() })
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut outs = HashSet::new();
+        for t in plan.tasks() {
+            prop_assert!(outs.insert(t.task.out.first), "two tasks put box {}", t.task.out.first);
+            // The slot, its padding included: the box, then the rest of its line.
+            let first = if t.slice == 0 {
+                boxes.list_ready(t.row).unwrap().first
+            } else {
+                boxes.gang_box(t.row, t.slice).unwrap()
+            };
+            prop_assert_eq!((t.task.out.first, t.task.out.len), (first, BOXES_PER_LINE));
+            // Slice 0 of several waits on the other slices' gang boxes, last.
+            let count = t.task.args[2] >> 16;
+            if t.slice == 0 && count > 1 {
+                let gang = *t.task.inputs().last().unwrap();
+                prop_assert_eq!(gang.first, boxes.gang_box(t.row, 1).unwrap());
+                prop_assert_eq!(gang.len, (count - 1) * boxes.gang.stride());
+            } else {
+                prop_assert_eq!(t.task.n_inputs, 0);
+            }
+        }
+        for row in 0..rows {
+            let list = boxes.list_ready(row).unwrap().first;
+            prop_assert_eq!(plan.tasks().iter().filter(|t| t.task.out.first == list).count(), 1);
+        }
+    }
+
+    #[test]
     fn boxes_of_different_writers_never_collide(rows in 1..9u32, k in 1..=MAX_K) {
         let mut b = ScratchLayout::builder();
         let top = TopK::new(k).unwrap();
@@ -169,6 +221,20 @@ proptest! {
             prop_assert_eq!(boxes.cand_box(row, 2 * top.room()), None);
             prop_assert!(seen.insert(c0));
         }
+        // The list and gang boxes: one writer each, a line each, inside the scratch.
+        let mut lines = HashSet::new();
+        for row in 0..rows {
+            let list = boxes.list_ready(row).unwrap();
+            prop_assert_eq!(list.len, 1);
+            let gang = (0..MAX_SLICES).map(|s| boxes.gang_box(row, s).unwrap());
+            for b in std::iter::once(list.first).chain(gang) {
+                prop_assert!(seen.insert(b) && lines.insert(b / BOXES_PER_LINE));
+                prop_assert!(b < layout.boxes());
+            }
+            prop_assert_eq!(boxes.gang_box(row, MAX_SLICES), None);
+        }
+        prop_assert_eq!(boxes.list_ready(rows), None);
+        prop_assert_eq!(boxes.gang_box(rows, 0), None);
         prop_assert_eq!(boxes.hist_box(rows, 0, 0), None);
         prop_assert_eq!(boxes.hist_box(0, ROUNDS, 0), None);
     }

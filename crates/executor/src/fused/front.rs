@@ -12,7 +12,18 @@
 //!
 //! Select's contract here is select's own (`select::reference`): a row of at most k keys lists
 //! them all by position then -1; a -inf score (past the row's position) is never selected.
-//! Output: each row's k cache slots in `out[row * k..]`, plain memory read after the launch.
+//!
+//! The hand-off from select to the list's readers (the attention tasks) in the same launch: row
+//! `r`'s list is its k cache slots (`page * 64 + slot`, then -1) at `out[r * k..(r + 1) * k]`
+//! (i32), written plainly, then published with a release and ONE tagged box a row,
+//! [`FrontPart::list_ready`]`(r)` (value: `r`; [`FrontGraph::list_ready`] for the front half
+//! alone). A row of one task (registers or one-CTA kind)
+//! puts it when its list is written; a row of slices (a gang) puts it once, from slice 0, after
+//! every other slice put its gang box (`SelectBoxes::gang`) following its own part. A reader
+//! lists that range among its task's inputs, at a rank after the part's (`FrontPart::ranks`), polls
+//! the box until it holds the launch's tag (`mbx_poll`), then `mbx_acquire()` in every thread
+//! and a barrier, and only then reads the row's entries. The list box of a row is one box on a
+//! line of its own, so a reader of several rows waits on one box a row.
 
 use super::{fused_source, CtaShape, GraphError, LaunchGraph};
 use device::KernelSource;
@@ -117,6 +128,8 @@ pub struct FrontGraph {
     pub layout: ScratchLayout,
     pub boxes: FrontBoxes,
     pub placement: ValidPlacement,
+    /// The ranks the front half's tasks took.
+    pub ranks: Range<u32>,
 }
 
 /// The front half as one part of a launch's [`LaunchGraph`]: what its tasks were planned with,
@@ -134,6 +147,15 @@ pub struct FrontPart {
 }
 
 impl FrontPart {
+    /// The box a reader of row `row`'s list waits on (the module doc says how): what the part
+    /// hands the attention tasks, one box a row, with the list at `out[row * k..]`.
+    pub fn list_ready(&self, row: u32) -> Option<BoxRange> {
+        if row as usize >= self.lens.len() {
+            return None;
+        }
+        self.boxes.select.list_ready(row)
+    }
+
     /// Plans a step of `requests` on a launch `build` into `g`, with k and the indexer's shape
     /// from `cfg`: its boxes go into the graph's scratch, its tasks after the graph's earlier ranks.
     pub fn plan(
@@ -223,9 +245,54 @@ impl FrontGraph {
             layout: planned.layout,
             boxes: part.boxes,
             placement: planned.placement,
+            ranks: part.ranks,
         };
         graph.check_handoff(graph.placement.placement())?;
         Ok(graph)
+    }
+
+    /// The box a reader of row `row`'s list waits on (as an input range of its task), put by
+    /// the row's select tasks once the whole list is written (the module doc says how to wait).
+    pub fn list_ready(&self, row: u32) -> Option<BoxRange> {
+        if row as usize >= self.lens.len() {
+            return None;
+        }
+        self.boxes.select.list_ready(row)
+    }
+
+    /// The first rank after the front half's tasks: a task that reads the lists takes this or a
+    /// later one, so that it waits only on earlier ranks.
+    pub fn next_rank(&self) -> u32 {
+        self.ranks.end
+    }
+
+    /// The graph with a list reader a row after the front half ([`READER_KIND`], row `r`'s at
+    /// rank [`Self::next_rank`]` + r`, on the CTAs from the last down, where the scorers leave
+    /// room): the stand-in for the attention tasks, waiting on [`Self::list_ready`] as they will.
+    pub fn with_readers(mut self) -> Result<FrontGraph, FrontError> {
+        let limits = self.placement.limits();
+        let mut placement = self.placement.placement().clone();
+        let ctas = limits.max_resident;
+        placement.lists_mut().resize(ctas as usize, Vec::new());
+        let first = self.next_rank();
+        for row in 0..self.lens.len() as u32 {
+            let ready = self
+                .list_ready(row)
+                .ok_or_else(|| FrontError::Select(format!("row {row} has no list box")))?;
+            let task = Task::new(
+                Task::kind_of(Stage::Synthetic, READER_KIND),
+                first + row,
+                BoxRange::default(),
+                &[ready],
+                [row, 0, 0],
+            )
+            .map_err(|e| FrontError::Placement(e.to_string()))?;
+            placement.lists_mut()[(ctas - 1 - row % ctas) as usize].push(task);
+        }
+        self.placement = placement
+            .check(limits)
+            .map_err(|e| FrontError::Placement(e.to_string()))?;
+        Ok(self)
     }
 
     /// Positions a select task reads: its row's slice (the whole row for the one-task kinds).
@@ -388,6 +455,9 @@ fn place(
         planned.task = Task::new(t.kind, t.order, t.out, &inputs, t.args)
             .map_err(|e| FrontError::Select(e.to_string()))?;
     }
+    select
+        .publish(&boxes.select)
+        .map_err(|e| FrontError::Select(e.to_string()))?;
     let ranks = g.ranks(first_order + rows);
     let placement = |e: GraphError| FrontError::Placement(e.to_string());
     for (cta, list) in indexer_lists.lists().iter().enumerate() {
@@ -442,6 +512,22 @@ fn runs_in(plan: &ScorePlan, row: u32, range: Range<u32>) -> Range<u32> {
 /// The name of the front half's fused kernel source.
 pub const SOURCE_NAME: &str = "fused_front";
 
+/// Own kind, under [`Stage::Synthetic`], of the list reader (`kernels/list_reader.h`).
+pub const READER_KIND: u32 = 1;
+
+/// The list reader's stage: the stand-in for the attention tasks in a front half built to check
+/// the lists' hand-off ([`FrontGraph::with_readers`]).
+pub fn reader_stage() -> StageKernel {
+    StageKernel {
+        stage: Stage::Synthetic,
+        include: "list_reader.h",
+        headers: vec![("list_reader.h", include_str!("../../kernels/list_reader.h"))],
+        args_type: "list_reader_args",
+        decoder: "list_reader_decode",
+        defines: Default::default(),
+    }
+}
+
 /// The front half's fused kernel for a CTA `shape`, the indexer's stage (its configuration's
 /// `stage_kernel`, or the production one of `indexer::gpu::stage_kernel`) and k: select's
 /// production build (every kind, slices of up to [`SLICE_ROOM`] keys, registers rows of up to
@@ -452,6 +538,18 @@ pub fn front_source(
     top: TopK,
     variant: Variant,
 ) -> Result<KernelSource, FrontError> {
+    front_source_with(shape, indexer, top, variant, &[])
+}
+
+/// [`front_source`] with more stages after select's (their kernel arguments follow select's):
+/// the list reader of a build that checks the lists' hand-off.
+pub fn front_source_with(
+    shape: CtaShape,
+    indexer: StageKernel,
+    top: TopK,
+    variant: Variant,
+    more: &[StageKernel],
+) -> Result<KernelSource, FrontError> {
     let select_shape =
         SelectShape::production(top).map_err(|e| FrontError::Select(e.to_string()))?;
     if select_shape.threads != shape.threads {
@@ -460,7 +558,8 @@ pub fn front_source(
             select_shape.threads, shape.threads
         )));
     }
-    let stages = [indexer, select::gpu::stage_kernel(select_shape)];
+    let mut stages = vec![indexer, select::gpu::stage_kernel(select_shape)];
+    stages.extend_from_slice(more);
     let source = fused_source(SOURCE_NAME, &stages, shape)
         .map_err(|e| FrontError::Placement(e.to_string()))?;
     Ok(variant.apply(source))

@@ -1,8 +1,11 @@
 //! The front half's fused launch on a device: the built kernel ([`FrontKernel`]) and one step's
 //! device buffers and task table ([`FrontLaunch`]): one cooperative launch of one CTA a SM, the
-//! epoch node before it, as the standalone stages launch.
+//! epoch node before it, as the standalone stages launch. A kernel built with the list reader
+//! ([`FrontOptions::readers`]) runs graphs from [`FrontGraph::with_readers`] and keeps what the
+//! readers saw ([`FrontLaunch::read_copies`]); one built with task records writes each launch's
+//! timeline ([`FrontLaunch::trace`]).
 
-use super::front::{front_source, FrontBuild, FrontError, FrontGraph, MAX_ROWS};
+use super::front::{front_source_with, reader_stage, FrontBuild, FrontError, FrontGraph, MAX_ROWS};
 use super::{CtaShape, ENTRY};
 use crate::step::LaunchSlot;
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
@@ -11,7 +14,8 @@ use indexer::layout::{CacheLayout, PAGE_TOKENS};
 use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::Tags;
-use mailbox::{Stall, DIAG_WORDS};
+use mailbox::trace::{self, Trace, TraceError};
+use mailbox::{Stage, Stall, DIAG_WORDS};
 use model::ModelConfig;
 use select::gpu::{SelArgs, Shape as SelectShape, FLAG_NAMES};
 use select::layout::TopK;
@@ -34,6 +38,8 @@ pub enum FrontGpuError {
     Stalled(Stall),
     #[error("select row {row}: {what}")]
     Flagged { row: usize, what: &'static str },
+    #[error(transparent)]
+    Trace(#[from] TraceError),
 }
 
 pub type Result<T, E = FrontGpuError> = std::result::Result<T, E>;
@@ -44,6 +50,32 @@ pub enum FrontFault {
     /// Select tasks read the scores without waiting on the runs' completion boxes
     /// (`SEL_FAULT_SKIP_WAIT`): they read what the previous launch left.
     SelectSkipsWait,
+    /// The list readers copy the lists without waiting on the rows' list boxes
+    /// (`LIST_READER_FAULT`): they read what the previous launch left.
+    ReaderSkipsWait,
+}
+
+/// How a front kernel is built, besides the model config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrontOptions {
+    pub variant: Variant,
+    pub fault: Option<FrontFault>,
+    /// With the list reader's stage after select's: runs graphs from
+    /// [`FrontGraph::with_readers`].
+    pub readers: bool,
+    /// Task records (`MBX_TRACE`): every launch writes its timeline.
+    pub trace: bool,
+}
+
+/// The list reader's buffers, in the byte layout of `struct list_reader_args`
+/// (`kernels/list_reader.h`): the kernel argument after select's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ReaderArgs {
+    pub lists: u64,
+    pub copy: u64,
+    pub k: u32,
+    pub pad: u32,
 }
 
 /// The built fused kernel of the front half, and its epoch node.
@@ -57,6 +89,8 @@ pub struct FrontKernel {
     dims: IndexerDims,
     top: TopK,
     variant: Variant,
+    readers: bool,
+    trace: bool,
 }
 
 impl FrontKernel {
@@ -68,6 +102,27 @@ impl FrontKernel {
         variant: Variant,
         fault: Option<FrontFault>,
     ) -> Result<Self> {
+        Self::build_with(
+            dev,
+            cfg,
+            FrontOptions {
+                variant,
+                fault,
+                readers: fault == Some(FrontFault::ReaderSkipsWait),
+                trace: false,
+            },
+        )
+    }
+
+    /// [`Self::build`] with the list reader or task records.
+    pub fn build_with(dev: &Device, cfg: &ModelConfig, options: FrontOptions) -> Result<Self> {
+        let FrontOptions {
+            variant,
+            fault,
+            readers,
+            trace,
+        } = options;
+        let readers = readers || fault == Some(FrontFault::ReaderSkipsWait);
         let shape = CtaShape::for_device(dev.info()).ok_or_else(|| {
             FrontGpuError::Shape(format!("no fused CTA shape for {}", dev.info().arch))
         })?;
@@ -78,9 +133,19 @@ impl FrontKernel {
             .ok()
             .and_then(|k| TopK::new(k).ok())
             .ok_or(FrontError::BadTopK(cfg.index_topk))?;
-        let mut source = front_source(shape, config.stage_kernel(), top, variant)?;
-        if fault == Some(FrontFault::SelectSkipsWait) {
-            source = source.define("SEL_FAULT", 1);
+        let more = if readers {
+            vec![reader_stage()]
+        } else {
+            vec![]
+        };
+        let mut source = front_source_with(shape, config.stage_kernel(), top, variant, &more)?;
+        match fault {
+            Some(FrontFault::SelectSkipsWait) => source = source.define("SEL_FAULT", 1),
+            Some(FrontFault::ReaderSkipsWait) => source = source.define("LIST_READER_FAULT", 1),
+            None => {}
+        }
+        if trace {
+            source = trace::traced(source).define("SEL_TRACE", 1);
         }
         let module = dev.build(&source)?;
         let kernel = module.kernel(ENTRY)?;
@@ -120,6 +185,8 @@ impl FrontKernel {
             dims,
             top,
             variant,
+            readers,
+            trace,
         })
     }
 
@@ -171,6 +238,11 @@ pub struct FrontLaunch<'a> {
     launch_index: u32,
     idx: StageArgs,
     sel: SelArgs,
+    /// What the list readers saw, `[rows][k]` (a kernel with the reader's stage).
+    copies: Option<Buffer<i32>>,
+    reader: ReaderArgs,
+    records: Option<Buffer<u64>>,
+    select_marks: Option<Buffer<u64>>,
     _inputs: PhantomData<&'a ()>,
 }
 
@@ -223,6 +295,16 @@ impl<'a> FrontLaunch<'a> {
                 kernel.top.k()
             )));
         }
+        let has_readers = graph
+            .placement
+            .placement()
+            .tasks()
+            .any(|(_, t)| t.stage_bits() == Stage::Synthetic as u32);
+        if has_readers && !kernel.readers {
+            return Err(FrontGpuError::Shape(
+                "the graph has list readers; the kernel was built without their stage".into(),
+            ));
+        }
         let rows = graph.lens.len();
         let stride = graph.plan.stride as usize;
         let grid = Grid {
@@ -272,18 +354,37 @@ impl<'a> FrontLaunch<'a> {
             boxes: graph.boxes.indexer,
         }
         .args(&dims)?;
+        let (records, select_marks) = if kernel.trace {
+            let marks = dev.alloc_zeroed(2 * select::gpu::TRACE_MARKS)?;
+            (Some(table.trace_buffer(dev)?), Some(marks))
+        } else {
+            (None, None)
+        };
         let sel = SelArgs {
             scores: scores.device_ptr(),
             pages: pages.device_ptr(),
             out: out.device_ptr(),
             flags: flags.device_ptr(),
-            trace: 0,
+            trace: select_marks.as_ref().map_or(0, |m| m.device_ptr()),
             stride: stride as u32,
             pages_stride: pages_stride as u32,
             hist_offset: graph.boxes.select.hist.offset(),
             cand_offset: graph.boxes.select.cand.offset(),
             cand_stride: graph.boxes.select.cand.stride(),
             in_stride: graph.boxes.indexer.run.stride(),
+            gang_stride: graph.boxes.select.gang.stride(),
+            pad: 0,
+        };
+        let copies = if kernel.readers {
+            Some(dev.alloc_zeroed(rows * graph.top.k() as usize)?)
+        } else {
+            None
+        };
+        let reader = ReaderArgs {
+            lists: out.device_ptr(),
+            copy: copies.as_ref().map_or(0, |c| c.device_ptr()),
+            k: graph.top.k(),
+            pad: 0,
         };
         Ok(FrontLaunch {
             graph,
@@ -301,6 +402,10 @@ impl<'a> FrontLaunch<'a> {
             launch_index: slot.launch_index,
             idx,
             sel,
+            copies,
+            reader,
+            records,
+            select_marks,
             _inputs: PhantomData,
         })
     }
@@ -315,7 +420,7 @@ impl<'a> FrontLaunch<'a> {
 
     /// The fused launch alone: in a step of several, the step's epoch node runs once before all.
     pub fn enqueue_launch(&self, kernel: &FrontKernel, stream: &Stream) -> Result<()> {
-        let table = LaunchTable::new(
+        let mut table = LaunchTable::new(
             &self.table,
             &self.scratch,
             &self.epoch,
@@ -323,12 +428,50 @@ impl<'a> FrontLaunch<'a> {
             self.tags,
             self.launch_index,
         )?;
+        if let Some(records) = &self.records {
+            table = table.with_trace(&self.table, records)?;
+        }
         let launch = Launch::new(self.table.ctas, kernel.shape.threads)
             .shared(kernel.shape.shared_bytes)
             .cooperative();
-        let args = Args::new().value(&table).value(&self.idx).value(&self.sel);
+        let mut args = Args::new().value(&table).value(&self.idx).value(&self.sel);
+        if kernel.readers {
+            args = args.value(&self.reader);
+        }
         stream.launch(&kernel.kernel, launch, &args)?;
         Ok(())
+    }
+
+    /// What the list readers copied, `[rows][k]`; `None` from a kernel without readers.
+    pub fn read_copies(&self) -> Result<Option<Vec<i32>>> {
+        Ok(self.copies.as_ref().map(|c| c.download()).transpose()?)
+    }
+
+    /// The marks of the last launch's traced select task (row 0's, its first slice's): each
+    /// (`SEL_PH_*` phase, its SM's cycle count) as stamped, the first (`start`) when its wait on
+    /// the scores ended; empty from a kernel built without task records.
+    pub fn select_marks(&self) -> Result<Vec<(u32, u64)>> {
+        let Some(marks) = &self.select_marks else {
+            return Ok(Vec::new());
+        };
+        Ok(marks
+            .download()?
+            .chunks(2)
+            .take_while(|m| m[1] != 0)
+            .map(|m| (m[0] as u32, m[1]))
+            .collect())
+    }
+
+    /// The last launch's task records as a timeline; `None` from a kernel built without them.
+    pub fn trace(&self) -> Result<Option<Trace>> {
+        let Some(records) = &self.records else {
+            return Ok(None);
+        };
+        let words = records.download()?;
+        Ok(Some(trace::decode(
+            &self.graph.placement.placement().table(),
+            &words,
+        )?))
     }
 
     /// The lists `[rows][k]` (cache slots, then -1), or the first stall or flag a task reported.

@@ -47,6 +47,13 @@ pub fn fused_source(
     for s in stages {
         let _ = writeln!(text, "#include \"{}\"", s.include);
     }
+    // On NVIDIA the task body is inlined into the task loop: as a call (the compiler's choice for
+    // a body this large) it takes the kernel's arguments by address, which copies them to the
+    // stack (248 B for the front half), and ptxas serialises the wgmma pipeline across the call
+    // boundary. On gfx950 inlining it raised the front half's spills (219 -> 292, kernel table).
+    text.push_str(
+        "\n#if MONO_NVIDIA\n#define MONO_TASK_BODY __attribute__((always_inline))\n#else\n#define MONO_TASK_BODY\n#endif\n",
+    );
     text.push_str("\nextern __shared__ __attribute__((aligned(1024))) u8 mono_lds[];\n\n");
     let params: Vec<String> = stages
         .iter()
@@ -59,7 +66,9 @@ pub fn fused_source(
         params.join(", ")
     );
     text.push_str("  const auto team = mono_cta_team<MONO_CTA_THREADS>();\n");
-    text.push_str("  mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) -> bool {\n");
+    text.push_str(
+        "  mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) MONO_TASK_BODY -> bool {\n",
+    );
     text.push_str("    switch (mbx_stage_of(t.kind)) {\n");
     for (i, s) in stages.iter().enumerate() {
         let _ = writeln!(
