@@ -27,6 +27,8 @@ pub const OPS: &[(&str, &str)] = &[
         "ops/linear.h",
         include_str!("../../../kernels/ops/linear.h"),
     ),
+    ("ops/rope.h", include_str!("../../../kernels/ops/rope.h")),
+    ("ops/rows.h", include_str!("../../../kernels/ops/rows.h")),
 ];
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.
@@ -72,6 +74,12 @@ impl KernelSource {
 
     pub fn defines(&self) -> &BTreeMap<String, String> {
         &self.defines
+    }
+
+    /// The main file's text, its includes as written (a host build resolves them on its own
+    /// include path, the host prelude first).
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// The main file with every quoted include replaced by its header, each header once

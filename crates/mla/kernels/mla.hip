@@ -8,7 +8,7 @@
 // launch_index of the step. Launch it before mla_tasks, on the same stream.
 #include "prelude.h"
 #include "mailbox.h"
-#include "mla_attn.h"
+#include "mla_tasks.h"
 
 #ifndef MONO_CTA_THREADS
 #error "mla.hip: the host defines MONO_CTA_THREADS, the fused launch's CTA size"

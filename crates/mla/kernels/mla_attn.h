@@ -71,9 +71,9 @@ static_assert(MLA_LDS_BYTES <= MLA_SMEM_BYTES, "the split's LDS exceeds the CTA'
 // The stage's buffers and sizes, passed by value (src/gpu.rs `MlaArgs`).
 struct mla_args {
   const u16* q_abs;      // [rows][heads][latent] bf16: q_nope through W_UK
-  const u16* q_pe;       // [rows][heads][rope] bf16, roped
-  const u16* new_latent; // [rows][latent] bf16: the new tokens' normed latent
-  const u16* new_rope;   // [rows][rope] bf16: their roped key
+  u16* q_pe;             // [rows][heads][rope] bf16, roped (the attention half's rope task writes it)
+  u16* new_latent;       // [rows][latent] bf16: the new tokens' normed latent (the half's kv norm task writes it)
+  u16* new_rope;         // [rows][rope] bf16: their roped key (likewise)
   const u32* new_slots;  // [rows]: the slot each row's new token is written to
   u8* cache;             // records of MLA_RECORD bytes; slot s at cache + s * MLA_RECORD
   float* part_o;         // [rows][max_splits][heads][latent]: a split's unnormalised output
@@ -84,6 +84,25 @@ struct mla_args {
   u32 max_splits;
   u32 pad;
   u64* trace;            // a trace build's marks: MLA_TRACE_WORDS words a task, by its global order
+  // The attention half's row tasks (mla_rows.h: the norms and ropes between its linears); null
+  // where a launch runs the attention alone.
+  const u16* hidden;       // [rows][hidden_dim]: the layer's input rows
+  u16* hidden_normed;      // [rows][hidden_dim]: RMSNorm_in of them, the x of q_a and kv_a
+  const u16* hidden_norm;  // [hidden_dim] bf16 weight
+  const u16* q_a;          // [rows][q_lora]: q_a's output
+  u16* q_latent;           // [rows][q_lora]: RMSNorm_qa of it, the x of q_b
+  const u16* q_a_norm;     // [q_lora]
+  const u16* kv_a;         // [rows][MLA_LATENT + MLA_ROPE]: kv_a's output (latent, then the rope key)
+  const u16* kv_a_norm;    // [MLA_LATENT]
+  const u16* q;            // [rows][MLA_HEADS][nope + MLA_ROPE]: q_b's output
+  const u32* positions;    // [rows]: each row's position in its request
+  const double* inv_freq;  // [MLA_ROPE / 2]: theta^(-2i / MLA_ROPE)
+  u32 hidden_dim;
+  u32 q_lora;
+  u32 nope;
+  float hidden_eps;
+  float latent_eps;
+  u32 pad2;
 };
 
 // ---- a trace build's marks (src/trace.rs) ------------------------------------------------------------
@@ -181,13 +200,14 @@ MONO_DEV bool mla_wait_inputs(const Team& team, const mbx_task& task, const mbx_
   return true;
 }
 
-// After the team's global writes: one release, then the task's completion box.
+// After the team's global writes: a release, then every box of the task's output (a thread a
+// box), so that a consumer may wait on a whole range of such outputs.
 template <class Team>
 MONO_DEV void mla_done(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 value) {
   team.sync();
-  if (team.leader() && task.out.len > 0) {
+  for (u32 i = team.thread(); i < task.out.len; i += Team::size) {
     mbx_publish();
-    mbx_put(c, task.out.first, value);
+    mbx_put(c, task.out.first + i, value);
   }
 }
 
@@ -651,19 +671,4 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   mla_done(team, task, c, 1u);
   trace.end();
   return true;
-}
-
-// ---- the stage's decoder ------------------------------------------------------------------------------
-template <class Team>
-MONO_DEV bool mla_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
-  switch (mbx_own_kind(task.kind)) {
-    case MLA_KIND_CACHE_WRITE:
-      return mla_cache_write_task(team, task, c, a);
-    case MLA_KIND_SPLIT:
-      return mla_split_task(team, task, c, a, smem);
-    case MLA_KIND_COMBINE:
-      return mla_combine_task(team, task, c, a, smem);
-    default:
-      return true;
-  }
 }

@@ -1,5 +1,6 @@
 //! The fused launch: one persistent kernel per layer, its CTA shape, and its generated source.
 
+pub mod attention;
 pub mod front;
 pub mod front_gpu;
 pub mod shape;

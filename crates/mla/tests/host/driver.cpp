@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   u64* scratch = emu_device_alloc<u64>(boxes);
   u32* epoch = emu_device_alloc<u32>(1);
   u32* diag = emu_device_alloc<u32>(MBX_DIAG_WORDS);
-  mla_args a;
+  mla_args a = {};
   a.q_abs = (const u16*)q_abs.data;
   a.q_pe = (const u16*)q_pe.data;
   a.new_latent = (const u16*)new_latent.data;

@@ -1,0 +1,3 @@
+//! Shared parts of the executor's tests.
+
+pub mod half;
