@@ -33,6 +33,36 @@ MONO_DEV void mono_mma_m16n8k16_bf16(float* d, const u32 (&a)[4], u32 b0, u32 b1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#elif MONO_HOST
+// The host stand-in (kernels/host): NVIDIA's fragments, so a stage's NVIDIA tile runs on CPU
+// threads. A lane gathers the A rows and B columns it needs from the lanes that hold them, a word
+// (two halves of k) at a time, and sums in k order: the same products as the hardware's, added in
+// an order of its own.
+MONO_DEV float mono_f16_to_f32(u32 half_bits) { return (float)__builtin_bit_cast(_Float16, (u16)half_bits); }
+template <class Half>
+MONO_DEV void mono_mma_m16n8k16_host(float* d, const u32 (&a)[4], u32 b0, u32 b1, Half half) {
+  const u32 lane = mono_lane(), g = lane >> 2, q = lane & 3u;
+  for (u32 kk = 0; kk < 8; ++kk) {
+    const u32 hi = kk >= 4 ? 2u : 0u, src = kk & 3u;
+    const u32 a_lo = mono_shfl(a[hi], 4u * g + src), a_hi = mono_shfl(a[hi + 1u], 4u * g + src);
+    const u32 b_0 = mono_shfl(kk >= 4 ? b1 : b0, 4u * (2u * q) + src);
+    const u32 b_1 = mono_shfl(kk >= 4 ? b1 : b0, 4u * (2u * q + 1u) + src);
+    for (u32 h = 0; h < 2; ++h) {
+      const u32 sh = 16u * h;
+      const float x0 = half(a_lo >> sh), x1 = half(a_hi >> sh), y0 = half(b_0 >> sh), y1 = half(b_1 >> sh);
+      d[0] += x0 * y0;
+      d[1] += x0 * y1;
+      d[2] += x1 * y0;
+      d[3] += x1 * y1;
+    }
+  }
+}
+MONO_DEV void mono_mma_m16n8k16_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  mono_mma_m16n8k16_host(d, a, b0, b1, [](u32 v) { return mono_f16_to_f32(v & 0xffffu); });
+}
+MONO_DEV void mono_mma_m16n8k16_bf16(float* d, const u32 (&a)[4], u32 b0, u32 b1) {
+  mono_mma_m16n8k16_host(d, a, b0, b1, [](u32 v) { return mono_bits_f32((v & 0xffffu) << 16); });
+}
 #elif MONO_AMD
 typedef float mono_f32x4 __attribute__((ext_vector_type(4)));
 // v_mfma_f32_16x16x16f16: acc + A B with A 16 x 16 and B 16 x 16. Lane (r = lane % 16, kg = lane /

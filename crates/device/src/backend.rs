@@ -104,12 +104,14 @@ pub(crate) trait Backend: Send + Sync {
         shared_bytes: u32,
     ) -> Result<u32>;
     /// # Safety
-    /// `params` must point at values matching the kernel's parameter list.
+    /// `params` must point at values matching the kernel's parameter list, `sizes` their storage
+    /// in bytes (each a multiple of 8, at least the value's size).
     unsafe fn launch(
         &self,
         function: Handle,
         launch: Launch,
         params: &mut [*mut c_void],
+        sizes: &[usize],
         stream: Handle,
     ) -> Result<()>;
 

@@ -335,6 +335,7 @@ impl Backend for Cuda {
         function: Handle,
         launch: Launch,
         params: &mut [*mut c_void],
+        _sizes: &[usize],
         stream: Handle,
     ) -> Result<()> {
         self.bind()?;

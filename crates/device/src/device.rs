@@ -12,12 +12,14 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Which runtime to use; `Auto` tries CUDA, then HIP (when built with the `hip` feature).
+/// Which runtime to use; `Auto` tries CUDA, then HIP (when built with the `hip` feature). `Host`
+/// is the CPU emulation of a device (`crate::host`): never chosen by `Auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
     Auto,
     Cuda,
     Hip,
+    Host,
 }
 
 /// One GPU, with a stream of its own for host copies and an on-disk module cache.
@@ -28,11 +30,13 @@ pub struct Device {
 }
 
 impl Device {
-    /// Opens GPU `ordinal`. `MONO_BACKEND=cuda|hip` forces a runtime.
+    /// Opens GPU `ordinal`. `MONO_BACKEND=cuda|hip|host` forces a runtime (`host`: the CPU
+    /// emulation, with `MONO_HOST_CTAS` CTAs).
     pub fn open(ordinal: usize) -> Result<Device> {
         let choice = match std::env::var("MONO_BACKEND").as_deref() {
             Ok("cuda") => BackendChoice::Cuda,
             Ok("hip") => BackendChoice::Hip,
+            Ok("host") => BackendChoice::Host,
             _ => BackendChoice::Auto,
         };
         Self::open_with(ordinal, choice)
@@ -42,6 +46,7 @@ impl Device {
         let backend: Arc<dyn Backend> = match choice {
             BackendChoice::Cuda => Arc::new(crate::cuda::Cuda::open(ordinal)?),
             BackendChoice::Hip => open_hip(ordinal)?,
+            BackendChoice::Host => Arc::new(crate::host::Host::open()?),
             BackendChoice::Auto => match crate::cuda::Cuda::open(ordinal) {
                 Ok(cuda) => Arc::new(cuda),
                 Err(DeviceError::NoDriver {
@@ -247,9 +252,10 @@ impl Stream {
     pub fn launch(&self, kernel: &Kernel, launch: Launch, args: &Args) -> Result<()> {
         kernel.prepare(launch)?;
         let mut params = args.pointers();
+        let sizes = args.sizes();
         unsafe {
             self.backend
-                .launch(kernel.handle, launch, &mut params, self.handle)
+                .launch(kernel.handle, launch, &mut params, &sizes, self.handle)
         }
         .map_err(|e| match e {
             DeviceError::Driver { message, call, .. } => DeviceError::Launch {
@@ -450,6 +456,10 @@ impl Args {
 
     pub fn f32(self, v: f32) -> Self {
         self.value(&v)
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        self.slots.iter().map(|s| s.len() * 8).collect()
     }
 
     fn pointers(&self) -> Vec<*mut c_void> {

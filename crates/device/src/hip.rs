@@ -308,6 +308,7 @@ impl Backend for Hip {
         function: Handle,
         launch: Launch,
         params: &mut [*mut c_void],
+        _sizes: &[usize],
         stream: Handle,
     ) -> Result<()> {
         self.bind()?;

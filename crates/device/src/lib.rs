@@ -1,5 +1,6 @@
 //! GPU backends behind one API: CUDA (driver + NVRTC) and HIP (feature `hip`), both loaded at run
-//! time, so one binary starts on any machine and says clearly when there is no GPU.
+//! time, so one binary starts on any machine and says clearly when there is no GPU; and `host`,
+//! a device emulated on CPU threads from the kernels' own source (`MONO_BACKEND=host`).
 
 mod backend;
 mod bench_filter;
@@ -10,6 +11,7 @@ mod device;
 mod error;
 #[cfg(feature = "hip")]
 mod hip;
+pub mod host;
 pub mod probes;
 pub mod report;
 mod resources;
@@ -26,4 +28,4 @@ pub use device::{Args, BackendChoice, Buffer, Device, Event, Graph, Kernel, Modu
 pub use error::{DeviceError, Result};
 pub use resources::{parse_clang_remarks, parse_ptxas_log, KernelResources};
 pub use skips::{record_skipped_check, skip_summary, skipped_checks};
-pub use source::{KernelSource, NUMERICS, OPS, PRELUDE};
+pub use source::{KernelSource, HOST_LAUNCH, HOST_PRELUDE, NUMERICS, OPS, PRELUDE};

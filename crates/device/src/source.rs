@@ -11,7 +11,8 @@ pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels
 /// The ops layer, by scope: teams and their barriers (`ops/team.h`), asynchronous copies into LDS
 /// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA),
 /// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma), and
-/// the weight-streaming linear tile (`ops/linear.h`).
+/// the weight-streaming linear tile (`ops/linear.h`), rope at f64 as the reference turns it
+/// (`ops/rope.h`), the row reductions and RMSNorm that every stage's chain shares (`ops/rows.h`).
 pub const OPS: &[(&str, &str)] = &[
     ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
     ("ops/copy.h", include_str!("../../../kernels/ops/copy.h")),
@@ -30,6 +31,13 @@ pub const OPS: &[(&str, &str)] = &[
     ("ops/rope.h", include_str!("../../../kernels/ops/rope.h")),
     ("ops/rows.h", include_str!("../../../kernels/ops/rows.h")),
 ];
+
+/// The host stand-in of the prelude (`kernels/host/prelude.h`) and the CPU-thread launcher
+/// (`kernels/host/launch.h`): with them a kernel's own source runs on CPU threads (host emulation),
+/// the prelude's name resolving to the stand-in.
+pub const HOST_PRELUDE: (&str, &str) =
+    ("prelude.h", include_str!("../../../kernels/host/prelude.h"));
+pub const HOST_LAUNCH: (&str, &str) = ("launch.h", include_str!("../../../kernels/host/launch.h"));
 
 /// One compilation unit: a main file, the headers it may include, and shape defines.
 #[derive(Clone, Debug)]
@@ -54,6 +62,31 @@ impl KernelSource {
             headers,
             defines: BTreeMap::new(),
         }
+    }
+
+    /// A new main file `name` that may include this source's main file by its name: the headers
+    /// and defines are kept (a host-emulation driver around a kernel is made so).
+    pub fn wrap(self, name: impl Into<String>, text: impl Into<String>) -> Self {
+        let mut headers = self.headers;
+        headers.insert(self.name, self.text);
+        KernelSource {
+            name: name.into(),
+            text: text.into(),
+            headers,
+            defines: self.defines,
+        }
+    }
+
+    /// The same unit with its main file's text replaced (a host build's stand-in for a line the
+    /// host cannot take).
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = text.into();
+        self
+    }
+
+    /// The main file's text.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// Makes `#include "name"` resolve to `text`.

@@ -92,7 +92,7 @@ MONO_DEV float idx_abs_max_bf16x2(float m, u32 w) {
 // Pair index (within a head) of k-step j's first two dims for k-group kg.
 MONO_DEV u32 idx_pair_of(u32 j, u32 kg) { return 4u * (4u * (j / 2u) + kg) + 2u * (j % 2u); }
 
-#if MONO_NVIDIA
+#if MONO_NVIDIA || MONO_HOST
 // mma.m16n8k16: rows = heads, columns = 8 tokens. Lane (g = lane / 4, kg = lane % 4) holds A rows
 // g and g + 8 of each head tile, B column g, and accumulators of heads g, g + 8 at tokens 2kg, 2kg + 1.
 #define IDX_TILE_TOKENS 8
@@ -139,7 +139,7 @@ MONO_DEV void idx_load_query(const u32* stage, u32 m0, idx_qfrag& q) {
 
 #endif
 
-#if MONO_NVIDIA
+#if MONO_NVIDIA || MONO_HOST
 // The wave's heads' share of the scores of tokens n0 .. n0 + 7 of the batch (before the key
 // scales): lane kg < 4 returns those of tokens n0 + 2kg and n0 + 2kg + 1 in s[0], s[1].
 MONO_DEV void idx_tile(const idx_qfrag& q, const u8* keys, u32 n0, float (&s)[2]) {

@@ -50,17 +50,18 @@ MONO_DEV bool mla_norm_task(const Team& team, const mbx_task& task, mbx_ctx& c, 
   const u16* weight = which == MLA_NORM_HIDDEN ? a.hidden_norm : which == MLA_NORM_Q ? a.q_a_norm : a.kv_a_norm;
   const u32 width = which == MLA_NORM_HIDDEN ? a.hidden_dim : which == MLA_NORM_Q ? a.q_lora : MLA_LATENT;
   if (!mla_wait_inputs(team, task, c, 0)) return false;
+  float* scratch = (float*)smem;
   if (which == MLA_NORM_HIDDEN) {
-    mono_rmsnorm_rows(team, a.hidden + (u64)first_row * width, width, weight, a.hidden_normed + (u64)first_row * width,
-                      width, width, n_rows, a.hidden_eps, smem);
+    mono_rmsnorm_rows(team, a.hidden + (u64)first_row * width, width, weight, width, n_rows, a.hidden_eps,
+                      a.hidden_normed + (u64)first_row * width, width, scratch);
   } else if (which == MLA_NORM_Q) {
-    mono_rmsnorm_rows(team, a.q_a + (u64)first_row * width, width, weight, a.q_latent + (u64)first_row * width, width,
-                      width, n_rows, a.latent_eps, smem);
+    mono_rmsnorm_rows(team, a.q_a + (u64)first_row * width, width, weight, width, n_rows, a.latent_eps,
+                      a.q_latent + (u64)first_row * width, width, scratch);
   } else {
     constexpr u32 stride = MLA_LATENT + MLA_ROPE;
     const u16* kv = a.kv_a + (u64)first_row * stride;
-    mono_rmsnorm_rows(team, kv, stride, weight, a.new_latent + (u64)first_row * MLA_LATENT, MLA_LATENT, MLA_LATENT,
-                      n_rows, a.latent_eps, smem);
+    mono_rmsnorm_rows(team, kv, stride, weight, MLA_LATENT, n_rows, a.latent_eps,
+                      a.new_latent + (u64)first_row * MLA_LATENT, MLA_LATENT, scratch);
     mla_rope_rows(team, a, kv + MLA_LATENT, stride, a.new_rope + (u64)first_row * MLA_ROPE, n_rows, 1u, first_row);
   }
   mla_done(team, task, c, 1u);

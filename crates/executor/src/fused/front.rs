@@ -14,7 +14,7 @@
 //! them all by position then -1; a -inf score (past the row's position) is never selected.
 //! Output: each row's k cache slots in `out[row * k..]`, plain memory read after the launch.
 
-use super::{fused_source, CtaShape};
+use super::{fused_source, CtaShape, GraphError, LaunchGraph};
 use device::KernelSource;
 use indexer::layout::{
     max_runs, pages_through, IndexerBoxes, Limits as PlanLimits, PageTable, Row, ScorePlan,
@@ -23,7 +23,7 @@ use indexer::layout::{
 use indexer::reference::IndexerDims;
 use mailbox::gpu::Variant;
 use mailbox::layout::{BoxRange, ScratchLayout};
-use mailbox::{Limits, Placement, Stage, StageKernel, Task, ValidPlacement};
+use mailbox::{Placement, Stage, StageKernel, Task, ValidPlacement};
 use model::ModelConfig;
 use select::gpu::Shape as SelectShape;
 use select::layout::{
@@ -119,18 +119,41 @@ pub struct FrontGraph {
     pub placement: ValidPlacement,
 }
 
-impl FrontGraph {
-    /// Plans a step of `requests` on a launch `build`, with k and the indexer's shape from `cfg`.
-    pub fn new(
+/// The front half as one part of a launch's [`LaunchGraph`]: what its tasks were planned with,
+/// and the boxes they use (in the graph's scratch layout).
+#[derive(Clone, Debug)]
+pub struct FrontPart {
+    pub top: TopK,
+    pub plan: ScorePlan,
+    pub pages: PageTable,
+    pub lens: Vec<u32>,
+    pub select_kind: SelectKind,
+    pub boxes: FrontBoxes,
+    /// The ranks its tasks took in the launch's global order.
+    pub ranks: Range<u32>,
+}
+
+impl FrontPart {
+    /// Plans a step of `requests` on a launch `build` into `g`, with k and the indexer's shape
+    /// from `cfg`: its boxes go into the graph's scratch, its tasks after the graph's earlier ranks.
+    pub fn plan(
+        g: &mut LaunchGraph,
         cfg: &ModelConfig,
         requests: &[FrontRequest],
         build: FrontBuild,
-    ) -> Result<FrontGraph, FrontError> {
+    ) -> Result<FrontPart, FrontError> {
         let top = u32::try_from(cfg.index_topk)
             .ok()
             .and_then(|k| TopK::new(k).ok())
             .ok_or(FrontError::BadTopK(cfg.index_topk))?;
         let dims = IndexerDims::new(cfg).map_err(|e| FrontError::Indexer(e.to_string()))?;
+        if g.ctas() != build.ctas {
+            return Err(FrontError::Placement(format!(
+                "the launch graph has {} CTAs; the front half was built for {}",
+                g.ctas(),
+                build.ctas
+            )));
+        }
         let rows = rows_of(requests, build)?;
         let table: Vec<Vec<u32>> = requests.iter().map(|r| r.pages.clone()).collect();
         let pages = PageTable::new(&table).map_err(|e| FrontError::Indexer(e.to_string()))?;
@@ -155,34 +178,51 @@ impl FrontGraph {
         } else {
             SelectKind::Slice
         };
-        let mut builder = ScratchLayout::builder();
         let indexer = IndexerBoxes::add(
-            &mut builder,
+            g.regions(),
             n_rows,
             plan.runs.len() as u32,
             dims.heads as u32,
             dims.head_dim as u32,
         )
         .map_err(|e| FrontError::Indexer(e.to_string()))?;
-        let select = SelectBoxes::add(&mut builder, "sel", n_rows, top)
+        let select = SelectBoxes::add(g.regions(), "sel", n_rows, top)
             .map_err(|e| FrontError::Select(e.to_string()))?;
-        let layout = builder.build();
         let boxes = FrontBoxes { indexer, select };
-        let placement = place(&plan, &lens, select_kind, top, &boxes, build.ctas)?
-            .check(Limits {
-                max_resident: build.ctas,
-                scratch_boxes: layout.boxes(),
-            })
-            .map_err(|e| FrontError::Placement(e.to_string()))?;
-        let graph = FrontGraph {
+        let ranks = place(g, &plan, &lens, select_kind, top, &boxes)?;
+        Ok(FrontPart {
             top,
             plan,
             pages,
             lens,
             select_kind,
-            layout,
             boxes,
-            placement,
+            ranks,
+        })
+    }
+}
+
+impl FrontGraph {
+    /// Plans a step of `requests` on a launch `build` that runs the front half alone, with k and
+    /// the indexer's shape from `cfg`.
+    pub fn new(
+        cfg: &ModelConfig,
+        requests: &[FrontRequest],
+        build: FrontBuild,
+    ) -> Result<FrontGraph, FrontError> {
+        let placement = |e: GraphError| FrontError::Placement(e.to_string());
+        let mut g = LaunchGraph::new(build.ctas).map_err(placement)?;
+        let part = FrontPart::plan(&mut g, cfg, requests, build)?;
+        let planned = g.finish().map_err(placement)?;
+        let graph = FrontGraph {
+            top: part.top,
+            plan: part.plan,
+            pages: part.pages,
+            lens: part.lens,
+            select_kind: part.select_kind,
+            layout: planned.layout,
+            boxes: part.boxes,
+            placement: planned.placement,
         };
         graph.check_handoff(graph.placement.placement())?;
         Ok(graph)
@@ -298,29 +338,28 @@ fn rows_of(requests: &[FrontRequest], build: FrontBuild) -> Result<Vec<Row>, Fro
     Ok(rows)
 }
 
-/// The global order and the CTAs: row r's key task rank r and its query rows + r, score task k
-/// rank 2 rows + k on CTA k, the key and query tasks on the CTAs after the scorers (wrapping),
-/// then select: row r's tasks at rank 2 rows + scorers + r, on CTAs in turn from CTA 0 (a row's
-/// slices a gang on distinct CTAs), each waiting on the completion boxes of the runs it reads.
+/// The global order and the CTAs, ranks counted from the graph's next one: row r's key task rank
+/// r and its query rows + r, score task k rank 2 rows + k on CTA k, the key and query tasks on
+/// the CTAs after the scorers (wrapping), then select: row r's tasks at rank 2 rows + scorers + r,
+/// on CTAs in turn from CTA 0 (a row's slices a gang on distinct CTAs), each waiting on the
+/// completion boxes of the runs it reads. Returns the ranks taken.
 fn place(
+    g: &mut LaunchGraph,
     plan: &ScorePlan,
     lens: &[u32],
     kind: SelectKind,
     top: TopK,
     boxes: &FrontBoxes,
-    ctas: u32,
-) -> Result<Placement, FrontError> {
+) -> Result<Range<u32>, FrontError> {
+    let ctas = g.ctas();
     let idx = |e: indexer::IndexerError| FrontError::Indexer(e.to_string());
-    let mut lists = indexer::layout::stage_placement(
+    let indexer_lists = indexer::layout::stage_placement(
         plan,
         &boxes.indexer,
         ctas,
         indexer::layout::StageTasks::Whole,
     )
-    .map_err(idx)?
-    .lists()
-    .to_vec();
-    lists.resize(ctas as usize, Vec::new());
+    .map_err(idx)?;
     let rows = plan.rows.len() as u32;
     let scorers = (plan.runs.len() as u32).div_ceil(RUNS_PER_SCORE_TASK);
     let first_order = 2 * rows + scorers;
@@ -349,10 +388,25 @@ fn place(
         planned.task = Task::new(t.kind, t.order, t.out, &inputs, t.args)
             .map_err(|e| FrontError::Select(e.to_string()))?;
     }
-    for t in select.tasks() {
-        lists[t.cta as usize].push(t.task);
+    let ranks = g.ranks(first_order + rows);
+    let placement = |e: GraphError| FrontError::Placement(e.to_string());
+    for (cta, list) in indexer_lists.lists().iter().enumerate() {
+        for t in list {
+            let task = Task {
+                order: t.order + ranks.start,
+                ..*t
+            };
+            g.push(cta as u32, task).map_err(placement)?;
+        }
     }
-    Ok(Placement::new(lists))
+    for t in select.tasks() {
+        let task = Task {
+            order: t.task.order + ranks.start,
+            ..t.task
+        };
+        g.push(t.cta, task).map_err(placement)?;
+    }
+    Ok(ranks)
 }
 
 /// [`FrontGraph::runs_of`] before the graph exists.

@@ -1,10 +1,14 @@
-//! The fused launch: one persistent kernel per layer, its CTA shape, and its generated source.
+//! The fused launch: one persistent kernel per layer, its CTA shape, how its parts compose
+//! (`graph`), and its generated source.
 
 pub mod attention;
 pub mod front;
 pub mod front_gpu;
+pub mod graph;
+pub mod host;
 pub mod shape;
 pub mod source;
 
+pub use graph::{ArenaSlice, Completion, GraphError, Handoff, LaunchGraph, PlannedLaunch};
 pub use shape::CtaShape;
 pub use source::{fused_source, FusedSourceError, ENTRY};
