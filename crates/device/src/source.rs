@@ -109,12 +109,6 @@ impl KernelSource {
         &self.defines
     }
 
-    /// The main file's text, its includes as written (a host build resolves them on its own
-    /// include path, the host prelude first).
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
     /// The main file with every quoted include replaced by its header, each header once
     /// (they all carry `#pragma once` semantics), with `#line` markers for readable errors.
     pub fn flatten(&self) -> Result<String> {

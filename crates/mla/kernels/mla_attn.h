@@ -97,12 +97,14 @@ struct mla_args {
   const u16* q;            // [rows][MLA_HEADS][nope + MLA_ROPE]: q_b's output
   const u32* positions;    // [rows]: each row's position in its request
   const double* inv_freq;  // [MLA_ROPE / 2]: theta^(-2i / MLA_ROPE)
+  const i32* slot_lists;   // [rows][topk]: selected slots in plain memory (a launch that reuses an
+                           // earlier launch's top-k, or takes it as an input), published by MLA_KIND_SLOTS
   u32 hidden_dim;
   u32 q_lora;
   u32 nope;
   float hidden_eps;
   float latent_eps;
-  u32 pad2;
+  u32 topk;
 };
 
 // ---- a trace build's marks (src/trace.rs) ------------------------------------------------------------

@@ -17,6 +17,8 @@ MONO_DEV bool mla_decode(const Team& team, const mbx_task& task, mbx_ctx& c, con
       return mla_norm_task(team, task, c, a, smem);
     case MLA_KIND_ROPE_Q:
       return mla_rope_q_task(team, task, c, a);
+    case MLA_KIND_SLOTS:
+      return mla_slots_task(team, task, c, a);
     default:
       return true;
   }

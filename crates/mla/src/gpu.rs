@@ -156,12 +156,15 @@ pub struct MlaHalfArgs {
     pub positions: u64,
     /// `[rope / 2]` f64 rope frequencies.
     pub inv_freq: u64,
+    /// `[rows][topk]` i32 selected slots in plain memory, for [`crate::layout::MlaKind::Slots`].
+    pub slot_lists: u64,
     pub hidden_dim: u32,
     pub q_lora: u32,
     pub nope: u32,
     pub hidden_eps: f32,
     pub latent_eps: f32,
-    pub pad: u32,
+    /// Entries of a row's slot list.
+    pub topk: u32,
 }
 
 /// The device buffers a launch's [`MlaArgs`] point at.

@@ -149,6 +149,9 @@ pub enum MlaKind {
     Norm = 3,
     /// args `[first_row, n_rows, 0]`: the rope of every head's rope part of q_b's output.
     RopeQ = 4,
+    /// args `[first_row, n_rows, 0]`: the rows' slot lists, kept in plain memory, published as
+    /// the tagged pairs of [`MlaBoxes::slots`] (when select does not run in the launch).
+    Slots = 5,
 }
 
 /// Which rows a [`MlaKind::Norm`] task normalises (`MLA_NORM_*` in `kernels/mla_rows.h`).

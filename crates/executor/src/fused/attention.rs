@@ -21,10 +21,10 @@
 use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_RESIDUAL};
 use linear::layout::{split_tiles, KIND_TILES};
 use mailbox::layout::{BoxRange, LayoutBuilder, Region, BOXES_PER_LINE};
-use super::{fused_source, CtaShape};
+use super::{fused_source, ArenaSlice, CtaShape, GraphError, Handoff, LaunchGraph};
 use device::KernelSource;
 use mailbox::gpu::Variant;
-use mailbox::{Limits, Placement, Stage, StageKernel, Task};
+use mailbox::{Stage, StageKernel, Task};
 use mla::gpu::{MlaArgs, MlaHalfArgs};
 use mla::layout::{
     AttendPlan, AttendShape, AttendWaits, MlaBoxes, MlaKind, NormOf, RequestRows, SplitChoice,
@@ -41,8 +41,12 @@ pub enum HalfError {
     Model(String),
     #[error("MLA: {0}")]
     Mla(String),
-    #[error("scratch layout: {0}")]
-    Layout(String),
+    #[error("launch graph: {0}")]
+    Graph(String),
+    #[error("the input rows' slice holds {have} bytes; the half reads {need}")]
+    Input { have: u64, need: u64 },
+    #[error("{0}")]
+    Shape(String),
     #[error("a step needs 1 to {max} rows; this one has {rows}")]
     Rows { rows: u32, max: u32 },
     #[error("request {request}: {selected} selected slots a row, but its last row, at position {position}, has at most {max}")]
@@ -52,8 +56,6 @@ pub enum HalfError {
         position: u32,
         max: u32,
     },
-    #[error("no CTAs to place on")]
-    NoCtas,
 }
 
 /// The widths of one rank's attention half (spec §1.5 at TP `tp`).
@@ -172,69 +174,75 @@ impl HalfMatrix {
     }
 }
 
-/// Byte offsets of the half's activations in one buffer (each 256-byte aligned; offset 0 is
-/// never used, so that 0 can mean "none" wherever the buffer is relocated).
+/// The half's slices of the launch's activation arena (byte offsets from its start).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HalfArena {
-    /// Inputs, written before the launch: `[rows][hidden]` bf16.
-    pub hidden: usize,
-    /// `[rows]` u32 positions, `[rows]` u32 cache slots of the new tokens, `[rope / 2]` f64.
-    pub positions: usize,
-    pub new_slots: usize,
-    pub inv_freq: usize,
+    /// The layer's input rows `[rows][hidden]` bf16 (the input hand-off's slice).
+    pub hidden: u64,
+    /// Step inputs the host writes before the launch: `[rows]` u32 positions, `[rows]` u32 cache
+    /// slots of the new tokens, `[rope / 2]` f64 rope frequencies, `[rows][topk]` i32 slot lists.
+    pub positions: u64,
+    pub new_slots: u64,
+    pub inv_freq: u64,
+    pub slot_lists: u64,
     /// Made by the launch.
-    pub hidden_normed: usize,
-    pub q_a: usize,
-    pub q_latent: usize,
-    pub kv_a: usize,
+    pub hidden_normed: u64,
+    pub q_a: u64,
+    pub q_latent: u64,
+    pub kv_a: u64,
     /// `[rows][heads][qk]`, then zeros the last head's padded W_UK reads.
-    pub q: usize,
-    pub q_pe: usize,
-    pub q_abs: usize,
-    pub new_latent: usize,
-    pub new_rope: usize,
+    pub q: u64,
+    pub q_pe: u64,
+    pub q_abs: u64,
+    pub new_latent: u64,
+    pub new_rope: u64,
     /// `[rows][heads][latent]` bf16: the attention in latent space.
-    pub attn: usize,
-    pub part_o: usize,
-    pub part_ml: usize,
+    pub attn: u64,
+    pub part_o: u64,
+    pub part_ml: u64,
     /// `[rows][heads][v]` bf16: W_UV's outputs, o_proj's x.
-    pub o_heads: usize,
+    pub o_heads: u64,
     /// `[rows][hidden]` bf16: x + o_proj(...), the half's output.
-    pub out: usize,
-    pub bytes: usize,
+    pub out: u64,
 }
 
 impl HalfArena {
-    fn new(d: &HalfDims, rows: usize, plan: &AttendPlan) -> Self {
-        let mut at = 256;
-        let mut take = |bytes: usize| {
-            let here = at;
-            at = (at + bytes).next_multiple_of(256);
-            here
+    fn new(
+        g: &mut LaunchGraph,
+        prefix: &str,
+        d: &HalfDims,
+        rows: u64,
+        topk: u64,
+        plan: &AttendPlan,
+        hidden: u64,
+    ) -> Result<Self, GraphError> {
+        let parts = plan.partial_queries().max(1) as u64;
+        let q_slack = d.uk_k().saturating_sub(d.qk()) as u64;
+        let (heads, latent, rope) = (d.heads as u64, d.latent as u64, d.rope as u64);
+        let mut take = |name: &str, bytes: u64| -> Result<u64, GraphError> {
+            Ok(g.arena(&format!("{prefix}_{name}"), bytes)?.offset)
         };
-        let parts = plan.partial_queries().max(1);
-        let q_slack = d.uk_k().saturating_sub(d.qk());
-        HalfArena {
-            hidden: take(rows * d.hidden * 2),
-            positions: take(rows * 4),
-            new_slots: take(rows * 4),
-            inv_freq: take(d.rope / 2 * 8),
-            hidden_normed: take(rows * d.hidden * 2),
-            q_a: take(rows * d.q_lora * 2),
-            q_latent: take(rows * d.q_lora * 2),
-            kv_a: take(rows * (d.latent + d.rope) * 2),
-            q: take((rows * d.heads * d.qk() + q_slack) * 2),
-            q_pe: take(rows * d.heads * d.rope * 2),
-            q_abs: take(rows * d.heads * d.latent * 2),
-            new_latent: take(rows * d.latent * 2),
-            new_rope: take(rows * d.rope * 2),
-            attn: take(rows * d.heads * d.latent * 2),
-            part_o: take(parts * d.latent * 4),
-            part_ml: take(parts * 2 * 4),
-            o_heads: take(rows * d.heads * d.v * 2),
-            out: take(rows * d.hidden * 2),
-            bytes: at,
-        }
+        Ok(HalfArena {
+            hidden,
+            positions: take("positions", rows * 4)?,
+            new_slots: take("new_slots", rows * 4)?,
+            inv_freq: take("inv_freq", rope / 2 * 8)?,
+            slot_lists: take("slot_lists", rows * topk * 4)?,
+            hidden_normed: take("hidden_normed", rows * d.hidden as u64 * 2)?,
+            q_a: take("q_a", rows * d.q_lora as u64 * 2)?,
+            q_latent: take("q_latent", rows * d.q_lora as u64 * 2)?,
+            kv_a: take("kv_a", rows * (latent + rope) * 2)?,
+            q: take("q", (rows * heads * d.qk() as u64 + q_slack) * 2)?,
+            q_pe: take("q_pe", rows * heads * rope * 2)?,
+            q_abs: take("q_abs", rows * heads * latent * 2)?,
+            new_latent: take("new_latent", rows * latent * 2)?,
+            new_rope: take("new_rope", rows * rope * 2)?,
+            attn: take("attn", rows * heads * latent * 2)?,
+            part_o: take("part_o", parts * latent * 4)?,
+            part_ml: take("part_ml", parts * 2 * 4)?,
+            o_heads: take("o_heads", rows * heads * d.v as u64 * 2)?,
+            out: take("out", rows * d.hidden as u64 * 2)?,
+        })
     }
 }
 
@@ -247,10 +255,9 @@ pub struct HalfRequest {
     pub selected: u32,
 }
 
-/// What a launch is built for.
+/// How the half's attention is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HalfBuild {
-    pub ctas: u32,
     /// Entries of each row's slot list (k).
     pub topk: u32,
     pub union: usize,
@@ -274,31 +281,28 @@ pub struct HalfBoxes {
     pub o_proj: Region<u32>,
 }
 
-/// The attention half of one step, planned: its tasks in one global order on the CTAs.
+/// The attention half of one step as a part of a launch: its tasks in the graph's global order,
+/// its boxes, arena slices and matrices.
 #[derive(Clone, Debug)]
 pub struct HalfPlan {
     pub dims: HalfDims,
     pub shape: AttendShape,
     pub attend: AttendPlan,
     pub rows: u32,
+    pub topk: u32,
     /// Each row's position.
     pub positions: Vec<u32>,
     pub boxes: HalfBoxes,
     pub arena: HalfArena,
-    /// Index of the half's first matrix in the launch's matrix list.
+    /// Index of the half's first matrix in the launch's matrix list (the rest follow).
     pub first_matrix: u32,
-    /// The tasks of each CTA, in global order.
-    pub lists: Vec<Vec<Task>>,
-    /// The global orders the half took: `first_order..end_order`.
-    pub first_order: u32,
-    pub end_order: u32,
-    /// The box range the half's output rows are complete after (every o_proj line).
-    pub out_done: BoxRange,
+    /// The half's output rows (x + o_proj(attention)) and the boxes they are complete after.
+    pub out: Handoff,
 }
 
 fn lines(b: &mut LayoutBuilder, name: &str, n: u32) -> Result<Region<u32>, HalfError> {
     b.region(name, n.max(1), BOXES_PER_LINE)
-        .map_err(|e| HalfError::Layout(e.to_string()))
+        .map_err(|e| HalfError::Graph(e.to_string()))
 }
 
 fn whole(r: &Region<u32>) -> BoxRange {
@@ -310,25 +314,18 @@ fn first_box(r: &Region<u32>) -> BoxRange {
 }
 
 impl HalfPlan {
-    /// Plans a step of `requests` on `build`: boxes from `builder` (names prefixed `prefix`), the
-    /// global order from `first_order`, the matrices from `first_matrix`, the first task on CTA
-    /// `first_cta`. `hidden_done`: boxes the input rows are complete after (none: written before
-    /// the launch).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    /// Adds the half of a step of `requests` to `g` (boxes, slices and matrices named `prefix`),
+    /// after the producer of `hidden`, the layer's input rows. The rows' slot lists are read from
+    /// the arena (written before the launch, or kept from an earlier launch's select) and
+    /// published inside the launch by one task.
+    pub fn plan(
+        g: &mut LaunchGraph,
         dims: HalfDims,
         requests: &[HalfRequest],
         build: HalfBuild,
-        builder: &mut LayoutBuilder,
+        hidden: Handoff,
         prefix: &str,
-        first_order: u32,
-        first_matrix: u32,
-        first_cta: u32,
-        hidden_done: Option<BoxRange>,
     ) -> Result<HalfPlan, HalfError> {
-        if build.ctas == 0 {
-            return Err(HalfError::NoCtas);
-        }
         let rows: u32 = requests.iter().map(|r| r.rows).sum();
         let max = linear::layout::MAX_ROWS as u32;
         if rows == 0 || rows > max {
@@ -348,6 +345,13 @@ impl HalfPlan {
             }
             positions.extend((0..r.rows).map(|i| r.context + i));
         }
+        let need = rows as u64 * dims.hidden as u64 * 2;
+        if hidden.data.bytes < need {
+            return Err(HalfError::Input {
+                have: hidden.data.bytes,
+                need,
+            });
+        }
         let shape = dims.attend_shape(build.union)?;
         let attend_rows: Vec<RequestRows> = requests
             .iter()
@@ -358,17 +362,28 @@ impl HalfPlan {
             })
             .collect();
         let mla = |e: mla::MlaError| HalfError::Mla(e.to_string());
+        let graph = |e: GraphError| HalfError::Graph(e.to_string());
         let attend = AttendPlan::new(&shape, build.topk, &attend_rows, build.choice).map_err(mla)?;
-        let arena = HalfArena::new(&dims, rows as usize, &attend);
+        let arena = HalfArena::new(
+            g,
+            prefix,
+            &dims,
+            u64::from(rows),
+            u64::from(build.topk),
+            &attend,
+            hidden.data.offset,
+        )
+        .map_err(graph)?;
 
         let name = |n: &str| format!("{prefix}_{n}");
         let mats = HalfMatrix::all(dims.heads);
+        let ctas = g.ctas();
         let splits: Vec<Vec<linear::layout::TileRange>> = mats
             .iter()
             .map(|m| {
                 let parts = match m {
-                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => build.ctas.div_ceil(dims.heads as u32),
-                    _ => build.ctas,
+                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => ctas.div_ceil(dims.heads as u32),
+                    _ => ctas,
                 };
                 split_tiles(m.tiles(&dims), parts)
             })
@@ -380,70 +395,87 @@ impl HalfPlan {
                 .map(|(_, s)| s.len() as u32)
                 .sum()
         };
+        let first_matrix = g.matrix();
+        for _ in 1..mats.len() {
+            g.matrix();
+        }
+        let b = g.regions();
         let one = |b: &mut LayoutBuilder, n: &str| {
             b.region::<u32>(&name(n), 1, 1)
-                .map_err(|e| HalfError::Layout(e.to_string()))
+                .map_err(|e| HalfError::Graph(e.to_string()))
         };
         let boxes = HalfBoxes {
-            norm_hidden: one(builder, "norm_hidden")?,
-            q_a: lines(builder, &name("q_a"), count(&|m| *m == HalfMatrix::QA))?,
-            kv_a: lines(builder, &name("kv_a"), count(&|m| *m == HalfMatrix::KvA))?,
-            norm_kv: one(builder, "norm_kv")?,
-            norm_q: one(builder, "norm_q")?,
-            q_b: lines(builder, &name("q_b"), count(&|m| *m == HalfMatrix::QB))?,
-            rope_q: one(builder, "rope_q")?,
-            uk: lines(builder, &name("uk"), count(&|m| matches!(m, HalfMatrix::Uk(_))))?,
-            attend: MlaBoxes::add(builder, &name("mla"), &attend).map_err(mla)?,
-            uv: lines(builder, &name("uv"), count(&|m| matches!(m, HalfMatrix::Uv(_))))?,
-            o_proj: lines(builder, &name("o_proj"), count(&|m| *m == HalfMatrix::OProj))?,
+            norm_hidden: one(b, "norm_hidden")?,
+            q_a: lines(b, &name("q_a"), count(&|m| *m == HalfMatrix::QA))?,
+            kv_a: lines(b, &name("kv_a"), count(&|m| *m == HalfMatrix::KvA))?,
+            norm_kv: one(b, "norm_kv")?,
+            norm_q: one(b, "norm_q")?,
+            q_b: lines(b, &name("q_b"), count(&|m| *m == HalfMatrix::QB))?,
+            rope_q: one(b, "rope_q")?,
+            uk: lines(b, &name("uk"), count(&|m| matches!(m, HalfMatrix::Uk(_))))?,
+            attend: MlaBoxes::add(b, &name("mla"), &attend).map_err(mla)?,
+            uv: lines(b, &name("uv"), count(&|m| matches!(m, HalfMatrix::Uv(_))))?,
+            o_proj: lines(b, &name("o_proj"), count(&|m| *m == HalfMatrix::OProj))?,
         };
 
-        let mut tasks: Vec<Task> = Vec::new();
-        let push = |tasks: &mut Vec<Task>, kind: u32, out: BoxRange, inputs: &[BoxRange], args| {
-            let order = first_order + tasks.len() as u32;
-            tasks.push(Task::new(kind, order, out, inputs, args).expect("at most four inputs"));
+        // Each task takes the next rank and the next CTA.
+        let push = |g: &mut LaunchGraph, kind: u32, out: BoxRange, inputs: &[BoxRange], args| {
+            let rank = g.rank();
+            let cta = g.next_cta();
+            let t = Task::new(kind, rank, out, inputs, args).map_err(|e| HalfError::Graph(e.to_string()))?;
+            g.push(cta, t).map_err(graph)
         };
         // The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
-        let linear_tasks = |tasks: &mut Vec<Task>,
+        let linear_tasks = |g: &mut LaunchGraph,
                             m: HalfMatrix,
                             region: &Region<u32>,
                             line: &mut u32,
-                            inputs: &[BoxRange]| {
+                            inputs: &[BoxRange]|
+         -> Result<(), HalfError> {
             let index = m.index(dims.heads);
             for r in &splits[index] {
                 let out = region.slot(*line).expect("a line a task");
                 *line += 1;
                 let args = [first_matrix + index as u32, r.first, r.count];
-                push(tasks, KIND_TILES, out, inputs, args);
+                push(g, KIND_TILES, out, inputs, args)?;
             }
+            Ok(())
         };
         let norm = |which: NormOf| [0, rows, which as u32];
-        let hidden_in: Vec<BoxRange> = hidden_done.into_iter().collect();
-        let t = &mut tasks;
-        push(t, MlaKind::Norm.kind(), first_box(&boxes.norm_hidden), &hidden_in, norm(NormOf::Hidden));
+        let slot_boxes = BoxRange::new(
+            boxes.attend.slots.offset(),
+            (rows - 1) * boxes.attend.slots.stride() + build.topk,
+        );
+        push(g, MlaKind::Slots.kind(), slot_boxes, &[], [0, rows, 0])?;
+        let hidden_in = hidden.waits();
+        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_hidden), &hidden_in, norm(NormOf::Hidden))?;
         let after_norm = [first_box(&boxes.norm_hidden)];
-        linear_tasks(t, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm);
-        linear_tasks(t, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm);
+        linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
+        linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
         let kv_a = [whole(&boxes.kv_a)];
-        push(t, MlaKind::Norm.kind(), first_box(&boxes.norm_kv), &kv_a, norm(NormOf::KvLatent));
+        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_kv), &kv_a, norm(NormOf::KvLatent))?;
         let q_a = [whole(&boxes.q_a)];
-        push(t, MlaKind::Norm.kind(), first_box(&boxes.norm_q), &q_a, norm(NormOf::QLatent));
-        linear_tasks(t, HalfMatrix::QB, &boxes.q_b, &mut 0, &[first_box(&boxes.norm_q)]);
+        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_q), &q_a, norm(NormOf::QLatent))?;
+        linear_tasks(g, HalfMatrix::QB, &boxes.q_b, &mut 0, &[first_box(&boxes.norm_q)])?;
         // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
         // rows' new tokens from the new latents.
         let rope_in = [whole(&boxes.q_b), first_box(&boxes.norm_kv)];
-        push(t, MlaKind::RopeQ.kind(), first_box(&boxes.rope_q), &rope_in, [0, rows, 0]);
+        push(g, MlaKind::RopeQ.kind(), first_box(&boxes.rope_q), &rope_in, [0, rows, 0])?;
         let mut line = 0;
         for h in 0..dims.heads {
-            linear_tasks(t, HalfMatrix::Uk(h), &boxes.uk, &mut line, &[whole(&boxes.q_b)]);
+            linear_tasks(g, HalfMatrix::Uk(h), &boxes.uk, &mut line, &[whole(&boxes.q_b)])?;
         }
         let waits = AttendWaits {
             new_tokens: Some(first_box(&boxes.norm_kv)),
             queries: [Some(whole(&boxes.uk)), Some(first_box(&boxes.rope_q))],
             earlier_cache_writes: true,
         };
-        let next = first_order + t.len() as u32;
-        t.extend(attend.tasks_waiting(&boxes.attend, next, &waits));
+        let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
+        let ranks = g.ranks(n);
+        for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
+            let cta = g.next_cta();
+            g.push(cta, t).map_err(graph)?;
+        }
         // A combine writes its whole line (`MlaBoxes::out_done`), so the range is every box.
         let combines = [BoxRange::new(
             boxes.attend.out_done.offset(),
@@ -451,29 +483,27 @@ impl HalfPlan {
         )];
         let mut line = 0;
         for h in 0..dims.heads {
-            linear_tasks(t, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines);
+            linear_tasks(g, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines)?;
         }
-        linear_tasks(t, HalfMatrix::OProj, &boxes.o_proj, &mut 0, &[whole(&boxes.uv)]);
-
-        let mut lists = vec![Vec::new(); build.ctas as usize];
-        for (i, task) in tasks.iter().enumerate() {
-            lists[(first_cta as usize + i) % build.ctas as usize].push(*task);
-        }
-        let end_order = first_order + tasks.len() as u32;
-        let out_done = whole(&boxes.o_proj);
+        linear_tasks(g, HalfMatrix::OProj, &boxes.o_proj, &mut 0, &[whole(&boxes.uv)])?;
+        let out = Handoff {
+            data: ArenaSlice {
+                offset: arena.out,
+                bytes: u64::from(rows) * dims.hidden as u64 * 2,
+            },
+            ready: whole(&boxes.o_proj),
+        };
         Ok(HalfPlan {
             dims,
             shape,
             attend,
             rows,
+            topk: build.topk,
             positions,
             boxes,
             arena,
             first_matrix,
-            lists,
-            first_order,
-            end_order,
-            out_done,
+            out,
         })
     }
 }
@@ -503,7 +533,7 @@ impl HalfPlan {
     /// model's; the negative controls pass others).
     pub fn mla_args(&self, arena: u64, cache: u64, w: &HalfWeights, scale: f32) -> MlaArgs {
         let (d, a) = (&self.dims, &self.arena);
-        let at = |offset: usize| arena + offset as u64;
+        let at = |offset: u64| arena + offset;
         MlaArgs {
             q_abs: at(a.q_abs),
             q_pe: at(a.q_pe),
@@ -531,12 +561,13 @@ impl HalfPlan {
                 q: at(a.q),
                 positions: at(a.positions),
                 inv_freq: at(a.inv_freq),
+                slot_lists: at(a.slot_lists),
                 hidden_dim: d.hidden as u32,
                 q_lora: d.q_lora as u32,
                 nope: d.nope as u32,
                 hidden_eps: d.hidden_eps as f32,
                 latent_eps: d.latent_eps as f32,
-                pad: 0,
+                topk: self.topk,
             },
         }
     }
@@ -550,7 +581,7 @@ impl HalfPlan {
     /// `arena`.
     pub fn matrices(&self, arena: u64, w: &HalfWeights) -> Vec<LinMatrix> {
         let (d, a) = (&self.dims, &self.arena);
-        let at = |offset: usize| arena + offset as u64;
+        let at = |offset: u64| arena + offset;
         let bf16 = |elements: usize| 2 * elements as u64;
         HalfMatrix::all(d.heads)
             .into_iter()
@@ -611,31 +642,8 @@ impl HalfPlan {
             .max()
             .unwrap_or(0);
         let lin = linear::layout::lds_bytes(threads, widest, self.rows as usize)
-            .map_err(|e| HalfError::Layout(e.to_string()))?;
+            .map_err(|e| HalfError::Shape(e.to_string()))?;
         Ok(lin.max(self.shape.lds_bytes() as u32))
-    }
-
-    /// The placement of a launch of the half alone, its slot lists published before it (by select
-    /// or a stand-in): checked with stand-in writers of the slot boxes at orders below
-    /// `first_order` (which must leave room for one a row) on CTA 0.
-    pub fn check_alone(&self, limits: Limits) -> Result<Placement, HalfError> {
-        let placement = Placement::new(self.lists.clone());
-        let mut lists = self.lists.clone();
-        if self.first_order < self.rows {
-            return Err(HalfError::Layout(format!(
-                "the half starts at order {}; the slot stand-ins need {} orders before it",
-                self.first_order, self.rows
-            )));
-        }
-        let stand_ins = (0..self.rows).map(|row| {
-            let out = self.boxes.attend.slots.slot(row).expect("a slot list a row");
-            Task::new(0, row, out, &[], [0; 3]).expect("no inputs")
-        });
-        lists[0].splice(0..0, stand_ins);
-        Placement::new(lists)
-            .validate(limits)
-            .map_err(|e| HalfError::Layout(e.to_string()))?;
-        Ok(placement)
     }
 }
 
@@ -655,31 +663,36 @@ pub fn linear_stage() -> StageKernel {
 /// The name of the attention half's fused kernel source.
 pub const SOURCE_NAME: &str = "fused_attention";
 
-/// The attention half's fused kernel (the linear and MLA stages) for CTAs of `shape`, the
-/// attention's `attend` shape and the rope `style` (the config's; the other is a negative
-/// control), with the mailbox's `variant`.
+/// The stages of the attention half's fused kernel: the linear, and MLA built for the attention's
+/// `attend` shape, the rope `style` (the config's; the other is a negative control) and CTAs of
+/// `shape`.
+pub fn half_stages(
+    shape: CtaShape,
+    attend: &AttendShape,
+    style: RopeStyle,
+) -> Result<Vec<StageKernel>, HalfError> {
+    if attend.lds_bytes() > shape.shared_bytes as usize {
+        return Err(HalfError::Shape(format!(
+            "the attention's splits need {} bytes of shared memory; the CTA has {}",
+            attend.lds_bytes(),
+            shape.shared_bytes
+        )));
+    }
+    Ok(vec![
+        linear_stage(),
+        mla::gpu::stage_kernel(attend, style == RopeStyle::Interleaved, shape.shared_bytes),
+    ])
+}
+
+/// The attention half's fused kernel over [`half_stages`], with the mailbox's `variant`.
 pub fn half_source(
     shape: CtaShape,
     attend: &AttendShape,
     style: RopeStyle,
     variant: Variant,
 ) -> Result<KernelSource, HalfError> {
-    if attend.lds_bytes() > shape.shared_bytes as usize {
-        return Err(HalfError::Layout(format!(
-            "the attention's splits need {} bytes of shared memory; the CTA has {}",
-            attend.lds_bytes(),
-            shape.shared_bytes
-        )));
-    }
-    let stages = [
-        linear_stage(),
-        mla::gpu::stage_kernel(
-            attend,
-            style == RopeStyle::Interleaved,
-            shape.shared_bytes,
-        ),
-    ];
+    let stages = half_stages(shape, attend, style)?;
     let source = fused_source(SOURCE_NAME, &stages, shape)
-        .map_err(|e| HalfError::Layout(e.to_string()))?;
+        .map_err(|e| HalfError::Shape(e.to_string()))?;
     Ok(variant.apply(source))
 }

@@ -350,83 +350,73 @@ impl Case {
     }
 }
 
-/// Appends `bytes` to `arena` at the next 256-byte boundary; its offset.
-fn place(arena: &mut Vec<u8>, bytes: &[u8]) -> usize {
-    let at = arena.len().next_multiple_of(256);
-    arena.resize(at, 0);
-    arena.extend_from_slice(bytes);
-    at
-}
-
 fn u16_bytes(v: &[u16]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// One buffer holding everything a launch of `plan` touches: the half's arena (inputs filled in),
-/// then the cache, then the weights; with the addresses as offsets into it.
-pub struct Image {
-    pub bytes: Vec<u8>,
-    pub cache: usize,
+/// Where a launch's memory went: the arena's, the cache's and the weights' device addresses.
+pub struct Placed {
+    pub arena: u64,
+    pub cache: u64,
     pub weights: HalfWeights,
 }
 
-impl Image {
-    pub fn new(plan: &HalfPlan, case: &Case, w: &Weights) -> Image {
-        let a: &HalfArena = &plan.arena;
-        let d = &plan.dims;
-        let mut bytes = vec![0u8; a.bytes];
-        let put = |bytes: &mut Vec<u8>, at: usize, src: &[u8]| {
-            bytes[at..at + src.len()].copy_from_slice(src);
-        };
-        put(&mut bytes, a.hidden, &u16_bytes(&case.hidden));
-        put(&mut bytes, a.positions, bytemuck::cast_slice(&case.positions));
-        put(&mut bytes, a.new_slots, bytemuck::cast_slice(&case.new_slots));
-        let freq = rope_inv_freq(d.rope, d.rope_theta);
-        put(&mut bytes, a.inv_freq, bytemuck::cast_slice(&freq));
-        let cache = place(&mut bytes, &case.cache_before);
-        let norm = |bytes: &mut Vec<u8>, v: &[f32]| {
-            place(bytes, &u16_bytes(&v.iter().map(|&x| bits(x)).collect::<Vec<_>>())) as u64
-        };
-        let hidden_norm = norm(&mut bytes, &w.hidden_norm);
-        let q_a_norm = norm(&mut bytes, &w.reference.q_a_norm);
-        let kv_a_norm = norm(&mut bytes, &w.reference.kv_a_norm);
-        let matrices = w
-            .packed
-            .iter()
-            .map(|p| {
-                let at = place(&mut bytes, &p.bytes) as u64;
-                let fp8 = p.layout.format == model::WeightFormat::Fp8;
-                let scales = if fp8 {
-                    place(&mut bytes, bytemuck::cast_slice(&p.scales)) as u64
-                } else {
-                    0
-                };
-                PackedAt {
-                    w: at,
-                    scales,
-                    fp8,
-                }
-            })
-            .collect();
-        bytes.resize(bytes.len().next_multiple_of(256) + 256, 0);
-        Image {
-            bytes,
-            cache,
-            weights: HalfWeights {
-                matrices,
-                hidden_norm,
-                q_a_norm,
-                kv_a_norm,
-            },
-        }
+/// The launch's arena (`arena_bytes`, the half's inputs written in: the rows, positions, new
+/// slots, rope frequencies and `slots`), the cache and the weights, each given to `put` (which
+/// copies bytes to the device and returns their address).
+pub fn place(
+    plan: &HalfPlan,
+    arena_bytes: u64,
+    case: &Case,
+    slots: &[i32],
+    w: &Weights,
+    put: &mut dyn FnMut(&[u8]) -> u64,
+) -> Placed {
+    let a: &HalfArena = &plan.arena;
+    let d = &plan.dims;
+    let mut bytes = vec![0u8; arena_bytes as usize];
+    let mut write = |at: u64, src: &[u8]| {
+        bytes[at as usize..at as usize + src.len()].copy_from_slice(src);
+    };
+    write(a.hidden, &u16_bytes(&case.hidden));
+    write(a.positions, bytemuck::cast_slice(&case.positions));
+    write(a.new_slots, bytemuck::cast_slice(&case.new_slots));
+    write(a.inv_freq, bytemuck::cast_slice(&rope_inv_freq(d.rope, d.rope_theta)));
+    write(a.slot_lists, bytemuck::cast_slice(slots));
+    let arena = put(&bytes);
+    let cache = put(&case.cache_before);
+    let mut norm = |v: &[f32]| put(&u16_bytes(&v.iter().map(|&x| bits(x)).collect::<Vec<_>>()));
+    let hidden_norm = norm(&w.hidden_norm);
+    let q_a_norm = norm(&w.reference.q_a_norm);
+    let kv_a_norm = norm(&w.reference.kv_a_norm);
+    let matrices = w
+        .packed
+        .iter()
+        .map(|p| {
+            let fp8 = p.layout.format == model::WeightFormat::Fp8;
+            PackedAt {
+                w: put(&p.bytes),
+                scales: if fp8 { put(bytemuck::cast_slice(&p.scales)) } else { 0 },
+                fp8,
+            }
+        })
+        .collect();
+    Placed {
+        arena,
+        cache,
+        weights: HalfWeights {
+            matrices,
+            hidden_norm,
+            q_a_norm,
+            kv_a_norm,
+        },
     }
+}
 
-    /// The output rows, bf16 bits, from a buffer laid out as this image.
-    pub fn out(plan: &HalfPlan, bytes: &[u8]) -> Vec<u16> {
-        let n = plan.rows as usize * plan.dims.hidden;
-        bytes[plan.arena.out..plan.arena.out + 2 * n]
-            .chunks(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect()
-    }
+/// bf16 bits from little-endian bytes.
+pub fn u16s(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
 }
