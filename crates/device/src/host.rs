@@ -521,7 +521,8 @@ fn static_shared(text: &str) -> String {
         let trimmed = line.trim_start();
         if let Some(rest) = trimmed.strip_prefix("extern __shared__") {
             let decl = rest.trim().trim_end_matches(';').trim_end_matches("[]");
-            let (align, decl) = match decl.strip_prefix("__attribute__((aligned(")
+            let (align, decl) = match decl
+                .strip_prefix("__attribute__((aligned(")
                 .and_then(|r| r.split_once(")))"))
             {
                 Some((n, d)) => (n.trim().to_owned(), d.trim()),
@@ -566,7 +567,11 @@ fn kernel_signatures(flat: &str) -> std::result::Result<Vec<KernelSig>, String> 
             .map(|p| {
                 p.rsplit_once(|c: char| c.is_whitespace() || c == '*')
                     .map(|(t, _)| {
-                        let star = if p[t.len()..].starts_with('*') { "*" } else { "" };
+                        let star = if p[t.len()..].starts_with('*') {
+                            "*"
+                        } else {
+                            ""
+                        };
                         format!("{}{star}", t.trim())
                     })
                     .ok_or_else(|| format!("a parameter `{p}` of {name} without a type"))

@@ -86,7 +86,9 @@ fn launch(
 ) -> Result<Vec<u16>, String> {
     let rows: u32 = case.requests.iter().map(|r| r.rows).sum();
     let mut g = LaunchGraph::new(CTAS).unwrap();
-    let x = g.arena("x", u64::from(rows) * case.dims.hidden as u64 * 2).unwrap();
+    let x = g
+        .arena("x", u64::from(rows) * case.dims.hidden as u64 * 2)
+        .unwrap();
     let input = Handoff {
         data: x,
         ready: BoxRange::default(),
@@ -94,7 +96,9 @@ fn launch(
     let plan = HalfPlan::plan(&mut g, case.dims, &case.requests, BUILD, input, "attn").unwrap();
     let launch = g.finish().unwrap();
     let mut image = HostImage::new();
-    let placed = place(&plan, launch.arena.bytes, case, slots, w, &mut |b| image.put(b));
+    let placed = place(&plan, launch.arena.bytes, case, slots, w, &mut |b| {
+        image.put(b)
+    });
     let tags = Tags::new(1).unwrap();
     let table = image
         .launch_table(&launch.placement, launch.layout.boxes(), tags, 0, 0)
@@ -129,7 +133,12 @@ fn launch(
 fn attention_half_on_cpu_threads_matches_the_reference() {
     let cases: [(&str, Vec<Request>, Pick, Twist); 5] = [
         ("1 row", vec![req(150, 1)], Pick::Random, Twist::None),
-        ("4 verify rows", vec![req(120, 4)], Pick::Random, Twist::None),
+        (
+            "4 verify rows",
+            vec![req(120, 4)],
+            Pick::Random,
+            Twist::None,
+        ),
         (
             "3 requests, 1 + 3 + 12 rows, one of a single token",
             vec![req(0, 1), req(40, 3), req(200, 12)],

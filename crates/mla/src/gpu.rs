@@ -61,7 +61,11 @@ pub fn traced_source(
 /// `mla_args`, `mla_decode` and the shape defines of [`source`] with the rope style
 /// `interleaved` (the config's `rope_interleave`); the launch sets the CTA's threads, its shared
 /// memory (`MLA_SMEM_BYTES`, at least [`AttendShape::lds_bytes`]) and the mailbox's variant.
-pub fn stage_kernel(shape: &AttendShape, interleaved: bool, smem_bytes: u32) -> mailbox::StageKernel {
+pub fn stage_kernel(
+    shape: &AttendShape,
+    interleaved: bool,
+    smem_bytes: u32,
+) -> mailbox::StageKernel {
     let mut defines: std::collections::BTreeMap<String, String> =
         source(shape, CTA_THREADS, Variant::default())
             .defines()
@@ -69,7 +73,10 @@ pub fn stage_kernel(shape: &AttendShape, interleaved: bool, smem_bytes: u32) -> 
             .filter(|(name, _)| name.as_str() != "MONO_CTA_THREADS" && !name.starts_with("MBX_"))
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
-    defines.insert("MLA_ROPE_INTERLEAVED".into(), u32::from(interleaved).to_string());
+    defines.insert(
+        "MLA_ROPE_INTERLEAVED".into(),
+        u32::from(interleaved).to_string(),
+    );
     defines.insert("MLA_SMEM_BYTES".into(), smem_bytes.to_string());
     mailbox::StageKernel {
         stage: mailbox::Stage::Mla,

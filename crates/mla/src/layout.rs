@@ -473,7 +473,12 @@ impl AttendPlan {
     }
 
     /// [`AttendPlan::tasks`] whose cache writes and splits also wait on `waits`.
-    pub fn tasks_waiting(&self, boxes: &MlaBoxes, first_order: u32, waits: &AttendWaits) -> Vec<Task> {
+    pub fn tasks_waiting(
+        &self,
+        boxes: &MlaBoxes,
+        first_order: u32,
+        waits: &AttendWaits,
+    ) -> Vec<Task> {
         let mut tasks = Vec::new();
         let mut order = first_order;
         let mut push = |kind: MlaKind, out: BoxRange, inputs: &[BoxRange], args: [u32; 3]| {
@@ -485,7 +490,9 @@ impl AttendPlan {
         // The cache write of the group before in the same request, if any: cache writes of a
         // request's groups wait on one another in turn, so the last one seen means all are done.
         let before = |i: usize| {
-            (waits.earlier_cache_writes && i > 0 && self.groups[i - 1].request == self.groups[i].request)
+            (waits.earlier_cache_writes
+                && i > 0
+                && self.groups[i - 1].request == self.groups[i].request)
                 .then(|| slot_of(&boxes.cache_done, i as u32 - 1))
         };
         for (i, g) in self.groups.iter().enumerate() {

@@ -18,12 +18,12 @@
 //! the attention's cache writes, splits and combines, W_UV, o_proj; every task on the CTA after the
 //! one before (round robin), so that every matrix streams on as many CTAs as it has tasks.
 
-use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_RESIDUAL};
-use linear::layout::{split_tiles, KIND_TILES};
-use mailbox::layout::{BoxRange, LayoutBuilder, Region, BOXES_PER_LINE};
 use super::{fused_source, ArenaSlice, CtaShape, GraphError, Handoff, LaunchGraph};
 use device::KernelSource;
+use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_RESIDUAL};
+use linear::layout::{split_tiles, KIND_TILES};
 use mailbox::gpu::Variant;
+use mailbox::layout::{BoxRange, LayoutBuilder, Region, BOXES_PER_LINE};
 use mailbox::{Stage, StageKernel, Task};
 use mla::gpu::{MlaArgs, MlaHalfArgs};
 use mla::layout::{
@@ -363,7 +363,8 @@ impl HalfPlan {
             .collect();
         let mla = |e: mla::MlaError| HalfError::Mla(e.to_string());
         let graph = |e: GraphError| HalfError::Graph(e.to_string());
-        let attend = AttendPlan::new(&shape, build.topk, &attend_rows, build.choice).map_err(mla)?;
+        let attend =
+            AttendPlan::new(&shape, build.topk, &attend_rows, build.choice).map_err(mla)?;
         let arena = HalfArena::new(
             g,
             prefix,
@@ -422,7 +423,8 @@ impl HalfPlan {
         let push = |g: &mut LaunchGraph, kind: u32, out: BoxRange, inputs: &[BoxRange], args| {
             let rank = g.rank();
             let cta = g.next_cta();
-            let t = Task::new(kind, rank, out, inputs, args).map_err(|e| HalfError::Graph(e.to_string()))?;
+            let t = Task::new(kind, rank, out, inputs, args)
+                .map_err(|e| HalfError::Graph(e.to_string()))?;
             g.push(cta, t).map_err(graph)
         };
         // The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
@@ -448,22 +450,58 @@ impl HalfPlan {
         );
         push(g, MlaKind::Slots.kind(), slot_boxes, &[], [0, rows, 0])?;
         let hidden_in = hidden.waits();
-        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_hidden), &hidden_in, norm(NormOf::Hidden))?;
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_hidden),
+            &hidden_in,
+            norm(NormOf::Hidden),
+        )?;
         let after_norm = [first_box(&boxes.norm_hidden)];
         linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
         linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
         let kv_a = [whole(&boxes.kv_a)];
-        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_kv), &kv_a, norm(NormOf::KvLatent))?;
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_kv),
+            &kv_a,
+            norm(NormOf::KvLatent),
+        )?;
         let q_a = [whole(&boxes.q_a)];
-        push(g, MlaKind::Norm.kind(), first_box(&boxes.norm_q), &q_a, norm(NormOf::QLatent))?;
-        linear_tasks(g, HalfMatrix::QB, &boxes.q_b, &mut 0, &[first_box(&boxes.norm_q)])?;
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_q),
+            &q_a,
+            norm(NormOf::QLatent),
+        )?;
+        linear_tasks(
+            g,
+            HalfMatrix::QB,
+            &boxes.q_b,
+            &mut 0,
+            &[first_box(&boxes.norm_q)],
+        )?;
         // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
         // rows' new tokens from the new latents.
         let rope_in = [whole(&boxes.q_b), first_box(&boxes.norm_kv)];
-        push(g, MlaKind::RopeQ.kind(), first_box(&boxes.rope_q), &rope_in, [0, rows, 0])?;
+        push(
+            g,
+            MlaKind::RopeQ.kind(),
+            first_box(&boxes.rope_q),
+            &rope_in,
+            [0, rows, 0],
+        )?;
         let mut line = 0;
         for h in 0..dims.heads {
-            linear_tasks(g, HalfMatrix::Uk(h), &boxes.uk, &mut line, &[whole(&boxes.q_b)])?;
+            linear_tasks(
+                g,
+                HalfMatrix::Uk(h),
+                &boxes.uk,
+                &mut line,
+                &[whole(&boxes.q_b)],
+            )?;
         }
         let waits = AttendWaits {
             new_tokens: Some(first_box(&boxes.norm_kv)),
@@ -485,7 +523,13 @@ impl HalfPlan {
         for h in 0..dims.heads {
             linear_tasks(g, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines)?;
         }
-        linear_tasks(g, HalfMatrix::OProj, &boxes.o_proj, &mut 0, &[whole(&boxes.uv)])?;
+        linear_tasks(
+            g,
+            HalfMatrix::OProj,
+            &boxes.o_proj,
+            &mut 0,
+            &[whole(&boxes.uv)],
+        )?;
         let out = Handoff {
             data: ArenaSlice {
                 offset: arena.out,
@@ -589,12 +633,9 @@ impl HalfPlan {
                 let (n, k) = m.shape(d);
                 let (x, x_stride, y, y_stride) = match m {
                     HalfMatrix::QA => (at(a.hidden_normed), d.hidden, at(a.q_a), d.q_lora),
-                    HalfMatrix::KvA => (
-                        at(a.hidden_normed),
-                        d.hidden,
-                        at(a.kv_a),
-                        d.latent + d.rope,
-                    ),
+                    HalfMatrix::KvA => {
+                        (at(a.hidden_normed), d.hidden, at(a.kv_a), d.latent + d.rope)
+                    }
                     HalfMatrix::QB => (at(a.q_latent), d.q_lora, at(a.q), d.heads * d.qk()),
                     HalfMatrix::Uk(h) => (
                         at(a.q) + bf16(h * d.qk()),
@@ -692,7 +733,7 @@ pub fn half_source(
     variant: Variant,
 ) -> Result<KernelSource, HalfError> {
     let stages = half_stages(shape, attend, style)?;
-    let source = fused_source(SOURCE_NAME, &stages, shape)
-        .map_err(|e| HalfError::Shape(e.to_string()))?;
+    let source =
+        fused_source(SOURCE_NAME, &stages, shape).map_err(|e| HalfError::Shape(e.to_string()))?;
     Ok(variant.apply(source))
 }

@@ -13,8 +13,8 @@ use half::bf16;
 use mla::reference::{attend, project, CacheStore, MlaCache, MlaOptions, MlaWeights};
 use mla::HeadLayout;
 use model::numerics::{bf16_round, rms_norm, rope_inv_freq};
-use model::weights::Fp8Weight;
 use model::weights::packed::{pack, Pairing, SourceWeight};
+use model::weights::Fp8Weight;
 use model::weights::Matrix;
 use model::ModelConfig;
 use rand::rngs::StdRng;
@@ -65,7 +65,9 @@ fn fp8(rows: usize, cols: usize, a: f32, rng: &mut StdRng) -> (Matrix, Fp8Weight
 }
 
 fn norm_weight(n: usize, rng: &mut StdRng) -> Vec<f32> {
-    (0..n).map(|_| bf16_round(rng.gen_range(0.75..1.25))).collect()
+    (0..n)
+        .map(|_| bf16_round(rng.gen_range(0.75..1.25)))
+        .collect()
 }
 
 impl Weights {
@@ -77,7 +79,12 @@ impl Weights {
         let (q_a, q_a8) = fp8(d.q_lora, d.hidden, scale(d.hidden), &mut rng);
         let (kv_a, kv_a8) = fp8(d.latent + d.rope, d.hidden, scale(d.hidden), &mut rng);
         let (q_b, q_b8) = fp8(d.heads * d.qk(), d.q_lora, scale(d.q_lora), &mut rng);
-        let (o_proj, o8) = fp8(d.hidden, d.heads * d.v, 4.0 * scale(d.heads * d.v), &mut rng);
+        let (o_proj, o8) = fp8(
+            d.hidden,
+            d.heads * d.v,
+            4.0 * scale(d.heads * d.v),
+            &mut rng,
+        );
         let heads = HeadLayout {
             heads: d.heads,
             nope: d.nope,
@@ -266,7 +273,10 @@ impl Case {
             if let Twist::Outlier(score) = twist {
                 // A cached token of the first row's list: its rope key along head 0's roped query
                 // part, long enough that the score is `score`.
-                let t = lists[0].iter().copied().find(|&t| t >= 0 && (t as usize) < req.context);
+                let t = lists[0]
+                    .iter()
+                    .copied()
+                    .find(|&t| t >= 0 && (t as usize) < req.context);
                 if let Some(t) = t {
                     let q_pe = &projections[0].q_pe[..d.rope];
                     let norm2: f32 = q_pe.iter().map(|v| v * v).sum();
@@ -284,8 +294,15 @@ impl Case {
             cache_before.extend_from_slice(&bytes[..req.context * record]);
             cache_before.extend(std::iter::repeat_n(0x7fu8, req.rows * record));
             for r in 0..req.rows {
-                let attn = attend(&heads, &w.reference, &opts, &projections[r], &cache, &lists[r])
-                    .unwrap();
+                let attn = attend(
+                    &heads,
+                    &w.reference,
+                    &opts,
+                    &projections[r],
+                    &cache,
+                    &lists[r],
+                )
+                .unwrap();
                 expected.extend(
                     xs[r]
                         .iter()
@@ -295,11 +312,13 @@ impl Case {
                 hidden.extend(xs[r].iter().map(|&v| bits(v)));
                 positions.push((req.context + r) as u32);
                 new_slots.push((base + req.context + r) as u32);
-                slots.extend(
-                    lists[r]
-                        .iter()
-                        .map(|&t| if t < 0 { -1 } else { (base + t as usize) as i32 }),
-                );
+                slots.extend(lists[r].iter().map(|&t| {
+                    if t < 0 {
+                        -1
+                    } else {
+                        (base + t as usize) as i32
+                    }
+                }));
             }
             half_requests.push(HalfRequest {
                 context: req.context as u32,
@@ -381,7 +400,10 @@ pub fn place(
     write(a.hidden, &u16_bytes(&case.hidden));
     write(a.positions, bytemuck::cast_slice(&case.positions));
     write(a.new_slots, bytemuck::cast_slice(&case.new_slots));
-    write(a.inv_freq, bytemuck::cast_slice(&rope_inv_freq(d.rope, d.rope_theta)));
+    write(
+        a.inv_freq,
+        bytemuck::cast_slice(&rope_inv_freq(d.rope, d.rope_theta)),
+    );
     write(a.slot_lists, bytemuck::cast_slice(slots));
     let arena = put(&bytes);
     let cache = put(&case.cache_before);
@@ -396,7 +418,11 @@ pub fn place(
             let fp8 = p.layout.format == model::WeightFormat::Fp8;
             PackedAt {
                 w: put(&p.bytes),
-                scales: if fp8 { put(bytemuck::cast_slice(&p.scales)) } else { 0 },
+                scales: if fp8 {
+                    put(bytemuck::cast_slice(&p.scales))
+                } else {
+                    0
+                },
                 fp8,
             }
         })
