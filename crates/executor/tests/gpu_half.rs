@@ -1,5 +1,6 @@
-//! The attention half alone in a fused launch on a GPU, at GLM-5 TP8 widths (8 heads, k = 2048)
-//! and TP1 (64 heads), against the reference chain (`mla::reference` with the engines' numerics,
+//! The attention half alone in a fused launch on a GPU, at GLM-5 TP8 widths (8 heads, k = 2048),
+//! TP4 and TP2 (16 and 32 heads; TP1's o_proj, K = 16384, is wider than the linear task keeps its
+//! x rows in shared memory), against the reference chain (`mla::reference` with the engines' numerics,
 //! the residual as the linear's epilogue rounds it): one row and four verify rows at 8K, three
 //! requests of 1 + 3 + 12 rows (a context of one token, fewer than k selected, 30K), a score
 //! outlier of 1e4, every slot the same position; FP8 and bf16 caches. Negative controls that must
@@ -103,7 +104,8 @@ fn attention_half_matches_the_reference() {
     for (tp, cache, all) in [
         (8, CacheFormat::Fp8, true),
         (8, CacheFormat::Bf16, false),
-        (1, CacheFormat::Fp8, false),
+        (4, CacheFormat::Fp8, false),
+        (2, CacheFormat::Fp8, false),
     ] {
         let d = dims(tp, cache);
         let k = kernel(&dev, &d, d.rope_style, debug());
@@ -129,6 +131,22 @@ fn attention_half_matches_the_reference() {
             };
             eprintln!("{} heads, {cache:?} cache, {name}: {line}", d.heads);
         }
+    }
+    // Verify rows a group each (the bench's cut): a row's split reads the earlier rows' new
+    // records only after their cache writes.
+    let d = dims(8, CacheFormat::Fp8);
+    let k = kernel(&dev, &d, d.rope_style, debug());
+    let w = Weights::new(&d, 1);
+    let case = Case::new(&d, &w, TOPK, &[req(8188, 4)], Pick::Random, Twist::None, 3);
+    let apart = HalfBuild {
+        choice: SplitChoice::MEASURED_FASTEST,
+        ..build(8)
+    };
+    let half = GpuHalf::new(&dev, &k, &case, &w, apart, None, None).unwrap();
+    let err = case.error(&half.run(&dev, &k).unwrap());
+    eprintln!("8 heads, Fp8 cache, 4 verify rows a group each: error {err:.2e}");
+    if err >= TOLERANCE {
+        failures.push("4 verify rows a group each".into());
     }
     assert!(failures.is_empty(), "{failures:?}");
 }

@@ -3,7 +3,7 @@
 //! the fused launch's host emulation (`executor::fused::host`), at the tiny preset's widths with
 //! 8 heads (TP2): bf16 records, and GLM-5's latent and rope (512 + 64) with FP8 records. Against
 //! the reference chain (`mla::reference` with the engines' numerics, the residual rounded as the
-//! linear's epilogue): one row, four verify rows, three requests of 1 + 3 + 12 rows (a context of
+//! linear's epilogue): one row, four verify rows (in a group, and a group each), three requests of 1 + 3 + 12 rows (a context of
 //! one token, fewer than k selected), a score outlier of 1e4, every slot the same position.
 //! Negative controls that must fail: the half-split rope, each row's slots shifted by one, the
 //! softmax scale 1/sqrt(576).
@@ -45,6 +45,8 @@ fn dims(latent_glm: bool) -> HalfDims {
     HalfDims::new(&cfg, 2, format).unwrap()
 }
 
+/// Groups of up to 4 rows; [`APART`]: a group a row, whose splits read the earlier rows' new
+/// records only after their cache writes.
 const BUILD: HalfBuild = HalfBuild {
     topk: TOPK as u32,
     union: 128,
@@ -53,6 +55,14 @@ const BUILD: HalfBuild = HalfBuild {
         block: 16,
         combine_queries: 1,
     },
+};
+const APART: HalfBuild = HalfBuild {
+    choice: SplitChoice {
+        group_rows: 1,
+        block: 16,
+        combine_queries: 1,
+    },
+    ..BUILD
 };
 
 /// A kernel for `d`'s attention shape and rope `style`, with shared memory for 16 rows.
@@ -79,6 +89,7 @@ fn req(context: usize, rows: usize) -> Request {
 /// One emulated launch of the half alone: the output rows.
 fn launch(
     k: &HostKernel,
+    build: HalfBuild,
     case: &Case,
     w: &Weights,
     slots: &[i32],
@@ -93,7 +104,7 @@ fn launch(
         data: x,
         ready: BoxRange::default(),
     };
-    let plan = HalfPlan::plan(&mut g, case.dims, &case.requests, BUILD, input, "attn").unwrap();
+    let plan = HalfPlan::plan(&mut g, case.dims, &case.requests, build, input, "attn").unwrap();
     let launch = g.finish().unwrap();
     let mut image = HostImage::new();
     let placed = place(&plan, launch.arena.bytes, case, slots, w, &mut |b| {
@@ -131,28 +142,39 @@ fn launch(
 #[test]
 #[ignore = "slow; needs g++ with C++20"]
 fn attention_half_on_cpu_threads_matches_the_reference() {
-    let cases: [(&str, Vec<Request>, Pick, Twist); 5] = [
-        ("1 row", vec![req(150, 1)], Pick::Random, Twist::None),
+    let cases: [(&str, HalfBuild, Vec<Request>, Pick, Twist); 6] = [
+        ("1 row", BUILD, vec![req(150, 1)], Pick::Random, Twist::None),
         (
             "4 verify rows",
+            BUILD,
+            vec![req(120, 4)],
+            Pick::Random,
+            Twist::None,
+        ),
+        (
+            "4 verify rows a group each",
+            APART,
             vec![req(120, 4)],
             Pick::Random,
             Twist::None,
         ),
         (
             "3 requests, 1 + 3 + 12 rows, one of a single token",
+            BUILD,
             vec![req(0, 1), req(40, 3), req(200, 12)],
             Pick::Random,
             Twist::None,
         ),
         (
             "score outlier 1e4",
+            BUILD,
             vec![req(100, 2)],
             Pick::Random,
             Twist::Outlier(1e4),
         ),
         (
             "every slot the same position",
+            BUILD,
             vec![req(80, 2)],
             Pick::SamePosition,
             Twist::None,
@@ -163,10 +185,10 @@ fn attention_half_on_cpu_threads_matches_the_reference() {
         let d = dims(latent_glm);
         let (k, _) = kernel(&d, d.rope_style);
         let w = Weights::new(&d, 1);
-        for (i, (case_name, requests, pick, twist)) in cases.iter().enumerate() {
+        for (i, (case_name, build, requests, pick, twist)) in cases.iter().enumerate() {
             let case = Case::new(&d, &w, TOPK, requests, *pick, *twist, 10 + i as u64);
             let start = std::time::Instant::now();
-            let line = match launch(&k, &case, &w, &case.slots, None) {
+            let line = match launch(&k, *build, &case, &w, &case.slots, None) {
                 Ok(out) => {
                     let err = case.error(&out);
                     if err >= TOLERANCE {
@@ -195,11 +217,11 @@ fn attention_half_on_cpu_threads_matches_the_reference() {
         .iter()
         .map(|&s| if s > 0 { s - 1 } else { s })
         .collect();
-    let shifted_err = case.error(&launch(&k, &case, &w, &shifted, None).unwrap());
+    let shifted_err = case.error(&launch(&k, BUILD, &case, &w, &shifted, None).unwrap());
     let scale_err =
-        case.error(&launch(&k, &case, &w, &case.slots, Some(1.0 / 576f32.sqrt())).unwrap());
+        case.error(&launch(&k, BUILD, &case, &w, &case.slots, Some(1.0 / 576f32.sqrt())).unwrap());
     let (neox, _) = kernel(&d, RopeStyle::HalfSplit);
-    let neox_err = case.error(&launch(&neox, &case, &w, &case.slots, None).unwrap());
+    let neox_err = case.error(&launch(&neox, BUILD, &case, &w, &case.slots, None).unwrap());
     eprintln!(
         "controls (must exceed {TOLERANCE:e}): slots shifted by one {shifted_err:.2e}, scale 1/sqrt(576) {scale_err:.2e}, half-split rope {neox_err:.2e}"
     );

@@ -140,8 +140,9 @@ impl HeadLayout {
 pub enum MlaKind {
     /// args `[row, slot]`: the row's new latent and rope key into the record of `slot`.
     CacheWrite = 0,
-    /// args `[first_row, n_rows | split << 8, block]`: a group's attention over one block of
-    /// each row's selected slots, to partial outputs.
+    /// args `[first_row, n_rows | flag | split << 8, block]`: a group's attention over one block
+    /// of each row's selected slots, to partial outputs; with [`SPLIT_AFTER_WRITE`] its input 1
+    /// is waited on before any record is read.
     Split = 1,
     /// args `[first_row, n_splits, q0 | nq << 16]`: queries `q0..q0 + nq` of a group from its splits.
     Combine = 2,
@@ -171,6 +172,10 @@ impl MlaKind {
     }
 }
 
+/// A split's flag (`MLA_SPLIT_AFTER_WRITE`): its input 1 is the cache write of its request's
+/// group before it, whose rows' new tokens its rows may list; it waits on it before reading any
+/// record (the other inputs it waits on with its first records in flight).
+pub const SPLIT_AFTER_WRITE: u32 = 0x80;
 /// Queries a split scores at once (`MLA_QCHUNK`) and the parts its scores are summed in over K
 /// (`MLA_KCHUNKS`).
 pub const QUERY_CHUNK: usize = 16;
@@ -449,8 +454,9 @@ pub struct AttendWaits {
     /// beside them, the new latents and rope keys a split makes its rows' own tokens from.
     pub queries: [Option<BoxRange>; 2],
     /// A split also waits on the cache writes of its request's earlier groups, whose new tokens
-    /// its rows may list (a group's own rows' tokens it makes from the new latents): on the one
-    /// just before it, as each of a request's cache writes waits on the one before.
+    /// its rows may list (a group's own rows' tokens it makes from the new latents), before it
+    /// reads any record: on the one just before it, as each of a request's cache writes waits on
+    /// the one before.
     pub earlier_cache_writes: bool,
 }
 
@@ -509,16 +515,23 @@ impl AttendPlan {
                 slot_of(&boxes.slots, g.first_row).first,
                 (g.rows - 1) * boxes.slots.stride() + self.topk,
             );
+            // The cache write before comes first: the split waits on it before reading records.
+            let after = before(i);
+            let flag = if after.is_some() {
+                SPLIT_AFTER_WRITE
+            } else {
+                0
+            };
             let inputs: Vec<BoxRange> = std::iter::once(slots)
+                .chain(after)
                 .chain(waits.queries.iter().flatten().copied())
-                .chain(before(i))
                 .collect();
             for s in 0..g.splits {
                 push(
                     MlaKind::Split,
                     slot_of(&boxes.split_done, g.first_split + s),
                     &inputs,
-                    [g.first_row, g.rows | s << 8, g.block],
+                    [g.first_row, g.rows | flag | s << 8, g.block],
                 );
             }
         }
