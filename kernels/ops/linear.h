@@ -5,9 +5,10 @@
 //
 // A team runs a range of tiles of one matrix (lin_tiles). Its threads form groups of 32 (a warp
 // on NVIDIA, half a wave on AMD); a group streams batches of 4 loads a lane (a k-block of FP8,
-// half one of bf16), each batch's loads
-// issued while the batch before it is being multiplied, the very first before the caller's
-// `ready` (the wait on the input: weights never wait on a hand-off). The groups split a round of
+// half one of bf16), either through registers, each batch's loads issued while the batch before
+// it is being multiplied, or (NVIDIA, a whole-CTA team, a long range) through a ring of LDS slots
+// that the copy engine fills; the first loads go out before the caller's `ready` (the wait on the
+// input: weights never wait on a hand-off). The groups split a round of
 // tiles: G groups share a tile's batches, P = groups / G tiles a round; each group's sums go to
 // LDS, then the team adds the G parts of each output in a fixed order and applies the epilogue.
 //
@@ -19,6 +20,7 @@
 #include "prelude.h"
 #include "ops/team.h"
 #include "ops/warp_mma.h"
+#include "ops/copy.h"
 
 #define LIN_TILE_ROWS 16u
 #define LIN_HALF_ROWS 8u
@@ -127,8 +129,8 @@ struct lin_acc {
 // Multiplies one batch (its first k is k_base) into `acc`: the lane's loads in `w`, x in LDS (xs:
 // 8 RT rows of lin_x_stride(k)), s0/s1 the halves' scales (FP8).
 template <bool FP8, u32 RT>
-MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs, u32 xstride, u32 k_base, float s0,
-                           float s1, u32 lane) {
+MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs, u32 xstride, u32 rows, u32 k_base,
+                           float s0, float s1, u32 lane) {
   constexpr u32 L = LIN_LOADS;
   const u32 g = lane / 4, t = lane % 4;
   constexpr u32 KL = FP8 ? 32u : 16u;  // k of one load
@@ -156,8 +158,11 @@ MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs,
       const u32 k0 = k_base + j * KL + 16 * s + 2 * t;
 #pragma unroll
       for (u32 rt = 0; rt < RT; ++rt) {
+        // Only the matrix's x rows are staged; the B operand of the others is zero.
         const u16* xr = xs + (8 * rt + g) * xstride + k0;
-        mono_mma_m16n8k16_bf16(FP8 ? tmp[rt] : acc.c[rt], a, *(const u32*)xr, *(const u32*)(xr + 8));
+        const bool real = 8 * rt + g < rows;
+        mono_mma_m16n8k16_bf16(FP8 ? tmp[rt] : acc.c[rt], a, real ? *(const u32*)xr : 0u,
+                               real ? *(const u32*)(xr + 8) : 0u);
       }
     }
   }
@@ -182,7 +187,7 @@ MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs,
                            : mono_bf16_to_f32((u16)(word >> (16 * (i % 2))));
       const u32 s = i / 8, reg = (i % 8) / 2, e = i % 2;
       const u32 h = reg & 1u, k = k_base + j * KL + 16 * s + 2 * t + 8 * (reg >> 1) + e;
-      for (u32 r = 0; r < 8 * RT; ++r) {
+      for (u32 r = 0; r < 8 * RT && r < rows; ++r) {
         const float p = wv * mono_bf16_to_f32(xs[r * xstride + k]);
         if (FP8)
           tmp[h][r] += p;
@@ -226,44 +231,129 @@ MONO_DEV void lin_flush(lin_acc<RT>& acc, float* part, u32 lane) {
 MONO_DEV float lin_silu(float v) { return v / (1.f + mono_expf(-v)); }
 MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v)); }
 
+MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
+
+// LIN_WEIGHTS_L1=0 (measurement builds only): the register path's weight loads skip L1
+// (ld.global.nc.L1::no_allocate). A CTA that takes all of the SM's shared memory leaves it about
+// 29 KB of L1, less than the 64 KB of weight loads its groups keep in flight.
+#ifndef LIN_WEIGHTS_L1
+#define LIN_WEIGHTS_L1 1
+#endif
+MONO_DEV mono_u32x4 lin_load_weight(const mono_u32x4* p) {
+#if MONO_NVIDIA && !LIN_WEIGHTS_L1
+  mono_u32x4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
 // Issues the loads of batch (tile, unit) for lane `lane` of a group.
 MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 units, u32 tile, u32 unit, u32 lane) {
   const mono_u32x4* src = (const mono_u32x4*)m.w + ((u64)tile * units + unit) * (LIN_LOADS * LIN_GROUP) + lane;
 #pragma unroll
-  for (u32 j = 0; j < LIN_LOADS; ++j) dst[j] = src[j * LIN_GROUP];
+  for (u32 j = 0; j < LIN_LOADS; ++j) dst[j] = lin_load_weight(src + j * LIN_GROUP);
 }
 
-// Tiles first .. first + count of matrix m, by the team; `ready()` is called by every thread after
-// the first weight loads are issued and before x is read (false: stop, returned). Ends on a
-// team barrier after the last store.
+// The matrix's x rows to LDS (no others: lin_multiply reads none). A thread's loads go out four
+// at a time before their stores, so it waits on one round trip per four chunks, not per chunk.
+template <class Team>
+MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xstride) {
+  constexpr u32 B = 4;
+  const u32 chunks = m.k / 8, total = m.rows * chunks;
+  for (u32 base = team.thread(); base < total; base += B * Team::size) {
+    mono_u32x4 v[B];
+#pragma unroll
+    for (u32 b = 0; b < B; ++b) {
+      const u32 i = base + b * Team::size;
+      if (i < total) v[b] = *(const mono_u32x4*)(m.x + (u64)(i / chunks) * m.x_stride + 8 * (i % chunks));
+    }
+#pragma unroll
+    for (u32 b = 0; b < B; ++b) {
+      const u32 i = base + b * Team::size;
+      if (i < total) *(mono_u32x4*)(xs + (i / chunks) * xstride + 8 * (i % chunks)) = v[b];  // 16-byte aligned rows
+    }
+  }
+}
+
+// Asks L2 for the residual the epilogue of tiles first .. first + count will read, before the
+// task waits on its input: each round's epilogue then finds it in L2 rather than in HBM.
+template <class Team>
+MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 first, u32 count) {
+#if MONO_NVIDIA
+  if (!(m.flags & LIN_RESIDUAL) || (m.flags & (LIN_SWIGLU | LIN_OUT_F32))) return;
+  const u32 c0 = first * LIN_TILE_ROWS, c1 = lin_min(m.n, (first + count) * LIN_TILE_ROWS);
+  if (c1 <= c0) return;
+  const u32 lines = (c1 - c0) * 2 / 128 + 2;  // 128-byte lines a row's run can touch
+  for (u32 i = team.thread(); i < m.rows * lines; i += Team::size) {
+    const u16* row = m.residual + (u64)(i / lines) * m.y_stride;
+    const u64 at = ((u64)(row + c0) & ~127ull) + 128ull * (i % lines);
+    if (at < (u64)(row + c1)) asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+  }
+#else
+  (void)team, (void)m, (void)first, (void)count;
+#endif
+}
+
+// The end of round r: each group's sums to LDS, then the team adds the G parts of each output in
+// group order and applies the epilogue. Starts and ends with a team barrier.
+template <u32 RT, class Team>
+MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
+                            lin_acc<RT>& acc, float* parts) {
+  constexpr u32 RS = 8 * RT;
+  const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
+  lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
+  team.sync();
+  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+  const u32 items = p.across * cols * m.rows;
+  for (u32 it = team.thread(); it < items; it += Team::size) {
+    const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
+    const u32 t = r * p.across + pp;
+    if (t >= p.count) continue;
+    const u32 col = (first + t) * cols + n;
+    if (col >= m.n) continue;
+    const float* part = parts + pp * p.share * LIN_TILE_ROWS * RS;
+    float v = 0.f, u = 0.f;
+    for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
+    const u64 at = (u64)row * m.y_stride + col;
+    if (m.flags & LIN_OUT_F32) {
+      ((float*)m.y)[at] = v;
+      continue;
+    }
+    if (m.flags & LIN_SWIGLU) {
+      for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
+      v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
+    } else {
+      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
+      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
+    }
+    ((u16*)m.y)[at] = mono_f32_to_bf16(v);
+  }
+  team.sync();
+}
+
+// Through registers: each group keeps its next batch's loads in flight while it multiplies the
+// current one (the path of every target without a copy engine, and of a CTA whose LDS is too
+// small for the ring).
 template <bool FP8, u32 RT, class Team, class Ready>
-MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, Ready ready) {
-  static_assert(Team::size % LIN_GROUP == 0, "a team of whole groups of 32");
-  constexpr u32 L = LIN_LOADS, RS = 8 * RT, groups = Team::size / LIN_GROUP;
+MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_plan& p, u32 first, float* parts,
+                             u16* xs, u32 xstride, Ready ready) {
+  constexpr u32 L = LIN_LOADS;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
-  const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
-  float* parts = (float*)smem;
-  u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
-  const u32 xstride = lin_x_stride(m.k);
 
   mono_u32x4 cur[L], nxt[L];
   u32 cr = 0, ci = 0, ctile = 0, cunit = 0;
   bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit);
   if (have) lin_load(cur, m, p.units, first + ctile, cunit, lane);
+  lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) return false;
-
-  // x to LDS, rows past m.rows as zeros.
-  const u32 chunks = m.k / 8;
-  for (u32 i = team.thread(); i < RS * chunks; i += Team::size) {
-    const u32 r = i / chunks, c = i % chunks;
-    mono_u32x4 v = {0u, 0u, 0u, 0u};
-    if (r < m.rows) v = *(const mono_u32x4*)(m.x + (u64)r * m.x_stride + 8 * c);
-    *(mono_u32x4*)(xs + r * xstride + 8 * c) = v;  // rows of 2 k + 16 bytes stay 16-byte aligned
-  }
+  lin_stage_x(team, m, xs, xstride);
   team.sync();
 
-  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
   for (u32 r = 0; r < p.rounds; ++r) {
     lin_acc<RT> acc;
     acc.zero();
@@ -280,41 +370,214 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
         const float* sc = m.scales + ((u64)(first + ctile) * p.units + cunit) * 2;
         s0 = sc[0], s1 = sc[1];
       }
-      lin_multiply<FP8, RT>(acc, cur, xs, xstride, cunit * unit_k, s0, s1, lane);
+      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, s0, s1, lane);
 #pragma unroll
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
-    lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
-    team.sync();
-    // The G parts of each output, in group order, then the epilogue.
-    const u32 items = p.across * cols * m.rows;
-    for (u32 it = team.thread(); it < items; it += Team::size) {
-      const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
-      const u32 t = r * p.across + pp;
-      if (t >= count) continue;
-      const u32 col = (first + t) * cols + n;
-      if (col >= m.n) continue;
-      const float* part = parts + pp * p.share * LIN_TILE_ROWS * RS;
-      float v = 0.f, u = 0.f;
-      for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
-      const u64 at = (u64)row * m.y_stride + col;
-      if (m.flags & LIN_OUT_F32) {
-        ((float*)m.y)[at] = v;
-        continue;
-      }
-      if (m.flags & LIN_SWIGLU) {
-        for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
-        v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
-      } else {
-        if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-        if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
-      }
-      ((u16*)m.y)[at] = mono_f32_to_bf16(v);
-    }
-    team.sync();
+    lin_round_end<RT>(team, m, p, r, first, acc, parts);
   }
   return true;
+}
+
+// LIN_NO_RING=1 (measurement builds only): every team streams through registers.
+#ifndef LIN_NO_RING
+#define LIN_NO_RING 0
+#endif
+
+#if MONO_NVIDIA && defined(MONO_CTA_THREADS)
+// ---- through an LDS ring filled by the copy engine (NVIDIA) ----------------------------------------
+// A step is one batch of every group: for each of a round's P tiles, G consecutive units (one run
+// of memory), so a step is P bulk copies into one slot, and group grp's batch lands at grp * 2 KB
+// (FP8 scales: the same units' pairs, grp * 8 bytes into the slot's scales, when they are 16-byte
+// runs; else each lane reads its pair from global memory). A slot completes on an mbarrier that
+// counts its bytes. Every slot is filled before the task waits on its input, so a task of up to
+// `slots` steps has all its weight bytes in flight at once; thereafter the slot of step s - 1 is
+// refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; a
+// round's end already is one).
+#ifndef LIN_RING_MAX
+#define LIN_RING_MAX 8u
+#endif
+#define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
+// Slots filled before the input wait (the rest once x is staged, so that x's reads need not queue
+// behind the task's whole weight in HBM), and the fewest steps a range takes to go through the
+// ring at all. On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
+// after a task's first slot took 2.4 us): a long range streams at the HBM's rate when every SM
+// does so (lm_head: 1.05 x the copy kernel, against 1.16 x through registers), but a range of a
+// few steps finishes sooner through registers, whose loads many warps keep in flight (q_a: 3
+// steps a CTA, 11.3 against 13.3 us a launch). PERF.md has the figures.
+#ifndef LIN_RING_EARLY
+#define LIN_RING_EARLY LIN_RING_MAX
+#endif
+#ifndef LIN_RING_MIN_STEPS
+#define LIN_RING_MIN_STEPS 8u
+#endif
+// The longest single bulk copy; a longer run goes as several.
+#ifndef LIN_RING_PIECE
+#define LIN_RING_PIECE (1u << 20)
+#endif
+// LIN_STAMPS=1 (measurement builds only): the leader overwrites the first 32 bytes of the task's
+// columns of y row 0 with four SM clock readings: the descriptor read, x staged, the first and
+// the last slot landed (the bench places them against the task's trace record).
+#ifndef LIN_STAMPS
+#define LIN_STAMPS 0
+#endif
+MONO_DEV u64 lin_clock_after(u32 dep) {
+  u64 t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "r"(dep));
+  return t;
+}
+
+MONO_DEV u32 lin_dynamic_lds() {
+  u32 v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
+
+// Where the ring lies, as offsets from the LDS base.
+struct lin_ring {
+  u32 slots;      // 0: too little LDS for a ring
+  u32 steps;      // of the whole range
+  u32 per_round;  // steps a round
+  u32 bar;        // slot j's barrier at bar + 8 j
+  u32 scales;     // slot j's scales at scales + 8 groups j
+  u32 w;          // slot j's weights at w + 2 KB groups j
+  bool lds_scales;
+};
+
+template <u32 groups>
+MONO_DEV lin_ring lin_ring_of(const lin_matrix& m, const lin_plan& p, bool fp8, u32 used) {
+  lin_ring g;
+  g.per_round = (p.units + p.share - 1) / p.share;
+  g.steps = p.rounds * g.per_round;
+  g.bar = (used + 15u) & ~15u;
+  g.scales = g.bar + 8u * LIN_RING_MAX;
+  g.w = (g.scales + 8u * groups * LIN_RING_MAX + 127u) & ~127u;
+  g.lds_scales = fp8 && p.share % 2 == 0 && p.units % 2 == 0 && ((u64)m.scales & 15u) == 0;
+  const u32 lds = lin_dynamic_lds(), slot = groups * LIN_UNIT_BYTES;
+  const u32 fit = lin_min(lin_min(lds > g.w ? (lds - g.w) / slot : 0u, LIN_RING_MAX), g.steps);
+  // One slot for a longer range would leave nothing in flight while it is multiplied.
+  g.slots = (g.steps >= LIN_RING_MIN_STEPS && (fit >= 2 || fit == g.steps)) ? fit : 0u;
+  return g;
+}
+
+template <bool FP8, u32 RT, class Team, class Ready>
+MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_plan& p, const lin_ring& g, u32 first,
+                             u8* smem, float* parts, u16* xs, u32 xstride, Ready ready) {
+  constexpr u32 groups = Team::size / LIN_GROUP, slot_bytes = groups * LIN_UNIT_BYTES;
+  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
+  const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
+  const u32 base = mono_lds_address(smem);
+  auto issue = [&](u32 s) {
+    const u32 slot = s % g.slots, r = s / g.per_round, u0 = (s % g.per_round) * p.share;
+    const u32 nu = lin_min(p.share, p.units - u0), tiles = lin_min(p.across, p.count - r * p.across);
+    const u32 bar = base + g.bar + 8u * slot;
+    mono_lds_barrier_expect(bar, tiles * nu * (LIN_UNIT_BYTES + (g.lds_scales ? 8u : 0u)));
+    for (u32 q = 0; q < tiles; ++q) {
+      const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
+      const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
+      for (u32 at = 0; at < len; at += LIN_RING_PIECE)
+        mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
+      if (g.lds_scales)
+        mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
+    }
+  };
+
+#if LIN_STAMPS
+  u64 stamp[4] = {lin_clock_after(p.units), 0, 0, 0};
+#endif
+  const u32 early = lin_min(g.slots, LIN_RING_EARLY);
+  // The previous task's plain stores to this LDS come before the copy engine's writes.
+  mono_fence_lds_async();
+  team.sync();
+  if (team.leader()) {
+    for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_init(base + g.bar + 8u * j);
+    for (u32 s = 0; s < early; ++s) issue(s);
+  }
+  lin_prefetch_residual(team, m, first, p.count);
+  if (!ready()) {
+    // The copies still land in this LDS: let them before the CTA stops.
+    for (u32 j = 0; j < early; ++j) mono_lds_barrier_wait(base + g.bar + 8u * j, 0);
+    return false;
+  }
+  lin_stage_x(team, m, xs, xstride);
+  if (team.leader())
+    for (u32 s = early; s < g.slots; ++s) issue(s);
+  team.sync();
+#if LIN_STAMPS
+  stamp[1] = mono_clock_cycles();
+#endif
+
+  lin_acc<RT> acc;
+  acc.zero();
+  for (u32 s = 0; s < g.steps; ++s) {
+    const u32 r = s / g.per_round, i = s % g.per_round, slot = s % g.slots;
+    if (s > 0 && s - 1 + g.slots < g.steps) {
+      if (i != 0) team.sync();
+      if (team.leader()) issue(s - 1 + g.slots);
+    }
+    mono_lds_barrier_wait(base + g.bar + 8u * slot, (s / g.slots) & 1u);
+#if LIN_STAMPS
+    if (s == 0) stamp[2] = mono_clock_cycles();
+    if (s + 1 == g.steps) stamp[3] = mono_clock_cycles();
+#endif
+    u32 tile = 0, unit = 0;
+    if (lin_batch(p, grp, r, i, &tile, &unit)) {
+      const mono_u32x4* src = (const mono_u32x4*)(smem + g.w + slot * slot_bytes + grp * LIN_UNIT_BYTES) + lane;
+      mono_u32x4 w[LIN_LOADS];
+#pragma unroll
+      for (u32 j = 0; j < LIN_LOADS; ++j) w[j] = src[j * LIN_GROUP];
+      float s0 = 0.f, s1 = 0.f;
+      if (FP8) {
+        const float* sc = g.lds_scales ? (const float*)(smem + g.scales + 8u * (slot * groups + grp))
+                                       : m.scales + ((u64)(first + tile) * p.units + unit) * 2;
+        s0 = sc[0], s1 = sc[1];
+      }
+      lin_multiply<FP8, RT>(acc, w, xs, xstride, m.rows, unit * unit_k, s0, s1, lane);
+    }
+    if (i + 1 == g.per_round) {
+      lin_round_end<RT>(team, m, p, r, first, acc, parts);
+      acc.zero();
+    }
+  }
+  // The last round's end was a team barrier after every wait: the barriers' words go back to
+  // plain LDS.
+  if (team.leader())
+    for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_inval(base + g.bar + 8u * j);
+#if LIN_STAMPS
+  if (team.leader()) {
+    const bool f32 = m.flags & LIN_OUT_F32;
+    const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+    u64* out = (u64*)((u8*)m.y + (u64)first * cols * (f32 ? 4u : 2u));
+    for (u32 j = 0; j < 4 && 8 * (j + 1) <= p.count * cols * (f32 ? 4u : 2u); ++j) out[j] = stamp[j];
+  }
+#endif
+  return true;
+}
+#endif
+
+// Tiles first .. first + count of matrix m, by the team; `ready()` is called by every thread after
+// the first weight loads are issued and before x is read (false: stop, returned). Ends on a team
+// barrier after the last store. smem: the team's LDS, at least lin_partial_floats + the x rows;
+// for a team that is the whole CTA (NVIDIA), the CTA's dynamic shared memory from its start, and
+// what lies beyond partials and x becomes the ring.
+template <bool FP8, u32 RT, class Team, class Ready>
+MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, Ready ready) {
+  static_assert(Team::size % LIN_GROUP == 0, "a team of whole groups of 32");
+  constexpr u32 groups = Team::size / LIN_GROUP;
+  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
+  const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
+  float* parts = (float*)smem;
+  u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
+  const u32 xstride = lin_x_stride(m.k);
+#if MONO_NVIDIA && defined(MONO_CTA_THREADS)
+  if (Team::size == MONO_CTA_THREADS && !LIN_NO_RING) {
+    const u32 used = lin_partial_floats(groups, RT) * 4u + m.rows * xstride * 2u;
+    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used);
+    if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, ready);
+  }
+#endif
+  return lin_tiles_regs<FP8, RT>(team, m, p, first, parts, xs, xstride, ready);
 }
 
 // The same for any matrix: dispatches on its format and row count.

@@ -1,32 +1,53 @@
 //! The linear task on the GPU at a GLM-5.2 TP-8 rank's matrices (`linear::shapes`), 1, 4 and 16
-//! rows (lm_head 1 and 4), each alone over every SM, and the nine expert slices of one MoE layer (8 routed + the
-//! shared one: nine gate/up matrices, then nine downs each waiting on its gate/up) as one
-//! persistent launch. Graph replays of 16 launches, the weights rotated among enough copies to
-//! exceed 128 MB (cold in L2; a 256 MB memset before each replay, untimed), median of 10
-//! replays per launch; beside each, in the same run: a copy kernel (`copy_16b`, 4 CTAs of 512 a
-//! SM) moving the same bytes (half read, half written) as graph replays of 16 launches, and the
-//! floor (bytes over the measured copy bandwidth). The chain's graph starts with the mailbox's
-//! epoch node (its tasks wait on boxes, which need a new tag each replay); the single matrices'
-//! do not. Prints "skipped" without a GPU.
+//! rows (lm_head 1 and 4): each alone over every SM; q_a, o_proj, an expert's gate/up and its
+//! down as one chain (each waiting on the one before it); and the nine expert slices of one MoE
+//! layer (8 routed + the shared one: nine gate/up matrices, then nine downs each waiting on its
+//! gate/up) with the router as one persistent launch. Tasks are placed by
+//! `layout::place_weighted`, and each CTA gets all the shared memory the device allows
+//! (`LinearKernel::lds_budget`). Graph replays of 16 launches, the weights rotated among enough
+//! copies to exceed 128 MB (cold in L2; a 256 MB memset before each replay, untimed), median of
+//! 10 replays per launch; beside each, in the same run: a copy kernel (`copy_16b`, 4 CTAs of 512
+//! a SM) moving the same bytes (half read, half written) as graph replays of 16 launches, and the
+//! floor (bytes over the measured copy bandwidth). A chain's graph starts with the mailbox's epoch
+//! node (its tasks wait on boxes, which need a new tag each replay); the single matrices' do not.
+//!
+//! Then the timeline of one launch of each case from a kernel built with the mailbox trace: the
+//! in-launch span (first task start to last end), the tasks' median and longest run, and when
+//! the waiting tasks started and ended. With `MONO_TRACE_DIR` set, the 9-expert launches'
+//! timelines are also written there as Chrome traces. With `MONO_BENCH_JSON` set, each figure is
+//! also a record (`device::report`). Prints "skipped" without a GPU.
 //! `cargo bench -p linear --bench gpu`
 
+use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use linear::cases::{Pattern, Problem};
-use linear::gpu::{DevicePlan, DeviceProblem, LinMatrix, LinearKernel};
-use linear::layout::{lds_bytes, place, MatrixPlan};
-use linear::shapes::rank_matrices;
+use linear::gpu::{source, DevicePlan, DeviceProblem, LinMatrix, LinearKernel};
+use linear::layout::{lds_bytes, place_weighted, LaunchPlan, MatrixPlan};
+use linear::shapes::{rank_matrices, RankMatrix};
 use mailbox::gpu::{EpochNode, Variant};
+use mailbox::trace::{self, CycleClock, TimeBase, Timeline};
 use mailbox::Tags;
+use model::weights::packed::PackedWeight;
 
 type Error = Box<dyn std::error::Error>;
 
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
 const COLD_BYTES: usize = 128 << 20;
+const TABLE: &str = "linear (GLM-5.2 TP8 rank's matrices)";
+const WHAT: &str = "linear task, graph replays, weights cold in L2";
+const COPY: &str = "copy kernel moving the same bytes, same launch mode";
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// One matrix of a launch: its problem, packed weight and the matrix it waits on.
+struct Part<'a> {
+    problem: Problem,
+    packed: &'a PackedWeight,
+    after: Option<usize>,
 }
 
 struct Bench {
@@ -34,10 +55,13 @@ struct Bench {
     stream: Stream,
     flush: Buffer<u8>,
     kernel: LinearKernel,
+    traced: LinearKernel,
+    lds: u32,
     copy: device::Kernel,
     _copy_module: device::Module,
     epoch: EpochNode,
     bandwidth: f64,
+    report: Reporter,
 }
 
 impl Bench {
@@ -81,47 +105,65 @@ impl Bench {
         })
     }
 
-    /// One launch of `problems` (matrix m after `after[m]`), weights in enough copies to be cold.
-    fn linear_us(&self, problems: &[(Problem, Option<usize>)]) -> Result<(f64, usize), Error> {
-        let packed: Vec<_> = problems
+    /// The launch's placement over every SM, by bytes.
+    fn plan(&self, parts: &[Part]) -> Result<LaunchPlan, Error> {
+        let plans: Vec<MatrixPlan> = parts
             .iter()
-            .map(|(p, _)| p.packed())
-            .collect::<Result<_, _>>()?;
-        let bytes: usize = packed
-            .iter()
-            .map(|w| w.bytes.len() + 4 * w.scales.len())
-            .sum();
+            .map(|p| MatrixPlan {
+                tiles: p.packed.layout.tiles() as u32,
+                after: p.after,
+            })
+            .collect();
+        let tile_bytes: Vec<u64> = parts.iter().map(|p| tile_bytes(p.packed)).collect();
+        Ok(place_weighted(
+            &plans,
+            &tile_bytes,
+            self.dev.info().multiprocessors,
+        )?)
+    }
+
+    /// Every part uploaded once, its x the y of the part it waits on.
+    fn upload(&self, parts: &[Part]) -> Result<Vec<DeviceProblem>, Error> {
+        let mut bufs: Vec<DeviceProblem> = Vec::new();
+        for p in parts {
+            let mut b = DeviceProblem::upload(&self.dev, &p.problem, p.packed)?;
+            if let Some(a) = p.after {
+                b.matrix.x = bufs[a].y.device_ptr();
+                b.matrix.x_stride = bufs[a].matrix.y_stride;
+            }
+            bufs.push(b);
+        }
+        Ok(bufs)
+    }
+
+    /// One launch of `parts`, weights in enough copies to be cold: us a launch and bytes.
+    fn linear_us(&self, parts: &[Part]) -> Result<(f64, usize), Error> {
+        let bytes: usize = parts.iter().map(|p| weight_bytes(p.packed)).sum();
         let copies = COLD_BYTES.div_ceil(bytes).clamp(1, LAUNCHES);
-        let lds = problems
-            .iter()
-            .map(|(p, _)| lds_bytes(self.kernel.threads(), p.k, p.rows))
-            .try_fold(0, |a, b| b.map(|b| a.max(b)))?;
+        self.check_lds(parts)?;
         let mut sets: Vec<(Vec<DeviceProblem>, Buffer<LinMatrix>)> = Vec::new();
         for _ in 0..copies {
-            let mut bufs: Vec<DeviceProblem> = Vec::new();
-            for ((p, after), w) in problems.iter().zip(&packed) {
-                let mut b = DeviceProblem::upload(&self.dev, p, w)?;
-                if let Some(a) = after {
-                    b.matrix.x = bufs[*a].y.device_ptr();
+            let bufs = self.upload(parts)?;
+            let mut mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
+            if x_warm() {
+                // Every copy reads the first copy's x rows (and residual), which stay in L2 as a
+                // step's activations would.
+                if let Some((first, _)) = sets.first() {
+                    for (m, (mat, b)) in mats.iter_mut().zip(first.iter()).enumerate() {
+                        if parts[m].after.is_none() {
+                            mat.x = b.matrix.x;
+                        }
+                        mat.residual = b.matrix.residual;
+                    }
                 }
-                bufs.push(b);
             }
-            let mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
             let mats = self.dev.upload(&mats)?;
             sets.push((bufs, mats));
         }
-        let plans: Vec<MatrixPlan> = problems
-            .iter()
-            .zip(&packed)
-            .map(|((_, after), w)| MatrixPlan {
-                tiles: w.layout.tiles() as u32,
-                after: *after,
-            })
-            .collect();
-        let plan = place(&plans, self.dev.info().multiprocessors)?;
+        let plan = self.plan(parts)?;
         let first: Vec<LinMatrix> = sets[0].0.iter().map(|b| b.matrix).collect();
-        let on_device = DevicePlan::new(&self.dev, &self.kernel, &plan, &first, lds)?;
-        let waits = problems.iter().any(|(_, a)| a.is_some());
+        let on_device = DevicePlan::new(&self.dev, &self.kernel, &plan, &first, self.lds)?;
+        let waits = parts.iter().any(|p| p.after.is_some());
         let tags = Tags::new(LAUNCHES as u32)?;
         let us = self.graph_us(&|i| {
             if waits && i == 0 {
@@ -134,22 +176,215 @@ impl Bench {
         Ok((us, bytes))
     }
 
-    fn line(
-        &self,
-        name: &str,
-        rows: usize,
-        problems: &[(Problem, Option<usize>)],
-    ) -> Result<(), Error> {
-        let (us, bytes) = self.linear_us(problems)?;
+    fn check_lds(&self, parts: &[Part]) -> Result<(), Error> {
+        for p in parts {
+            let need = lds_bytes(self.kernel.threads(), p.problem.k, p.problem.rows)?;
+            if need > self.lds {
+                return Err(format!(
+                    "{}: {need} bytes of LDS, {} given",
+                    p.problem.name, self.lds
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The timeline of one launch (the L2 flushed first), summarised in one line.
+    fn timeline(&self, name: &str, parts: &[Part]) -> Result<String, Error> {
+        let bufs = self.upload(parts)?;
+        let plan = self.plan(parts)?;
+        let mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
+        let on_device = DevicePlan::new(&self.dev, &self.traced, &plan, &mats, self.lds)?;
+        let buffer = on_device.table.trace_buffer(&self.dev)?;
+        let tags = Tags::new(1)?;
+        for _ in 0..2 {
+            self.epoch
+                .enqueue(&self.stream, &on_device.epoch, &on_device.scratch, tags)?;
+            self.stream
+                .memset(self.flush.device_ptr(), 1, self.flush.bytes())?;
+            on_device.launch_traced(&self.stream, &self.traced, tags, 0, &buffer)?;
+            self.stream.sync()?;
+        }
+        let decoded = trace::decode(&plan.placement.table(), &buffer.download()?)?;
+        let base = CycleClock::from_khz(self.dev.info().clock_khz)
+            .map_or(TimeBase::Timer, TimeBase::Cycles);
+        let line = Timeline::new(&decoded, base, name, &|k| trace::kind_name(k));
+        if let Ok(dir) = std::env::var("MONO_TRACE_DIR") {
+            if name.starts_with("9 experts") {
+                let file = format!("{dir}/{}.json", name.replace([' ', ','], "_"));
+                std::fs::write(file, trace::chrome::json(&line))?;
+            }
+        }
+        let waiting = |position: u32| {
+            let task = &plan.placement.table().tasks[position as usize];
+            parts[task.args[0] as usize].after.is_some()
+        };
+        if stamps() {
+            text_stamps(&decoded, &plan, parts, &bufs, self.dev.info().clock_khz)?;
+        }
+        let runs: Vec<f64> = line.bars.iter().map(|b| b.end_us - b.start_us).collect();
+        let longest = runs.iter().copied().fold(0.0, f64::max);
+        let mut text = format!(
+            "span {:.2} us, {} tasks: median {:.2} us, longest {:.2} us",
+            line.end_us(),
+            runs.len(),
+            median(runs),
+            longest
+        );
+        let firsts: Vec<f64> = (0..line.ctas)
+            .filter_map(|c| {
+                line.bars
+                    .iter()
+                    .filter(|b| b.span.cta == c)
+                    .map(|b| b.start_us)
+                    .reduce(f64::min)
+            })
+            .collect();
+        if !firsts.is_empty() {
+            let last = firsts.iter().copied().fold(0.0, f64::max);
+            text += &format!("; CTAs' first task from 0 to {last:.2} us");
+        }
+        let (free, wait): (Vec<_>, Vec<_>) =
+            line.bars.iter().partition(|b| !waiting(b.span.position));
+        if !wait.is_empty() {
+            let free_end = free.iter().map(|b| b.end_us).fold(0.0, f64::max);
+            let starts: Vec<f64> = wait.iter().map(|b| b.start_us).collect();
+            let wait_end = wait.iter().map(|b| b.end_us).fold(0.0, f64::max);
+            text += &format!(
+                "; tasks that wait on none end by {free_end:.2} us, the waiting ones start at {:.2} us (median) and end by {wait_end:.2} us",
+                median(starts)
+            );
+        }
+        Ok(text)
+    }
+
+    fn line(&self, name: &str, rows: usize, parts: &[Part]) -> Result<(), Error> {
+        if !wanted(name) {
+            return Ok(());
+        }
+        let (us, bytes) = self.linear_us(parts)?;
         let copy = self.copy_us(bytes)?;
         let floor = bytes as f64 / self.bandwidth * 1e6;
+        let timeline = self.timeline(name, parts)?;
         println!(
             "{name:<28} {rows:>4} {:>9.2} {floor:>9.2} {copy:>9.2} {us:>9.2} {:>8.3} {:>8.3}",
             bytes as f64 / 1e6,
             us / copy,
             us / floor
         );
+        println!("    timeline: {timeline}");
+        let case = format!(
+            "{name}, {rows} row{}, {:.2} MB",
+            if rows == 1 { "" } else { "s" },
+            bytes as f64 / 1e6
+        );
+        let how = format!(
+            "weight bytes over the copy bandwidth measured in the same call ({:.2} TB/s)",
+            self.bandwidth / 1e12
+        );
+        self.report.write(
+            &Figure::new(TABLE, &case, WHAT, us, "us")
+                .floor(floor, &how)
+                .baseline(copy, COPY)
+                .note(&format!(
+                    "{:.2} x the copy; one traced launch: {timeline}",
+                    us / copy
+                )),
+        )?;
         Ok(())
+    }
+}
+
+/// `LIN_BENCH_DEFINES` (`NAME=VALUE,...`): defines every kernel of the run is built with (the
+/// tile's measurement knobs, `kernels/ops/linear.h`).
+fn defines() -> Vec<(String, i64)> {
+    std::env::var("LIN_BENCH_DEFINES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|d| {
+            let (name, value) = d.split_once('=')?;
+            Some((name.trim().to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// `LIN_BENCH_X=warm`: every replayed launch reads one copy of x and the residual (warm in L2, as
+/// a step's activations are); otherwise each copy of the weights has its own (cold).
+fn x_warm() -> bool {
+    std::env::var("LIN_BENCH_X").is_ok_and(|v| v == "warm")
+}
+
+/// `LIN_BENCH_STAMPS=1`: the traced launch also writes the tile's clock stamps (`LIN_STAMPS`).
+fn stamps() -> bool {
+    std::env::var("LIN_BENCH_STAMPS").is_ok_and(|v| v == "1")
+}
+
+/// `LIN_BENCH_CASES` (name prefixes, comma-separated): only those cases.
+fn wanted(name: &str) -> bool {
+    std::env::var("LIN_BENCH_CASES")
+        .map_or(true, |v| v.split(',').any(|c| name.starts_with(c.trim())))
+}
+
+/// Bytes a launch streams for a packed weight: codes (or bf16) and scales.
+fn weight_bytes(w: &PackedWeight) -> usize {
+    w.bytes.len() + 4 * w.scales.len()
+}
+
+fn tile_bytes(w: &PackedWeight) -> u64 {
+    (weight_bytes(w) / w.layout.tiles()) as u64
+}
+
+/// The problem of `m` at `rows`, seeded by `seed` (the weights depend on the seed alone).
+fn problem(m: &RankMatrix, rows: usize, seed: u64) -> Result<Problem, Error> {
+    Ok(Problem::new(
+        Pattern::Random,
+        m.format,
+        m.pairing,
+        m.n,
+        m.k,
+        rows,
+        m.finish,
+        seed,
+    )?)
+}
+
+/// Matrices and their packed weights, made once for every row count.
+struct Weights {
+    matrices: Vec<RankMatrix>,
+    packed: Vec<PackedWeight>,
+    /// Nine gate/ups, nine downs.
+    experts: Vec<PackedWeight>,
+}
+
+impl Weights {
+    fn new() -> Result<Self, Error> {
+        let matrices = rank_matrices("glm-5.2", 8)?;
+        let packed = matrices
+            .iter()
+            .map(|m| problem(m, 1, 1)?.packed().map_err(Error::from))
+            .collect::<Result<_, _>>()?;
+        let (gu, down) = (&matrices[2], &matrices[3]);
+        let mut experts = Vec::new();
+        for (m, seed) in (0..9)
+            .map(|e| (gu, e))
+            .chain((0..9).map(|e| (down, 100 + e)))
+        {
+            experts.push(problem(m, 1, seed)?.packed()?);
+        }
+        Ok(Weights {
+            matrices,
+            packed,
+            experts,
+        })
+    }
+
+    fn part(&self, i: usize, rows: usize, after: Option<usize>) -> Result<Part<'_>, Error> {
+        Ok(Part {
+            problem: problem(&self.matrices[i], rows, 1)?,
+            packed: &self.packed[i],
+            after,
+        })
     }
 }
 
@@ -163,70 +398,149 @@ fn main() -> Result<(), Error> {
     };
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
+    let with_defines = |mut src: device::KernelSource| {
+        for (name, value) in defines() {
+            src = src.define(&name, value);
+        }
+        src
+    };
+    let kernel =
+        LinearKernel::build_source(&dev, 512, with_defines(source(512, Variant::default())))?;
+    let mut traced_src = with_defines(trace::traced(source(512, Variant::default())));
+    if stamps() {
+        traced_src = traced_src.define("LIN_STAMPS", 1);
+    }
+    let traced = LinearKernel::build_source(&dev, 512, traced_src)?;
+    let lds = kernel.lds_budget(&dev)?.min(traced.lds_budget(&dev)?);
     let bench = Bench {
         stream: dev.new_stream()?,
         flush: dev.alloc_zeroed::<u8>(256 << 20)?,
-        kernel: LinearKernel::build(&dev, 512, Variant::default())?,
+        kernel,
+        traced,
+        lds,
         copy: copy_module.kernel("copy_16b")?,
         _copy_module: copy_module,
         epoch: EpochNode::build(&dev, Variant::default())?,
         bandwidth,
+        report: Reporter::from_env(&format!(
+            "{} ({} SMs), {}",
+            dev.info().name,
+            dev.info().multiprocessors,
+            dev.info().driver_version
+        )),
         dev,
     };
     println!(
-        "{}: copy bandwidth {:.2} TB/s (read + written); us a launch, graph replays, weights cold",
+        "{}: copy bandwidth {:.2} TB/s (read + written); us a launch, graph replays, weights cold; {} bytes of LDS a CTA",
         bench.dev.info().name,
-        bandwidth / 1e12
+        bandwidth / 1e12,
+        bench.lds
     );
     println!(
         "{:<28} {:>4} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "matrix", "rows", "MB", "floor", "copy", "linear", "x copy", "x floor"
     );
-    let matrices = rank_matrices("glm-5.2", 8)?;
+    let w = Weights::new()?;
+    let only: Option<Vec<usize>> = std::env::var("LIN_BENCH_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.parse().ok()).collect());
     for rows in [1, 4, 16] {
-        for m in matrices.iter().filter(|m| rows <= 4 || m.name != "lm_head") {
-            let p = Problem::new(
-                Pattern::Random,
-                m.format,
-                m.pairing,
-                m.n,
-                m.k,
-                rows,
-                m.finish,
-                1,
-            )?;
-            bench.line(m.name, rows, &[(p, None)])?;
+        if only.as_ref().is_some_and(|o| !o.contains(&rows)) {
+            continue;
         }
-        // The nine expert slices of a MoE layer: gate/up 0..9, then down e after gate/up e.
-        let (gu, down) = (&matrices[2], &matrices[3]);
-        let mut chain = Vec::new();
-        for e in 0..9u64 {
-            let p = Problem::new(
-                Pattern::Random,
-                gu.format,
-                gu.pairing,
-                gu.n,
-                gu.k,
-                rows,
-                gu.finish,
-                e,
-            )?;
-            chain.push((p, None));
+        for (i, m) in w.matrices.iter().enumerate() {
+            if rows > 4 && m.name == "lm_head" {
+                continue;
+            }
+            bench.line(m.name, rows, &[w.part(i, rows, None)?])?;
+        }
+        // q_a, o_proj, an expert's gate/up and its down, each waiting on the one before it (q_a's
+        // y is wider than o_proj's k: o_proj reads its first columns).
+        let chain: Vec<Part> = [0usize, 1, 2, 3]
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| w.part(i, rows, n.checked_sub(1)))
+            .collect::<Result<_, _>>()?;
+        if chain_fits(&chain) {
+            bench.line("q_a, o_proj, gate/up, down chain", rows, &chain)?;
+        }
+        // The nine expert slices of a MoE layer and the router: gate/up 0..9, the router, then
+        // down e after gate/up e.
+        let (gu, down) = (&w.matrices[2], &w.matrices[3]);
+        let mut layer = Vec::new();
+        for e in 0..9 {
+            layer.push(Part {
+                problem: problem(gu, rows, e as u64)?,
+                packed: &w.experts[e],
+                after: None,
+            });
         }
         for e in 0..9 {
-            let p = Problem::new(
-                Pattern::Random,
-                down.format,
-                down.pairing,
-                down.n,
-                down.k,
-                rows,
-                down.finish,
-                100 + e as u64,
-            )?;
-            chain.push((p, Some(e)));
+            layer.push(Part {
+                problem: problem(down, rows, 100 + e as u64)?,
+                packed: &w.experts[9 + e],
+                after: Some(e),
+            });
         }
-        bench.line("9 experts, one launch", rows, &chain)?;
+        bench.line("9 experts, one launch", rows, &layer)?;
+        // The router reads the layer's input as the gate/ups do: it joins their step.
+        layer.insert(9, w.part(4, rows, None)?);
+        bench.line("9 experts + router, one launch", rows, &layer)?;
     }
+    Ok(())
+}
+
+/// Whether each matrix of a chain can read its x from the y before it: that y has at least k
+/// columns.
+fn chain_fits(chain: &[Part]) -> bool {
+    chain.windows(2).all(|p| p[0].problem.n >= p[1].problem.k)
+}
+
+/// The tile's clock stamps of every task (`LIN_STAMPS`), from its trace start, in us: medians of
+/// the descriptor read, x staged, first and last slot landed, and the end.
+fn text_stamps(
+    decoded: &trace::Trace,
+    plan: &LaunchPlan,
+    parts: &[Part],
+    bufs: &[DeviceProblem],
+    khz: u32,
+) -> Result<(), Error> {
+    let ys: Vec<Vec<u8>> = bufs
+        .iter()
+        .map(|b| b.y.download())
+        .collect::<Result<_, _>>()?;
+    let table = plan.placement.table();
+    let ghz = f64::from(khz) / 1e6;
+    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); 5];
+    for span in &decoded.spans {
+        let task = &table.tasks[span.position as usize];
+        let (m, first) = (task.args[0] as usize, task.args[1] as usize);
+        let p = &parts[m];
+        let per_tile = p.packed.layout.pairing.columns_per_tile();
+        let elt = if p.problem.out_f32() { 4 } else { 2 };
+        let at = first * per_tile * elt;
+        let room = (task.args[2] as usize * per_tile * elt).min(32) / 8;
+        if room < 4 {
+            continue;
+        }
+        let word =
+            |j: usize| u64::from_le_bytes(ys[m][at + 8 * j..at + 8 * j + 8].try_into().unwrap());
+        let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
+        for (j, col) in cols.iter_mut().take(4).enumerate() {
+            col.push(us(word(j)));
+        }
+        cols[4].push(us(span.end_cycles));
+    }
+    if cols[0].is_empty() {
+        return Ok(());
+    }
+    let med: Vec<String> = cols
+        .into_iter()
+        .map(|c| format!("{:.2}", median(c)))
+        .collect();
+    println!(
+        "    stamps (median us after the task's start): descriptor {}, x staged {}, first slot {}, last slot {}, end {}",
+        med[0], med[1], med[2], med[3], med[4]
+    );
     Ok(())
 }

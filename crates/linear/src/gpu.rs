@@ -108,8 +108,23 @@ pub struct LinearKernel {
 
 impl LinearKernel {
     pub fn build(dev: &Device, threads: u32, variant: Variant) -> Result<Self> {
+        Self::build_source(dev, threads, source(threads, variant))
+    }
+
+    /// The same kernel writing every task's start and end to the launch's trace
+    /// ([`DevicePlan::launch_traced`], `mailbox::trace`).
+    pub fn build_traced(dev: &Device, threads: u32, variant: Variant) -> Result<Self> {
+        Self::build_source(
+            dev,
+            threads,
+            mailbox::trace::traced(source(threads, variant)),
+        )
+    }
+
+    /// `source` (one of [`source`], with what a measurement adds) built for CTAs of `threads`.
+    pub fn build_source(dev: &Device, threads: u32, source: KernelSource) -> Result<Self> {
         lds_bytes(threads, 128, 1)?;
-        let module = dev.build(&source(threads, variant))?;
+        let module = dev.build(&source)?;
         Ok(LinearKernel {
             kernel: module.kernel("linear_tasks")?,
             threads,
@@ -119,6 +134,16 @@ impl LinearKernel {
 
     pub fn threads(&self) -> u32 {
         self.threads
+    }
+
+    /// The dynamic shared memory a launch should give each CTA: all that the device lets one
+    /// CTA have beside the kernel's static words. On NVIDIA the tile streams a task's weights
+    /// through what lies beyond its partial sums and x rows (the ring of `kernels/ops/linear.h`),
+    /// so more shared memory keeps more bytes in flight; [`lds_bytes`] is only the least a launch
+    /// of given matrices takes.
+    pub fn lds_budget(&self, dev: &Device) -> Result<u32> {
+        let fixed = self.kernel.resources()?.shared_bytes;
+        Ok(dev.info().max_shared_per_block.saturating_sub(fixed))
     }
 
     /// The largest grid whose CTAs are all resident with `lds` bytes of shared memory each.
@@ -296,6 +321,34 @@ impl DevicePlan {
         let args = LinArgs {
             mats: mats.device_ptr(),
             n_mats: mats.len() as u32,
+            pad: 0,
+        };
+        kernel.launch(stream, &table, &args, self.lds)
+    }
+
+    /// Launch `index` of a step of `tags` writing its task records to `trace`
+    /// ([`mailbox::gpu::DeviceTable::trace_buffer`]; only a kernel from
+    /// [`LinearKernel::build_traced`] writes them).
+    pub fn launch_traced(
+        &self,
+        stream: &Stream,
+        kernel: &LinearKernel,
+        tags: mailbox::Tags,
+        index: u32,
+        trace: &Buffer<u64>,
+    ) -> Result<()> {
+        let table = LaunchTable::new(
+            &self.table,
+            &self.scratch,
+            &self.epoch,
+            &self.diag,
+            tags,
+            index,
+        )?
+        .with_trace(&self.table, trace)?;
+        let args = LinArgs {
+            mats: self.mats.device_ptr(),
+            n_mats: self.mats.len() as u32,
             pad: 0,
         };
         kernel.launch(stream, &table, &args, self.lds)

@@ -30,6 +30,8 @@ pub enum LayoutError {
     NoTiles { matrix: usize },
     #[error("no CTAs to place on")]
     NoCtas,
+    #[error("{matrices} matrices but {weights} tile sizes")]
+    TileBytes { matrices: usize, weights: usize },
     #[error(transparent)]
     Task(#[from] mailbox::task::TooManyInputs),
 }
@@ -133,6 +135,132 @@ pub fn place(matrices: &[MatrixPlan], ctas: u32) -> Result<LaunchPlan, LayoutErr
             mine.push((cta, range, out));
             order += 1;
             cta = (cta + 1) % ctas;
+        }
+        tasks.push(mine);
+    }
+    Ok(LaunchPlan {
+        placement: Placement::new(lists),
+        boxes: next_box.max(BOXES_PER_LINE),
+        tasks,
+    })
+}
+
+/// Whether matrix m waits on an earlier one, as a step of the chain: 0 for a matrix that waits on
+/// none, else one more than the matrix it waits on.
+fn levels(matrices: &[MatrixPlan]) -> Result<Vec<u32>, LayoutError> {
+    let mut level = Vec::with_capacity(matrices.len());
+    for (m, plan) in matrices.iter().enumerate() {
+        if plan.tiles == 0 {
+            return Err(LayoutError::NoTiles { matrix: m });
+        }
+        level.push(match plan.after {
+            None => 0,
+            Some(a) if a < m => level[a] + 1,
+            Some(a) => {
+                return Err(LayoutError::After {
+                    matrix: m,
+                    after: a,
+                })
+            }
+        });
+    }
+    Ok(level)
+}
+
+/// The least level L with sum over CTAs of max(0, L - load) >= bytes: filling every CTA up to L
+/// holds `bytes` and leaves the fullest CTA as empty as it can be.
+fn water_level(load: &[u64], bytes: u64) -> u64 {
+    let room = |level: u64| -> u64 { load.iter().map(|&l| level.saturating_sub(l)).sum() };
+    let (mut lo, mut hi) = (0, load.iter().copied().max().unwrap_or(0) + bytes);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if room(mid) >= bytes {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// Like [`place`], but balancing the bytes each CTA streams, with `tile_bytes[m]` the bytes of a
+/// tile of matrix m. Matrices go in steps: a run of consecutive matrices that wait on nothing, or
+/// on matrices of one earlier step, is one step. A step's tiles, matrix after matrix, are one
+/// stream, cut into contiguous runs that fill the CTAs up to one water level (the least loaded
+/// CTAs take the most); a tile goes to the CTA whose share holds its middle byte. So every CTA
+/// streams at most the launch's mean plus one tile, and takes one task per matrix its run meets:
+/// nine experts' gate/ups and downs become two or three tasks a CTA, not eleven.
+pub fn place_weighted(
+    matrices: &[MatrixPlan],
+    tile_bytes: &[u64],
+    ctas: u32,
+) -> Result<LaunchPlan, LayoutError> {
+    if ctas == 0 {
+        return Err(LayoutError::NoCtas);
+    }
+    if tile_bytes.len() != matrices.len() {
+        return Err(LayoutError::TileBytes {
+            matrices: matrices.len(),
+            weights: tile_bytes.len(),
+        });
+    }
+    let level = levels(matrices)?;
+    // Each matrix's runs: (CTA, tiles), in stream order.
+    let mut runs: Vec<Vec<(u32, TileRange)>> = vec![Vec::new(); matrices.len()];
+    let mut load = vec![0u64; ctas as usize];
+    let mut start = 0;
+    while start < matrices.len() {
+        let end = (start..matrices.len())
+            .find(|&m| level[m] != level[start])
+            .unwrap_or(matrices.len());
+        let bytes: u64 = (start..end)
+            .map(|m| u64::from(matrices[m].tiles) * tile_bytes[m])
+            .sum();
+        let fill = water_level(&load, bytes);
+        // CTA c's share of the stream is [from[c], from[c + 1]).
+        let mut from = vec![0u64; ctas as usize + 1];
+        for c in 0..ctas as usize {
+            from[c + 1] = from[c] + fill.saturating_sub(load[c]);
+        }
+        let (mut offset, mut cta) = (0u64, 0usize);
+        for m in start..end {
+            let b = tile_bytes[m];
+            for t in 0..matrices[m].tiles {
+                // Twice the middle byte, so that odd tile sizes stay exact.
+                let middle2 = 2 * offset + b;
+                while cta + 1 < ctas as usize && 2 * from[cta + 1] <= middle2 {
+                    cta += 1;
+                }
+                load[cta] += b;
+                match runs[m].last_mut() {
+                    Some((c, r)) if *c == cta as u32 => r.count += 1,
+                    _ => runs[m].push((cta as u32, TileRange { first: t, count: 1 })),
+                }
+                offset += b;
+            }
+        }
+        start = end;
+    }
+    let mut lists = vec![Vec::new(); ctas as usize];
+    let (mut order, mut next_box) = (0u32, 0u32);
+    let mut tasks: Vec<Vec<(u32, TileRange, BoxRange)>> = Vec::new();
+    for (m, plan) in matrices.iter().enumerate() {
+        let inputs: Vec<BoxRange> = match plan.after {
+            Some(a) => {
+                let before: &Vec<(u32, TileRange, BoxRange)> = &tasks[a];
+                let (first, last) = (before[0].2.first, before[before.len() - 1].2);
+                vec![BoxRange::new(first, last.first + last.len - first)]
+            }
+            None => Vec::new(),
+        };
+        let mut mine = Vec::new();
+        for &(cta, range) in &runs[m] {
+            let out = BoxRange::new(next_box, BOXES_PER_LINE);
+            next_box += BOXES_PER_LINE;
+            let args = [m as u32, range.first, range.count];
+            lists[cta as usize].push(Task::new(KIND_TILES, order, out, &inputs, args)?);
+            mine.push((cta, range, out));
+            order += 1;
         }
         tasks.push(mine);
     }

@@ -1,6 +1,6 @@
 //! Builds the linear entry for both targets without a GPU, in the fused CTA shape (512 threads)
 //! and the host emulation's (128), with and without the mailbox's debug bound, and prints
-//! registers, spills and shared memory. With MONO_REQUIRE_COMPILERS=1 (CI) a missing compiler
+//! registers, spills and shared memory; and with the tile's measurement knobs set. With MONO_REQUIRE_COMPILERS=1 (CI) a missing compiler
 //! fails instead of skipping.
 
 use device::Compiler;
@@ -41,6 +41,20 @@ fn builds(compiler: &dyn Compiler) {
 fn kernels_build_for_sm90a() {
     if let Some(c) = compiler("sm_90a") {
         builds(c.as_ref());
+    }
+}
+
+/// The tile's measurement knobs (the bench's `LIN_BENCH_DEFINES`, `LIN_BENCH_STAMPS`) still build.
+#[test]
+fn measurement_builds_for_sm90a() {
+    if let Some(c) = compiler("sm_90a") {
+        let src = mailbox::trace::traced(source(512, Variant::default()))
+            .define("LIN_STAMPS", 1)
+            .define("LIN_RING_PIECE", 4096)
+            .define("LIN_RING_MAX", 2)
+            .define("LIN_WEIGHTS_L1", 0);
+        let compiled = c.compile(&src).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("sm_90a with stamps: {:?}", compiled.resources);
     }
 }
 

@@ -1,15 +1,18 @@
 //! The linear task on the GPU at a GLM-5.2 TP-8 rank's shapes (`linear::shapes`): 1, 4 and 16
 //! rows (lm_head 1 and 4), each matrix split over every SM, checked by `check::check` (the
 //! contract of the host emulation) with the measured error printed; outliers on q_a; an expert's
-//! gate/up and its down in one launch, the down waiting on the gate/up's boxes; and the negative
-//! controls, which must fail: two scale blocks swapped, a task (a column range) dropped.
+//! gate/up and its down in one launch, the down waiting on the gate/up's boxes; nine experts and
+//! the router in one launch, placed by bytes; the same tile streaming through registers (too
+//! little shared memory for its ring) and, in a build that sends every range through the ring,
+//! through the ring; and the negative controls, which must fail: two scale blocks swapped (also
+//! through the ring), a task (a column range) dropped.
 //! `cargo test --release -p linear --test gpu -- --ignored --nocapture`
 
 use device::Device;
 use linear::cases::{Pattern, Problem};
 use linear::check::check;
-use linear::gpu::{DevicePlan, DeviceProblem, LinearKernel};
-use linear::layout::{lds_bytes, place, MatrixPlan};
+use linear::gpu::{source, DevicePlan, DeviceProblem, LinearKernel};
+use linear::layout::{lds_bytes, place, place_weighted, MatrixPlan};
 use linear::shapes::rank_matrices;
 use mailbox::gpu::Variant;
 use mailbox::Tags;
@@ -23,19 +26,36 @@ fn problem(i: usize, pattern: Pattern, rows: usize, seed: u64) -> Problem {
     p
 }
 
+/// How a launch is set up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// Placed by bytes, all the shared memory a CTA can have (the tile's ring).
+    Full,
+    /// Placed by tiles (`place`), the least shared memory the matrices take (no room for a
+    /// ring: the tile streams through registers).
+    Least,
+    /// As Full, less the last task of matrix 0 (a negative control).
+    DropOne,
+}
+
 /// Runs `problems` (with their packed weights) as one launch over every SM; `after[m]` is the
-/// matrix whose y is m's x. `drop` removes the last task of matrix 0. Returns each y.
+/// matrix whose y is m's x. Returns each y.
 fn run(
     dev: &Device,
     kernel: &LinearKernel,
     problems: &[(Problem, model::weights::packed::PackedWeight, Option<usize>)],
-    drop: bool,
+    setup: Setup,
 ) -> Vec<Vec<f32>> {
-    let lds = problems
+    let least = problems
         .iter()
         .map(|(p, _, _)| lds_bytes(THREADS, p.k, p.rows).unwrap())
         .max()
         .unwrap();
+    let lds = if setup == Setup::Least {
+        least
+    } else {
+        least.max(kernel.lds_budget(dev).unwrap())
+    };
     let mut bufs: Vec<DeviceProblem> = Vec::new();
     for (p, w, after) in problems {
         let mut b = DeviceProblem::upload(dev, p, w).unwrap();
@@ -52,8 +72,17 @@ fn run(
             after: *after,
         })
         .collect();
-    let mut plan = place(&plans, dev.info().multiprocessors).unwrap();
-    if drop {
+    let ctas = dev.info().multiprocessors;
+    let mut plan = if setup == Setup::Least {
+        place(&plans, ctas).unwrap()
+    } else {
+        let tile_bytes: Vec<u64> = problems
+            .iter()
+            .map(|(_, w, _)| ((w.bytes.len() + 4 * w.scales.len()) / w.layout.tiles()) as u64)
+            .collect();
+        place_weighted(&plans, &tile_bytes, ctas).unwrap()
+    };
+    if setup == Setup::DropOne {
         let (cta, _, _) = *plan.tasks[0].last().unwrap();
         let list = &mut plan.placement.lists_mut()[cta as usize];
         let at = list.iter().position(|t| t.args[0] == 0).unwrap();
@@ -95,7 +124,26 @@ fn rank_shapes_match_the_reference() {
     for (seed, &(i, pattern, rows)) in cases.iter().enumerate() {
         let p = problem(i, pattern, rows, seed as u64);
         let w = p.packed().unwrap();
-        let y = run(&dev, &kernel, &[(p.clone(), w, None)], false);
+        let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
+        if let Err(e) = report(&p, &y[0]) {
+            eprintln!("FAILED {e}");
+            failures.push(p.name.clone());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_register_path_matches_too() {
+    let dev = Device::open(0).unwrap();
+    let kernel = LinearKernel::build(&dev, THREADS, Variant::default()).unwrap();
+    let mut failures = Vec::new();
+    // q_a, the expert down (+ row scale and residual), the router: FP8 and bf16, 1 and 4 rows.
+    for (seed, (i, rows)) in [(0, 1), (3, 4), (4, 1)].into_iter().enumerate() {
+        let p = problem(i, Pattern::Random, rows, 50 + seed as u64);
+        let w = p.packed().unwrap();
+        let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Least);
         if let Err(e) = report(&p, &y[0]) {
             eprintln!("FAILED {e}");
             failures.push(p.name.clone());
@@ -117,11 +165,76 @@ fn a_down_waits_for_its_gate_up() {
             &dev,
             &kernel,
             &[(gu.clone(), wg, None), (down.clone(), wd, Some(0))],
-            false,
+            Setup::Full,
         );
         report(&gu, &y[0]).unwrap();
         down.x = y[0].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
         report(&down, &y[1]).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_ring_path_matches_too() {
+    // Every range through the copy engine's ring, however short (production keeps short ranges
+    // in registers): FP8 with its scales through the ring, bf16, 1 and 4 rows, every epilogue.
+    let dev = Device::open(0).unwrap();
+    let src = source(THREADS, Variant::default()).define("LIN_RING_MIN_STEPS", 1);
+    let kernel = LinearKernel::build_source(&dev, THREADS, src).unwrap();
+    let mut failures = Vec::new();
+    for (seed, (i, rows)) in [(0, 1), (1, 4), (2, 1), (3, 4), (4, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let p = problem(i, Pattern::Random, rows, 70 + seed as u64);
+        let w = p.packed().unwrap();
+        let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
+        if let Err(e) = report(&p, &y[0]) {
+            eprintln!("FAILED {e}");
+            failures.push(p.name.clone());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    let p = problem(0, Pattern::Random, 4, 7);
+    let mut w = p.packed().unwrap();
+    let other = (1..w.scales.len())
+        .find(|&i| w.scales[i] != w.scales[0])
+        .unwrap();
+    w.scales.swap(0, other);
+    let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
+    let err = check(&p, &y[0]).expect_err("swapped scales passed the ring");
+    eprintln!("swapped scales, ring: {err}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn nine_experts_and_the_router_in_one_launch() {
+    let dev = Device::open(0).unwrap();
+    let kernel = LinearKernel::build(&dev, THREADS, Variant::default()).unwrap();
+    for rows in [1, 4] {
+        // gate/up 0..9, the router, then down e after gate/up e.
+        let mut problems = Vec::new();
+        for e in 0..9 {
+            let p = problem(2, Pattern::Random, rows, 300 + e);
+            let w = p.packed().unwrap();
+            problems.push((p, w, None));
+        }
+        let router = problem(4, Pattern::Random, rows, 310);
+        let w = router.packed().unwrap();
+        problems.push((router, w, None));
+        for e in 0..9 {
+            let p = problem(3, Pattern::Random, rows, 320 + e as u64);
+            let w = p.packed().unwrap();
+            problems.push((p, w, Some(e)));
+        }
+        let y = run(&dev, &kernel, &problems, Setup::Full);
+        for (m, (p, _, after)) in problems.iter().enumerate() {
+            let mut p = p.clone();
+            if let Some(a) = after {
+                p.x = y[*a].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            }
+            report(&p, &y[m]).unwrap();
+        }
     }
 }
 
@@ -136,11 +249,11 @@ fn negative_controls_fail() {
         .find(|&i| w.scales[i] != w.scales[0])
         .unwrap();
     w.scales.swap(0, other);
-    let y = run(&dev, &kernel, &[(p.clone(), w, None)], false);
+    let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::Full);
     let err = check(&p, &y[0]).expect_err("swapped scales passed");
     eprintln!("swapped scales: {err}");
     let w = p.packed().unwrap();
-    let y = run(&dev, &kernel, &[(p.clone(), w, None)], true);
+    let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::DropOne);
     let err = check(&p, &y[0]).expect_err("a dropped column range passed");
     eprintln!("dropped task: {err}");
 }

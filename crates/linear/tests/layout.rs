@@ -1,7 +1,9 @@
 //! The linear stage's placement: every tile of every matrix in exactly one task, placements that
 //! pass the mailbox's rules, waits on exactly the producer's boxes, and bad shapes as errors.
 
-use linear::layout::{lds_bytes, place, split_tiles, MatrixPlan, KIND_TILES};
+use linear::layout::{
+    lds_bytes, place, place_weighted, split_tiles, LaunchPlan, MatrixPlan, KIND_TILES,
+};
 use mailbox::layout::BOXES_PER_LINE;
 use mailbox::Limits;
 use proptest::prelude::*;
@@ -34,29 +36,102 @@ proptest! {
             .map(|(m, &t)| MatrixPlan { tiles: t, after: (m > 0 && waits[m]).then(|| m - 1) })
             .collect();
         let plan = place(&plans, ctas).unwrap();
-        let valid = plan.placement.clone().check(Limits { max_resident: ctas, scratch_boxes: plan.boxes });
-        prop_assert!(valid.is_ok(), "{:?}", valid.err());
-        for (m, tasks) in plan.tasks.iter().enumerate() {
-            let covered: u32 = tasks.iter().map(|t| t.1.count).sum();
-            prop_assert_eq!(covered, tiles[m]);
-            for (_, _, out) in tasks {
-                prop_assert_eq!(out.len, BOXES_PER_LINE);
-            }
+        keeps_the_rules(&plans, &plan, ctas)?;
+    }
+}
+
+/// Every tile once, in tasks of its matrix; boxes and waits as the mailbox and the matrices ask.
+fn keeps_the_rules(
+    plans: &[MatrixPlan],
+    plan: &LaunchPlan,
+    ctas: u32,
+) -> Result<(), TestCaseError> {
+    let valid = plan.placement.clone().check(Limits {
+        max_resident: ctas,
+        scratch_boxes: plan.boxes,
+    });
+    prop_assert!(valid.is_ok(), "{:?}", valid.err());
+    for (m, tasks) in plan.tasks.iter().enumerate() {
+        let mut next = 0;
+        for (_, range, out) in tasks {
+            prop_assert_eq!(range.first, next);
+            next += range.count;
+            prop_assert_eq!(out.len, BOXES_PER_LINE);
         }
-        for (_, task) in plan.placement.tasks() {
-            prop_assert_eq!(task.kind, KIND_TILES);
-            let m = task.args[0] as usize;
-            match plans[m].after {
-                Some(a) => {
-                    let producer = &plan.tasks[a];
-                    let first = producer[0].2.first;
-                    let end = producer.last().unwrap().2.end() as u32;
-                    prop_assert_eq!(task.inputs(), &[mailbox::BoxRange::new(first, end - first)]);
-                }
-                None => prop_assert_eq!(task.n_inputs, 0),
+        prop_assert_eq!(next, plans[m].tiles);
+    }
+    for (_, task) in plan.placement.tasks() {
+        prop_assert_eq!(task.kind, KIND_TILES);
+        let m = task.args[0] as usize;
+        match plans[m].after {
+            Some(a) => {
+                let producer = &plan.tasks[a];
+                let first = producer[0].2.first;
+                let end = producer.last().unwrap().2.end() as u32;
+                prop_assert_eq!(task.inputs(), &[mailbox::BoxRange::new(first, end - first)]);
             }
+            None => prop_assert_eq!(task.n_inputs, 0),
         }
     }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn weighted_placements_keep_the_rules_and_balance_bytes(
+        shapes in prop::collection::vec((1u32..400, 1u64..100_000), 1..20),
+        waits in prop::collection::vec(any::<bool>(), 20),
+        ctas in 1u32..140,
+    ) {
+        let plans: Vec<MatrixPlan> = shapes
+            .iter()
+            .enumerate()
+            .map(|(m, &(t, _))| MatrixPlan { tiles: t, after: (m > 0 && waits[m]).then(|| m - 1) })
+            .collect();
+        let bytes: Vec<u64> = shapes.iter().map(|s| s.1).collect();
+        let plan = place_weighted(&plans, &bytes, ctas).unwrap();
+        keeps_the_rules(&plans, &plan, ctas)?;
+        // No CTA streams more than the mean plus one tile (and a byte of rounding).
+        let mut load = vec![0u64; ctas as usize];
+        for (m, tasks) in plan.tasks.iter().enumerate() {
+            for (cta, range, _) in tasks {
+                load[*cta as usize] += u64::from(range.count) * bytes[m];
+            }
+        }
+        let total: u64 = load.iter().sum();
+        let widest = bytes.iter().copied().max().unwrap();
+        let fullest = load.iter().copied().max().unwrap();
+        prop_assert!(fullest * u64::from(ctas) <= total + (widest + 1) * u64::from(ctas), "{fullest} of {total} over {ctas}");
+    }
+}
+
+#[test]
+fn nine_experts_take_few_tasks_a_cta() {
+    // Nine gate/ups of 32 tiles of 96 KB, then nine downs of 384 tiles of 4 KB, each after its gate/up.
+    let mut plans = vec![
+        MatrixPlan {
+            tiles: 32,
+            after: None
+        };
+        9
+    ];
+    plans.extend((0..9).map(|e| MatrixPlan {
+        tiles: 384,
+        after: Some(e),
+    }));
+    let bytes: Vec<u64> = (0..18)
+        .map(|m| if m < 9 { 96 << 10 } else { 4 << 10 })
+        .collect();
+    let plan = place_weighted(&plans, &bytes, 132).unwrap();
+    let most = plan
+        .placement
+        .lists()
+        .iter()
+        .map(|l| l.len())
+        .max()
+        .unwrap();
+    assert!(most <= 4, "{most} tasks on one CTA");
+    assert!(place_weighted(&plans, &bytes[1..], 132).is_err());
 }
 
 #[test]
