@@ -104,14 +104,17 @@ impl GpuHalf {
         };
         let plan = HalfPlan::plan(&mut g, case.dims, &case.requests, build, input, "attn")?;
         let launch = g.finish()?;
-        let lds = plan.lds_bytes(k.shape.threads)?;
-        if lds > k.shape.shared_bytes {
+        // Every CTA gets all the shared memory it may have (the linear's weight ring takes what
+        // its task leaves free), at least what the tasks need.
+        let need = plan.lds_bytes(k.shape.threads)?;
+        if need > k.shape.shared_bytes {
             return Err(format!(
-                "the tasks need {lds} bytes of shared memory; a CTA has {}",
+                "the tasks need {need} bytes of shared memory; a CTA has {}",
                 k.shape.shared_bytes
             )
             .into());
         }
+        let lds = k.shape.shared_bytes;
         let mut buffers = Vec::new();
         let mut put = |bytes: &[u8]| -> u64 {
             let b = dev.upload(bytes).expect("device memory for the case");
