@@ -1,4 +1,4 @@
-// Standalone entry points of the MLA stage (task functions in mla_attn.h).
+// Standalone entry points of the MLA stage (its decoder: mla_tasks.h).
 //
 // mla_tasks: the generic task-list loop over a one-stage list (src/layout.rs builds it): launch
 // with MONO_CTA_THREADS threads, MLA_SMEM_BYTES of dynamic shared memory and every CTA resident.
