@@ -200,6 +200,20 @@ impl<T: Pod> Buffer<T> {
         Ok(out)
     }
 
+    /// Copies values `range` out (a part of a buffer too large to read whole).
+    pub fn download_range(&self, range: std::ops::Range<usize>) -> Result<Vec<T>> {
+        if range.start > range.end || range.end > self.len {
+            return Err(DeviceError::Size {
+                message: format!("values {range:?} of a buffer of {}", self.len),
+            });
+        }
+        let mut out = vec![T::zeroed(); range.len()];
+        let at = self.ptr + (range.start * std::mem::size_of::<T>()) as u64;
+        self.backend
+            .copy_to_host(bytemuck::cast_slice_mut(&mut out), at, self.stream)?;
+        Ok(out)
+    }
+
     pub fn zero(&self) -> Result<()> {
         self.backend
             .memset(self.ptr, 0, self.bytes(), self.stream)?;

@@ -32,6 +32,13 @@ pub fn registry() -> Vec<RegisteredSource> {
         .chain(register("crates/mla", mla::gpu::sources()))
         .chain(register("crates/linear", linear::gpu::sources()))
         .chain(register("crates/executor", fused_sources()))
+        .chain(register(
+            "crates/executor",
+            vec![
+                crate::step::weights::generate::source(),
+                crate::step::inputs::source(),
+            ],
+        ))
         .collect()
 }
 

@@ -5,4 +5,5 @@ pub mod fused;
 pub mod info;
 pub mod kernels;
 pub mod reference;
+pub mod step;
 pub mod trace;

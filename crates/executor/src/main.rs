@@ -26,9 +26,22 @@ enum Format {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one decode step. For now the CPU reference step (tiny preset, synthetic weights by
-    /// default), with per-layer progress and the argmax tokens.
-    Step(executor::reference::cli::StepArgs),
+    /// Decode steps. On a GPU: the preset's synthetic weights made on the device (one rank's),
+    /// then the step's launches captured as one graph and replayed, the time of each step.
+    /// Without a GPU, or with --cpu: one CPU reference step (tiny preset by default), with
+    /// per-layer progress and the argmax tokens.
+    Step {
+        #[command(flatten)]
+        args: executor::reference::cli::StepArgs,
+        #[command(flatten)]
+        gpu: executor::step::cli::GpuArgs,
+    },
+    /// SHA-256 of every tensor each launch of a GPU step writes, one launch at a time.
+    Dump(executor::step::cli::DumpArgs),
+    /// Compare two dumps: equal, or the first launch and tensor that differ.
+    Compare { first: PathBuf, second: PathBuf },
+    /// Time the GPU step from graph replays beside its HBM floor, and each launch kind.
+    Bench(executor::step::cli::BenchArgs),
     /// Per-rank shapes, the bytes each launch kind must read, and their HBM floors.
     Info {
         /// Model preset: glm-5, glm-5.2 or tiny.
@@ -99,7 +112,10 @@ enum Command {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Step(args) => executor::reference::cli::run(&args),
+        Command::Step { args, gpu } => executor::step::cli::run_step(&args, &gpu),
+        Command::Dump(args) => executor::step::cli::run_dump(&args),
+        Command::Compare { first, second } => executor::step::cli::run_compare(&first, &second),
+        Command::Bench(args) => executor::step::cli::run_bench(&args),
         Command::Info {
             preset,
             config,

@@ -4,6 +4,7 @@
 
 use super::front::{front_source, FrontBuild, FrontError, FrontGraph, MAX_ROWS};
 use super::{CtaShape, ENTRY};
+use crate::step::LaunchSlot;
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
 use indexer::gpu::{inv_freq, Grid, KernelConfig, PlanBuffers, StageArgs, StageBuffers};
 use indexer::layout::{CacheLayout, PAGE_TOKENS};
@@ -15,6 +16,7 @@ use model::ModelConfig;
 use select::gpu::{SelArgs, Shape as SelectShape, FLAG_NAMES};
 use select::layout::TopK;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrontGpuError {
@@ -162,23 +164,50 @@ pub struct FrontLaunch<'a> {
     flags: Buffer<u32>,
     _pages: Buffer<i32>,
     _inv_freq: Buffer<f64>,
-    scratch: Buffer<u64>,
-    epoch: Buffer<u32>,
+    scratch: Arc<Buffer<u64>>,
+    epoch: Arc<Buffer<u32>>,
     diag: Buffer<u32>,
     tags: Tags,
+    launch_index: u32,
     idx: StageArgs,
     sel: SelArgs,
     _inputs: PhantomData<&'a ()>,
 }
 
 impl<'a> FrontLaunch<'a> {
-    /// Uploads `graph`'s tables and makes the step's buffers, after checking the inputs' sizes.
+    /// Uploads `graph`'s tables and makes the step's buffers, after checking the inputs' sizes:
+    /// the only launch of its step, with an epoch word and scratch of its own.
     pub fn new(
         dev: &Device,
         kernel: &FrontKernel,
         graph: FrontGraph,
         inputs: &FrontInputs<'a>,
     ) -> Result<Self> {
+        let slot = LaunchSlot {
+            epoch: Arc::new(dev.alloc_zeroed(1)?),
+            scratch: Arc::new(dev.alloc_zeroed(graph.layout.boxes().max(1) as usize)?),
+            tags: Tags::new(1).map_err(|e| FrontGpuError::Shape(e.to_string()))?,
+            launch_index: 0,
+        };
+        Self::in_step(dev, kernel, graph, inputs, &slot)
+    }
+
+    /// The same as launch `slot.launch_index` of a step of several, tagging its boxes in the
+    /// step's scratch by the step's epoch.
+    pub fn in_step(
+        dev: &Device,
+        kernel: &FrontKernel,
+        graph: FrontGraph,
+        inputs: &FrontInputs<'a>,
+        slot: &LaunchSlot,
+    ) -> Result<Self> {
+        if slot.scratch.len() < graph.layout.boxes() as usize {
+            return Err(FrontGpuError::Shape(format!(
+                "the launch's boxes take {} words of scratch; the step has {}",
+                graph.layout.boxes(),
+                slot.scratch.len()
+            )));
+        }
         let dims = kernel.dims;
         let cache = CacheLayout::new(dims.head_dim as u32)?;
         let cache_pages = (inputs.cache.len() as u64 / cache.page_bytes()) as u32;
@@ -221,10 +250,8 @@ impl<'a> FrontLaunch<'a> {
         }
         let pages = dev.upload(&table_rows)?;
         let inv_freq = dev.upload(&inv_freq(&dims))?;
-        let scratch = dev.alloc_zeroed(graph.layout.boxes() as usize)?;
-        let epoch = dev.alloc_zeroed(1)?;
+        let (scratch, epoch, tags) = (slot.scratch.clone(), slot.epoch.clone(), slot.tags);
         let diag = dev.alloc_zeroed(DIAG_WORDS)?;
-        let tags = Tags::new(1).map_err(|e| FrontGpuError::Shape(e.to_string()))?;
         let idx = StageBuffers {
             key_proj: inputs.key_proj,
             norm_weight: inputs.norm_weight,
@@ -241,7 +268,7 @@ impl<'a> FrontLaunch<'a> {
             diag: &diag,
             trace: None,
             tags,
-            launch_index: 0,
+            launch_index: slot.launch_index,
             boxes: graph.boxes.indexer,
         }
         .args(&dims)?;
@@ -271,6 +298,7 @@ impl<'a> FrontLaunch<'a> {
             epoch,
             diag,
             tags,
+            launch_index: slot.launch_index,
             idx,
             sel,
             _inputs: PhantomData,
@@ -282,13 +310,18 @@ impl<'a> FrontLaunch<'a> {
         kernel
             .epoch
             .enqueue(stream, &self.epoch, &self.scratch, self.tags)?;
+        self.enqueue_launch(kernel, stream)
+    }
+
+    /// The fused launch alone: in a step of several, the step's epoch node runs once before all.
+    pub fn enqueue_launch(&self, kernel: &FrontKernel, stream: &Stream) -> Result<()> {
         let table = LaunchTable::new(
             &self.table,
             &self.scratch,
             &self.epoch,
             &self.diag,
             self.tags,
-            0,
+            self.launch_index,
         )?;
         let launch = Launch::new(self.table.ctas, kernel.shape.threads)
             .shared(kernel.shape.shared_bytes)

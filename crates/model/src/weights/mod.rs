@@ -17,7 +17,7 @@ pub use error::WeightError;
 pub use fp8::{scale_shape, Fp8Weight};
 pub use matrix::Matrix;
 pub use names::{checkpoint_tensors, expert_tensor_name, layer_tensor_name, TensorSpec};
-pub use synthetic::{synthetic_values, Synthetic, SyntheticKind};
+pub use synthetic::{synthetic_values, Synthetic, SyntheticKind, SyntheticRule};
 
 /// A store of named tensors. Every tensor comes back as f32 (bf16 and FP8 values are exact in
 /// f32), after a check that it exists and has the shape the caller expects.

@@ -61,25 +61,51 @@ fn ceil_log2(n: usize) -> u32 {
     n.max(1).next_power_of_two().trailing_zeros()
 }
 
+/// What every value of one tensor shares: the hash key and the rule that turns a hash into a
+/// value. Generators elsewhere (the GPU's) take these numbers as they are, so the rule lives here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyntheticRule {
+    /// The name's hash mixed with the seed; element `i` hashes `key + (i + 1) x golden gamma`.
+    pub key: u64,
+    pub kind: SyntheticKind,
+    /// What the signed byte is multiplied by (matrices, norm biases, the router bias).
+    pub factor: f32,
+}
+
+impl SyntheticRule {
+    pub fn new(seed: u64, name: &str, shape: &[usize]) -> Self {
+        let kind = SyntheticKind::of(name);
+        let cols = shape.last().copied().unwrap_or(1);
+        let matrix_exponent = (ceil_log2(cols) as i32 + 1) / 2 - 1;
+        let factor = match kind {
+            SyntheticKind::Matrix => 2f32.powi(-7 - matrix_exponent),
+            SyntheticKind::NormWeight => 1.0,
+            SyntheticKind::NormBias => 2f32.powi(-11),
+            SyntheticKind::RouterBias => 2f32.powi(-12),
+        };
+        SyntheticRule {
+            key: name_hash(name) ^ seed.wrapping_mul(GOLDEN_GAMMA),
+            kind,
+            factor,
+        }
+    }
+
+    /// Element `i` (row-major over the whole tensor).
+    pub fn value(&self, i: u64) -> f32 {
+        let u = mix(self.key.wrapping_add((i + 1).wrapping_mul(GOLDEN_GAMMA)));
+        let byte = f32::from((u >> 56) as u8 as i8);
+        match self.kind {
+            SyntheticKind::NormWeight => 1.0 + ((u >> 59) as i32 - 16) as f32 / 128.0,
+            _ => byte * self.factor,
+        }
+    }
+}
+
 /// The values of tensor `name` with `shape` (row-major) for `seed`, as bf16-exact f32.
 pub fn synthetic_values(seed: u64, name: &str, shape: &[usize]) -> Vec<f32> {
-    let key = name_hash(name) ^ seed.wrapping_mul(GOLDEN_GAMMA);
+    let rule = SyntheticRule::new(seed, name, shape);
     let count: usize = shape.iter().product();
-    let kind = SyntheticKind::of(name);
-    let cols = shape.last().copied().unwrap_or(1);
-    let matrix_exponent = (ceil_log2(cols) as i32 + 1) / 2 - 1;
-    (0..count as u64)
-        .map(|i| {
-            let u = mix(key.wrapping_add((i + 1).wrapping_mul(GOLDEN_GAMMA)));
-            let byte = f32::from((u >> 56) as u8 as i8);
-            match kind {
-                SyntheticKind::Matrix => byte * 2f32.powi(-7 - matrix_exponent),
-                SyntheticKind::NormWeight => 1.0 + ((u >> 59) as i32 - 16) as f32 / 128.0,
-                SyntheticKind::NormBias => byte * 2f32.powi(-11),
-                SyntheticKind::RouterBias => byte * 2f32.powi(-12),
-            }
-        })
-        .collect()
+    (0..count as u64).map(|i| rule.value(i)).collect()
 }
 
 /// Synthetic weights for every tensor of a config. In the FP8 format the quantisable matrices

@@ -1,0 +1,97 @@
+//! Timing a step: the captured step replayed (each replay timed by events), each launch of one
+//! step launched directly with events between them (grouped by launch kind), and the floors: the
+//! bytes the launches in the step must move, and the bytes the whole step will move
+//! (`model::traffic`), each over the copy bandwidth measured in the same run.
+
+use device::Device;
+
+use super::graph::StepGraph;
+use super::Result;
+
+/// Times of one step configuration.
+#[derive(Clone, Debug)]
+pub struct StepTimes {
+    /// Milliseconds of each replay.
+    pub replays_ms: Vec<f64>,
+    pub kinds: Vec<KindTime>,
+    /// Bytes the step's launches must move, summed over those that know theirs.
+    pub floor_bytes: u64,
+    /// Launches of the step that gave no floor.
+    pub without_floor: usize,
+}
+
+/// One launch kind's time in a step.
+#[derive(Clone, Debug)]
+pub struct KindTime {
+    pub kind: String,
+    /// Launches of this kind in the step.
+    pub count: usize,
+    /// Median milliseconds of one such launch.
+    pub ms: f64,
+    /// Mean bytes one such launch must move, when they all know theirs.
+    pub floor_bytes: Option<u64>,
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+impl StepTimes {
+    pub fn step_ms(&self) -> f64 {
+        median(&self.replays_ms)
+    }
+}
+
+/// Times `graph` (already captured): `replays` replays after `warmup` untimed ones, and
+/// `direct` steps launched launch by launch for the per-kind times.
+pub fn time_step(
+    dev: &Device,
+    graph: &StepGraph,
+    warmup: u32,
+    replays: u32,
+    direct: u32,
+) -> Result<StepTimes> {
+    graph.replay(warmup)?;
+    let replays_ms = graph.time_replays(dev, replays)?;
+    let launches = graph.launches();
+    let mut per_launch: Vec<Vec<f64>> = vec![Vec::new(); launches.len()];
+    for _ in 0..direct {
+        for (times, ms) in per_launch.iter_mut().zip(graph.time_launches(dev)?) {
+            times.push(ms);
+        }
+    }
+    let mut kinds: Vec<(String, Vec<f64>, Vec<Option<u64>>)> = Vec::new();
+    for (launch, times) in launches.iter().zip(per_launch) {
+        let (kind, floor) = (launch.kind(), launch.floor_bytes());
+        match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
+            Some((_, all, floors)) => {
+                all.extend(times);
+                floors.push(floor);
+            }
+            None => kinds.push((kind, times, vec![floor])),
+        }
+    }
+    Ok(StepTimes {
+        replays_ms,
+        kinds: kinds
+            .into_iter()
+            .map(|(kind, times, floors)| KindTime {
+                kind,
+                count: floors.len(),
+                ms: median(&times),
+                floor_bytes: floors
+                    .iter()
+                    .copied()
+                    .sum::<Option<u64>>()
+                    .map(|b| b / floors.len() as u64),
+            })
+            .collect(),
+        floor_bytes: launches.iter().filter_map(|l| l.floor_bytes()).sum(),
+        without_floor: launches
+            .iter()
+            .filter(|l| l.floor_bytes().is_none())
+            .count(),
+    })
+}

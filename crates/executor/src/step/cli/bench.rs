@@ -1,0 +1,137 @@
+//! `mono bench`: the step's replays beside the floors, and each launch kind's time.
+
+use std::io::Write;
+
+use clap::Args;
+use device::report::{Figure, Reporter};
+use model::traffic::{step_traffic, Formats, Load};
+use model::{CacheFormat, RankShapes, WeightFormat};
+
+use super::{config, open_device, scene_requests, with_step};
+use crate::step::bench::{time_step, StepTimes};
+use crate::step::Result;
+
+/// `mono bench`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "glm-5.2")]
+    pub preset: String,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// TP of the whole step's floor (one rank's bytes).
+    #[arg(long, default_value_t = 8)]
+    pub tp: usize,
+    /// Contexts to time.
+    #[arg(long, value_delimiter = ',', default_values_t = [8192u32, 131_072])]
+    pub contexts: Vec<u32>,
+    /// Rows per request to time (one request).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 4])]
+    pub rows: Vec<u32>,
+    /// Timed replays per case.
+    #[arg(long, default_value_t = 50)]
+    pub replays: u32,
+}
+
+/// `mono bench`: per case the step's replay time beside its launches' floor and the whole
+/// step's floor, and each launch kind's time; records to `MONO_BENCH_JSON` (table "step").
+pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
+    bench(args).map_err(|e| e.to_string())
+}
+
+fn bench(args: &BenchArgs) -> Result<()> {
+    let cfg = config(&args.preset)?;
+    let dev = open_device()?;
+    let shapes = RankShapes::new(&cfg, args.tp)?;
+    let plan = cfg.layer_plan()?;
+    let copy = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;
+    let reporter = Reporter::from_env(&dev.info().name);
+    println!(
+        "mono bench on {}: copy bandwidth {:.2} TB/s (measured now; floors use it)",
+        dev.info().name,
+        copy / 1e12
+    );
+    for &context in &args.contexts {
+        for &rows in &args.rows {
+            let requests = scene_requests(1, rows, context)?;
+            let times = with_step(&dev, &cfg, &requests, args.seed, |graph, _| {
+                graph.run_eager()?;
+                graph.capture()?;
+                time_step(&dev, graph, 3, args.replays, 5)
+            })?;
+            let load = Load {
+                requests: 1,
+                rows_per_request: u64::from(rows),
+                context: u64::from(context),
+            };
+            let formats = Formats {
+                weights: WeightFormat::Fp8,
+                cache: CacheFormat::Fp8,
+            };
+            let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
+            report_case(&reporter, &args.preset, context, rows, copy, whole, &times)?;
+        }
+    }
+    Ok(())
+}
+
+fn report_case(
+    reporter: &Reporter,
+    preset: &str,
+    context: u32,
+    rows: u32,
+    copy: f64,
+    whole_step_bytes: u64,
+    times: &StepTimes,
+) -> Result<()> {
+    let case = format!(
+        "{} x {rows} row{}",
+        device::report::keys_label(u64::from(context)),
+        if rows > 1 { "s" } else { "" }
+    );
+    let floor_ms = times.floor_bytes as f64 / copy * 1e3;
+    let step_ms = times.step_ms();
+    println!(
+        "{preset} {case}: step {step_ms:.3} ms (median of {} replays); its launches' floor \
+         {floor_ms:.3} ms ({:.1} MB), ratio {:.2}{}; the whole step's floor (all launches, TP rank \
+         bytes from model::traffic) {:.3} ms",
+        times.replays_ms.len(),
+        times.floor_bytes as f64 / 1e6,
+        step_ms / floor_ms,
+        if times.without_floor > 0 {
+            format!(" ({} launches without a floor)", times.without_floor)
+        } else {
+            String::new()
+        },
+        whole_step_bytes as f64 / copy * 1e3
+    );
+    let mut figures = vec![Figure::new("step", &case, "step replay", step_ms, "ms")
+        .floor(
+            floor_ms,
+            "bytes of the launches in the step over the copy bandwidth",
+        )
+        .note(&format!(
+            "{preset}; launches in the step so far: front halves only; whole step floor {:.3} ms",
+            whole_step_bytes as f64 / copy * 1e3
+        ))];
+    for k in &times.kinds {
+        let mut figure = Figure::new("step", &case, &k.kind, k.ms, "ms")
+            .note(&format!("{} a step, launched directly", k.count));
+        let floor = k.floor_bytes.map(|b| b as f64 / copy * 1e3);
+        if let Some(f) = floor {
+            figure = figure.floor(f, "bytes of one launch over the copy bandwidth");
+        }
+        println!(
+            "  {}: {} a step, {:.3} ms each (median, launched directly){}",
+            k.kind,
+            k.count,
+            k.ms,
+            floor.map_or(String::new(), |f| format!("; floor {f:.4} ms"))
+        );
+        figures.push(figure);
+    }
+    for f in figures {
+        reporter.write(&f)?;
+    }
+    let _ = std::io::stdout().flush();
+    Ok(())
+}

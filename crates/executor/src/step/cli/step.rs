@@ -1,0 +1,159 @@
+//! `mono step` on a GPU: the rank's weights made there, then the step replayed.
+
+use std::time::Instant;
+
+use clap::Args;
+use device::{Device, DeviceError};
+use mailbox::gpu::Variant;
+use model::{ModelConfig, WeightFormat};
+
+use super::{config, scene_requests, with_step};
+use crate::fused::front_gpu::FrontKernel;
+use crate::reference::cli::StepArgs;
+use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
+use crate::step::{Result, StepError};
+
+/// What `mono step` takes beyond the CPU step's flags.
+#[derive(Debug, Clone, Args)]
+pub struct GpuArgs {
+    /// The CPU reference step even when a GPU is present.
+    #[arg(long)]
+    pub cpu: bool,
+    /// Decode steps (graph replays) on the GPU.
+    #[arg(long, default_value_t = 4)]
+    pub steps: u32,
+    /// Requests of the GPU step, each with --rows rows.
+    #[arg(long, default_value_t = 1)]
+    pub requests: u32,
+    /// Tensor-parallel size of the weights; the GPU holds one rank's.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// The rank whose weights the GPU holds.
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// Do not make the weights (no launch of the step reads them yet).
+    #[arg(long)]
+    pub no_weights: bool,
+}
+
+fn print_progress(p: &Progress) {
+    let gb = |b: usize| b as f64 / 1e9;
+    let rate = gb(p.bytes_done) / p.elapsed.as_secs_f64().max(1e-9);
+    eprint!(
+        "\rweights: {:>6.2} / {:.2} GB, {} / {} tensors, {:.1} s ({rate:.1} GB/s)",
+        gb(p.bytes_done),
+        gb(p.bytes),
+        p.tensors_done,
+        p.tensors,
+        p.elapsed.as_secs_f64()
+    );
+    if p.tensors_done == p.tensors {
+        eprintln!();
+    }
+}
+
+/// Makes rank `rank` of `tp`'s synthetic weights on `dev`, with progress on stderr.
+pub fn make_weights(
+    dev: &Device,
+    cfg: &ModelConfig,
+    tp: usize,
+    rank: usize,
+    format: WeightFormat,
+    seed: u64,
+) -> Result<DeviceWeights> {
+    let plan = WeightPlan::new(cfg, tp, rank, format)?;
+    let kernels = WeightKernels::build(dev)?;
+    DeviceWeights::generate(dev, &kernels, plan, seed, &mut print_progress)
+}
+
+/// `mono step`: on a GPU unless `--cpu` or none is found, else the CPU reference step.
+pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
+    if gpu.cpu {
+        return crate::reference::cli::run(args);
+    }
+    let dev = match Device::open(0) {
+        Ok(dev) => dev,
+        Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => {
+            println!("mono step: no GPU ({e}); the CPU reference step instead");
+            return crate::reference::cli::run(args);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    // The step's launches are built for the GLM-5 family's shapes; a preset they do not take (the
+    // tiny one) runs on the CPU, saying why.
+    let cfg = config(&args.preset).map_err(|e| e.to_string())?;
+    if args.weights.is_none() && args.config.is_none() {
+        if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
+            println!(
+                "mono step: the GPU step does not take preset {} ({e}); the CPU reference step \
+                 instead (--preset glm-5.2 for the GPU)",
+                args.preset
+            );
+            return crate::reference::cli::run(args);
+        }
+    }
+    run_gpu_step(&dev, args, gpu).map_err(|e| e.to_string())
+}
+
+fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
+    if args.weights.is_some() || args.config.is_some() {
+        return Err(StepError::Invalid(
+            "--weights and --config: loading a checkpoint or a config onto the GPU is not built \
+             yet; add --cpu for the CPU reference step"
+                .into(),
+        ));
+    }
+    let cfg = config(&args.preset)?;
+    let info = dev.info();
+    println!(
+        "mono step on {} ({}): preset {}, {} request(s) x {} row(s), context {}",
+        info.name, info.arch, args.preset, gpu.requests, args.rows, args.context
+    );
+    let format = if args.fp8_weights {
+        WeightFormat::Fp8
+    } else {
+        WeightFormat::Bf16
+    };
+    let _weights = if gpu.no_weights {
+        None
+    } else {
+        let started = Instant::now();
+        let w = make_weights(dev, &cfg, gpu.tp, gpu.rank, format, args.seed)?;
+        println!(
+            "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made on the GPU in {:.1} s",
+            gpu.rank,
+            gpu.tp,
+            format,
+            w.plan.bytes as f64 / 1e9,
+            w.plan.tensors.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Some(w)
+    };
+    let requests = scene_requests(gpu.requests, args.rows as u32, args.context as u32)?;
+    with_step(dev, &cfg, &requests, args.seed, |graph, inputs| {
+        println!(
+            "step: {} launches ({}) and the greedy feed, captured as one graph",
+            graph.launches().len(),
+            graph
+                .launches()
+                .first()
+                .map_or("none".into(), |l| format!("{} ...", l.name()))
+        );
+        println!(
+            "not in the step yet: embedding, attention and MoE halves, dense MLP, tail; no launch \
+             writes the argmax, so the fed tokens are zeros"
+        );
+        graph.run_eager()?;
+        graph.capture()?;
+        for s in 0..gpu.steps {
+            let ms = graph.time_replays(dev, 1)?[0];
+            let rows = inputs.read()?;
+            println!(
+                "step {s}: {ms:.3} ms; next positions {:?}, tokens {:?}",
+                rows.positions, rows.tokens
+            );
+        }
+        Ok(())
+    })
+}

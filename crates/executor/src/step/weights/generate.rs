@@ -1,0 +1,290 @@
+//! The synthetic weights of one rank made on the device (`kernels/synthetic_weights.hip`): one
+//! arena allocated whole, then every tensor of the [`WeightPlan`] written in its form, with
+//! progress reported as the bytes go.
+
+use std::time::{Duration, Instant};
+
+use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module};
+use model::weights::packed::Pairing;
+use model::weights::{SyntheticKind, SyntheticRule};
+
+use super::plan::{DeviceTensor, Element, Form, Shard, WeightPlan};
+use crate::step::{Result, StepError};
+
+pub const SOURCE: (&str, &str) = (
+    "synthetic_weights.hip",
+    include_str!("../../../kernels/synthetic_weights.hip"),
+);
+
+/// Device memory left beside the weights for the context, caches and activations: a plan that
+/// leaves less is refused before anything is allocated.
+pub const RESERVE_BYTES: usize = 2 << 30;
+const THREADS: u32 = 256;
+/// Bytes generated between progress reports (each waits for the device).
+const REPORT_EVERY: usize = 4 << 30;
+
+/// `struct syn_source`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+struct SynSource {
+    key: u64,
+    full_cols: u64,
+    row0: u32,
+    col0: u32,
+    kind: u32,
+    factor: f32,
+}
+
+/// `struct syn_packed_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+struct SynPackedArgs {
+    src: [SynSource; 2],
+    block_scales: [u64; 2],
+    out: u64,
+    packed_scales: u64,
+    n: u32,
+    k: u32,
+    gate_up: u32,
+    fp8: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<SynPackedArgs>() == 112);
+
+impl SynSource {
+    fn new(seed: u64, shard: &Shard) -> Self {
+        let rule = SyntheticRule::new(seed, &shard.name, &shard.full_shape);
+        SynSource {
+            key: rule.key,
+            full_cols: shard.full_cols() as u64,
+            row0: shard.row0 as u32,
+            col0: shard.col0 as u32,
+            kind: match rule.kind {
+                SyntheticKind::NormWeight => 1,
+                SyntheticKind::Matrix => 0,
+                SyntheticKind::NormBias | SyntheticKind::RouterBias => 2,
+            },
+            factor: rule.factor,
+        }
+    }
+}
+
+/// How far generation has come.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub tensors_done: usize,
+    pub tensors: usize,
+    pub bytes_done: usize,
+    pub bytes: usize,
+    pub elapsed: Duration,
+}
+
+/// The generator's kernels.
+pub struct WeightKernels {
+    // Declared before the module: a kernel must not outlive its module.
+    block_scales: Kernel,
+    row_major: Kernel,
+    packed: Kernel,
+    _module: Module,
+}
+
+/// The kernel source (for the build table).
+pub fn source() -> KernelSource {
+    KernelSource::new(SOURCE.0, SOURCE.1)
+}
+
+impl WeightKernels {
+    pub fn build(dev: &Device) -> Result<Self> {
+        let module = dev.build(&source())?;
+        Ok(WeightKernels {
+            block_scales: module.kernel("syn_block_scales")?,
+            row_major: module.kernel("syn_row_major")?,
+            packed: module.kernel("syn_packed")?,
+            _module: module,
+        })
+    }
+}
+
+/// One rank's weights on the device.
+pub struct DeviceWeights {
+    pub plan: WeightPlan,
+    pub seed: u64,
+    pub arena: Buffer<u8>,
+}
+
+impl DeviceWeights {
+    /// Device address of `tensor`'s elements.
+    pub fn ptr(&self, tensor: &DeviceTensor) -> u64 {
+        self.arena.device_ptr() + tensor.offset as u64
+    }
+
+    /// Device address of `tensor`'s fp32 scales (0 when it has none).
+    pub fn scales_ptr(&self, tensor: &DeviceTensor) -> u64 {
+        tensor
+            .scales
+            .map_or(0, |(at, _)| self.arena.device_ptr() + at as u64)
+    }
+
+    /// The tensor named `name`, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&DeviceTensor> {
+        self.plan
+            .get(name)
+            .ok_or_else(|| StepError::Invalid(format!("no weight named {name} on this rank")))
+    }
+
+    /// The stored bytes and scales of `tensor`, read back.
+    pub fn read(&self, tensor: &DeviceTensor) -> Result<(Vec<u8>, Vec<f32>)> {
+        let bytes = self
+            .arena
+            .download_range(tensor.offset..tensor.offset + tensor.bytes)?;
+        let scales = match tensor.scales {
+            Some((at, len)) => self
+                .arena
+                .download_range(at..at + len * 4)?
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok((bytes, scales))
+    }
+
+    /// Generates `plan`'s weights for `seed`. Refuses a plan the device cannot hold (with
+    /// [`RESERVE_BYTES`] to spare) before allocating anything; `progress` hears every few GB.
+    pub fn generate(
+        dev: &Device,
+        kernels: &WeightKernels,
+        plan: WeightPlan,
+        seed: u64,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Self> {
+        let grid = plan.largest_scale_grid().max(1);
+        let need = plan.bytes + 2 * grid * 4;
+        let total = dev.info().total_memory;
+        if need + RESERVE_BYTES > total {
+            return Err(StepError::Memory {
+                what: format!("rank {} of TP {} weights", plan.rank, plan.tp),
+                need,
+                device: total,
+                reserve: RESERVE_BYTES,
+            });
+        }
+        let scratch = dev.alloc_zeroed::<f32>(2 * grid)?;
+        let arena = dev
+            .alloc_zeroed::<u8>(plan.bytes)
+            .map_err(|e| StepError::Memory {
+                what: format!("rank {} of TP {} weights ({e})", plan.rank, plan.tp),
+                need,
+                device: total,
+                reserve: RESERVE_BYTES,
+            })?;
+        let weights = DeviceWeights { plan, seed, arena };
+        let started = Instant::now();
+        let mut state = Progress {
+            tensors_done: 0,
+            tensors: weights.plan.tensors.len(),
+            bytes_done: 0,
+            bytes: weights.plan.bytes,
+            elapsed: Duration::ZERO,
+        };
+        let mut since_report = 0;
+        progress(&state);
+        for tensor in &weights.plan.tensors {
+            weights.write(dev, kernels, tensor, &scratch, grid)?;
+            state.tensors_done += 1;
+            state.bytes_done += tensor.bytes;
+            since_report += tensor.bytes;
+            if since_report >= REPORT_EVERY || state.tensors_done == state.tensors {
+                dev.stream().sync()?;
+                state.elapsed = started.elapsed();
+                progress(&state);
+                since_report = 0;
+            }
+        }
+        dev.stream().sync()?;
+        Ok(weights)
+    }
+
+    fn write(
+        &self,
+        dev: &Device,
+        kernels: &WeightKernels,
+        tensor: &DeviceTensor,
+        scratch: &Buffer<f32>,
+        grid: usize,
+    ) -> Result<()> {
+        let stream = dev.stream();
+        let (rows, cols) = tensor.shape();
+        let sources: Vec<SynSource> = tensor
+            .sources
+            .iter()
+            .map(|s| SynSource::new(self.seed, s))
+            .collect();
+        let fp8 = tensor.element == Element::Fp8;
+        let block_grid = rows.div_ceil(model::WEIGHT_BLOCK) * cols.div_ceil(model::WEIGHT_BLOCK);
+        let spread = |items: u64| -> u32 {
+            let most = dev.info().multiprocessors.max(1) * 16;
+            (items.div_ceil(THREADS as u64).min(most as u64) as u32).max(1)
+        };
+        // FP8: each source's block scales first, into the arena (row-major) or the scratch.
+        let mut scale_ptrs = [0u64; 2];
+        if fp8 {
+            for (s, src) in sources.iter().enumerate() {
+                let at = match tensor.form {
+                    Form::RowMajor => self.scales_ptr(tensor) + (s * block_grid * 4) as u64,
+                    Form::Packed(_) => scratch.device_ptr() + (s * grid * 4) as u64,
+                };
+                scale_ptrs[s] = at;
+                let args = Args::new()
+                    .value(src)
+                    .u32(rows as u32)
+                    .u32(cols as u32)
+                    .u64(at);
+                stream.launch(
+                    &kernels.block_scales,
+                    Launch::new(block_grid as u32, THREADS),
+                    &args,
+                )?;
+            }
+        }
+        match tensor.form {
+            Form::RowMajor => {
+                let format = match tensor.element {
+                    Element::Bf16 => 0u32,
+                    Element::F32 => 1,
+                    Element::Fp8 => 2,
+                };
+                let per_source = (rows * cols * tensor.element.bytes()) as u64;
+                for (s, src) in sources.iter().enumerate() {
+                    let args = Args::new()
+                        .value(src)
+                        .u32(rows as u32)
+                        .u32(cols as u32)
+                        .u32(format)
+                        .u64(scale_ptrs[s])
+                        .u64(self.ptr(tensor) + s as u64 * per_source);
+                    let launch = Launch::new(spread((rows * cols) as u64), THREADS);
+                    stream.launch(&kernels.row_major, launch, &args)?;
+                }
+            }
+            Form::Packed(layout) => {
+                let mut src = [SynSource::default(); 2];
+                src[..sources.len()].copy_from_slice(&sources);
+                let args = SynPackedArgs {
+                    src,
+                    block_scales: scale_ptrs,
+                    out: self.ptr(tensor),
+                    packed_scales: self.scales_ptr(tensor),
+                    n: layout.n as u32,
+                    k: layout.k as u32,
+                    gate_up: u32::from(layout.pairing == Pairing::GateUp),
+                    fp8: u32::from(fp8),
+                };
+                let loads = (layout.bytes() / 16) as u64;
+                let launch = Launch::new(spread(loads), THREADS);
+                stream.launch(&kernels.packed, launch, &Args::new().value(&args))?;
+            }
+        }
+        Ok(())
+    }
+}
