@@ -11,8 +11,8 @@ pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels
 /// The ops layer, by scope: teams and their barriers (`ops/team.h`), asynchronous copies into LDS
 /// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA),
 /// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma), and
-/// the weight-streaming linear tile (`ops/linear.h`), the row reductions and RMSNorm that every
-/// stage's chain shares (`ops/rows.h`).
+/// the weight-streaming linear tile (`ops/linear.h`), rope at f64 as the reference turns it
+/// (`ops/rope.h`), the row reductions and RMSNorm that every stage's chain shares (`ops/rows.h`).
 pub const OPS: &[(&str, &str)] = &[
     ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
     ("ops/copy.h", include_str!("../../../kernels/ops/copy.h")),
@@ -28,6 +28,7 @@ pub const OPS: &[(&str, &str)] = &[
         "ops/linear.h",
         include_str!("../../../kernels/ops/linear.h"),
     ),
+    ("ops/rope.h", include_str!("../../../kernels/ops/rope.h")),
     ("ops/rows.h", include_str!("../../../kernels/ops/rows.h")),
 ];
 

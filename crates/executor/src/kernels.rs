@@ -42,19 +42,32 @@ pub fn registry() -> Vec<RegisteredSource> {
         .collect()
 }
 
-/// The fused launches in their production builds: GLM-5's front half (indexer and select) in the
-/// sm_90a CTA shape (gfx950's shape differs only in its LDS, which the host passes at launch).
+/// The fused launches in their production builds: GLM-5's front half (indexer and select) and
+/// attention half (linear and MLA, 8 heads at TP8, FP8 records) in the sm_90a CTA shape (gfx950's
+/// shape differs only in its LDS, which the host passes at launch).
 fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
     let top = select::layout::TopK::new(cfg.index_topk as u32).expect("GLM-5's k is valid");
     let shape = crate::fused::CtaShape::for_target("sm_90a").expect("an sm_90a shape");
-    vec![crate::fused::front::front_source(
-        shape,
-        indexer::gpu::stage_kernel(),
-        top,
-        mailbox::gpu::Variant::default(),
-    )
-    .expect("the front half's stages fit one CTA shape")]
+    let dims = crate::fused::attention::HalfDims::new(&cfg, 8, model::CacheFormat::Fp8)
+        .expect("GLM-5 shards at TP8");
+    let attend = dims.attend_shape(128).expect("GLM-5's attention shape");
+    vec![
+        crate::fused::front::front_source(
+            shape,
+            indexer::gpu::stage_kernel(),
+            top,
+            mailbox::gpu::Variant::default(),
+        )
+        .expect("the front half's stages fit one CTA shape"),
+        crate::fused::attention::half_source(
+            shape,
+            &attend,
+            dims.rope_style,
+            mailbox::gpu::Variant::default(),
+        )
+        .expect("the attention half's stages fit one CTA shape"),
+    ]
 }
 
 /// The targets CI builds for.

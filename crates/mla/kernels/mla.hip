@@ -1,4 +1,4 @@
-// Standalone entry points of the MLA stage (task functions in mla_attn.h).
+// Standalone entry points of the MLA stage (its decoder: mla_tasks.h).
 //
 // mla_tasks: the generic task-list loop over a one-stage list (src/layout.rs builds it): launch
 // with MONO_CTA_THREADS threads, MLA_SMEM_BYTES of dynamic shared memory and every CTA resident.
@@ -8,7 +8,7 @@
 // launch_index of the step. Launch it before mla_tasks, on the same stream.
 #include "prelude.h"
 #include "mailbox.h"
-#include "mla_attn.h"
+#include "mla_tasks.h"
 
 #ifndef MONO_CTA_THREADS
 #error "mla.hip: the host defines MONO_CTA_THREADS, the fused launch's CTA size"

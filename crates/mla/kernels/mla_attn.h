@@ -34,6 +34,8 @@ static_assert(MLA_UNION % 16 == 0, "a split's slots fill whole 16-row MMA tiles"
 #define MLA_KIND_CACHE_WRITE 0u
 #define MLA_KIND_SPLIT 1u
 #define MLA_KIND_COMBINE 2u
+// A split's args[1] flag (src/layout.rs `SPLIT_AFTER_WRITE`): in[1] is waited on before the records.
+#define MLA_SPLIT_AFTER_WRITE 0x80u
 
 #define MLA_TILE 128u
 #define MLA_TILES (MLA_LATENT / MLA_TILE)
@@ -71,9 +73,9 @@ static_assert(MLA_LDS_BYTES <= MLA_SMEM_BYTES, "the split's LDS exceeds the CTA'
 // The stage's buffers and sizes, passed by value (src/gpu.rs `MlaArgs`).
 struct mla_args {
   const u16* q_abs;      // [rows][heads][latent] bf16: q_nope through W_UK
-  const u16* q_pe;       // [rows][heads][rope] bf16, roped
-  const u16* new_latent; // [rows][latent] bf16: the new tokens' normed latent
-  const u16* new_rope;   // [rows][rope] bf16: their roped key
+  u16* q_pe;             // [rows][heads][rope] bf16, roped (the attention half's rope task writes it)
+  u16* new_latent;       // [rows][latent] bf16: the new tokens' normed latent (the half's kv norm task writes it)
+  u16* new_rope;         // [rows][rope] bf16: their roped key (likewise)
   const u32* new_slots;  // [rows]: the slot each row's new token is written to
   u8* cache;             // records of MLA_RECORD bytes; slot s at cache + s * MLA_RECORD
   float* part_o;         // [rows][max_splits][heads][latent]: a split's unnormalised output
@@ -84,6 +86,27 @@ struct mla_args {
   u32 max_splits;
   u32 pad;
   u64* trace;            // a trace build's marks: MLA_TRACE_WORDS words a task, by its global order
+  // The attention half's row tasks (mla_rows.h: the norms and ropes between its linears); null
+  // where a launch runs the attention alone.
+  const u16* hidden;       // [rows][hidden_dim]: the layer's input rows
+  u16* hidden_normed;      // [rows][hidden_dim]: RMSNorm_in of them, the x of q_a and kv_a
+  const u16* hidden_norm;  // [hidden_dim] bf16 weight
+  const u16* q_a;          // [rows][q_lora]: q_a's output
+  u16* q_latent;           // [rows][q_lora]: RMSNorm_qa of it, the x of q_b
+  const u16* q_a_norm;     // [q_lora]
+  const u16* kv_a;         // [rows][MLA_LATENT + MLA_ROPE]: kv_a's output (latent, then the rope key)
+  const u16* kv_a_norm;    // [MLA_LATENT]
+  const u16* q;            // [rows][MLA_HEADS][nope + MLA_ROPE]: q_b's output
+  const u32* positions;    // [rows]: each row's position in its request
+  const double* inv_freq;  // [MLA_ROPE / 2]: theta^(-2i / MLA_ROPE)
+  const i32* slot_lists;   // [rows][topk]: selected slots in plain memory (a launch that reuses an
+                           // earlier launch's top-k, or takes it as an input), published by MLA_KIND_SLOTS
+  u32 hidden_dim;
+  u32 q_lora;
+  u32 nope;
+  float hidden_eps;
+  float latent_eps;
+  u32 topk;
 };
 
 // ---- a trace build's marks (src/trace.rs) ------------------------------------------------------------
@@ -174,20 +197,22 @@ MONO_DEV bool mla_wait(const Team& team, const mbx_ctx& c, u32 first, u32 n, i32
 
 // Every box of inputs from..n_inputs, then an acquire: data published beside them is visible.
 template <class Team>
-MONO_DEV bool mla_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from) {
-  for (u32 i = from; i < task.n_inputs; ++i)
+MONO_DEV bool mla_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from,
+                               u32 to = MBX_MAX_INPUTS) {
+  for (u32 i = from; i < task.n_inputs && i < to; ++i)
     if (!mla_wait(team, c, task.in[i].first, task.in[i].len, nullptr)) return false;
   mbx_acquire();
   return true;
 }
 
-// After the team's global writes: one release, then the task's completion box.
+// After the team's global writes: a release, then every box of the task's output (a thread a
+// box), so that a consumer may wait on a whole range of such outputs.
 template <class Team>
 MONO_DEV void mla_done(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 value) {
   team.sync();
-  if (team.leader() && task.out.len > 0) {
+  for (u32 i = team.thread(); i < task.out.len; i += Team::size) {
     mbx_publish();
-    mbx_put(c, task.out.first, value);
+    mbx_put(c, task.out.first + i, value);
   }
 }
 
@@ -248,11 +273,14 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
 }
 
 // ---- a split ----------------------------------------------------------------------------------------
-// args: [first_row, n_rows | split << 8, block]. in[0]: the selected slots of rows first_row ..
-// first_row + n_rows, a.slot_stride boxes a row; the split reads entries split * block ..
-// (split + 1) * block of each. in[1..]: completion boxes of what the launch produces for it (the
-// queries, the new latents and rope keys), waited on once the first records are in flight. A row's
-// new token is made from the new latent (mla_fresh_keys), never read back from the cache. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
+// args: [first_row, n_rows | MLA_SPLIT_AFTER_WRITE? | split << 8, block]. in[0]: the selected slots
+// of rows first_row .. first_row + n_rows, a.slot_stride boxes a row; the split reads entries
+// split * block .. (split + 1) * block of each. With MLA_SPLIT_AFTER_WRITE, in[1] is the cache
+// write of the request's group before this one (its rows' new tokens, which these rows may list),
+// waited on before any record is read. The other inputs: completion boxes of what the launch
+// produces for it (the queries, the new latents and rope keys), waited on once the first records
+// are in flight. A row of the group's own new token is made from the new latent (mla_fresh_keys),
+// never read back from the cache. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share
 // most of them); a query attends only to the slots in its own row's block.
 struct mla_split_lds {
   u16* keys;     // [MLA_UNION][MLA_ROW] bf16: the distinct slots' latent ‖ rope, dequantised
@@ -439,13 +467,15 @@ MONO_DEV void mla_load_queries(const Team& team, const mla_split_lds& s, const m
 
 template <class Team>
 MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
-  const u32 first_row = task.args[0], n_rows = task.args[1] & 0xffu, split = task.args[1] >> 8;
+  const u32 first_row = task.args[0], n_rows = task.args[1] & 0x7fu, split = task.args[1] >> 8;
+  const bool after_write = (task.args[1] & MLA_SPLIT_AFTER_WRITE) != 0;
   const u32 block = task.args[2];
   const mla_split_lds s = mla_split_lds_at(smem);
   mla_trace trace(team, task, a);
   for (u32 r = 0; r < n_rows; ++r)
     if (!mla_wait(team, c, task.in[0].first + r * a.slot_stride + split * block, block, s.entries + r * block))
       return false;
+  if (after_write && !mla_wait_inputs(team, task, c, 1, 2)) return false;
   trace.mark(MLA_PH_SLOTS);
   u32 fresh = 0;
   const u32 n = mla_distinct(team, s, a, first_row, n_rows, block, (u32*)s.scores, fresh);
@@ -453,7 +483,7 @@ MONO_DEV bool mla_split_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   const u32 rows16 = (n + 15) / 16 * 16;
   const u32 queries = n_rows * MLA_HEADS;
   const bool loaded = mla_load_keys(team, s, a, n, rows16, [&] {
-    if (!mla_wait_inputs(team, task, c, 1)) return false;
+    if (!mla_wait_inputs(team, task, c, after_write ? 2u : 1u)) return false;
     mla_load_queries(team, s, a, first_row, 0, queries < MLA_QCHUNK ? queries : MLA_QCHUNK);
     return true;
   });
@@ -651,19 +681,4 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
   mla_done(team, task, c, 1u);
   trace.end();
   return true;
-}
-
-// ---- the stage's decoder ------------------------------------------------------------------------------
-template <class Team>
-MONO_DEV bool mla_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a, u8* smem) {
-  switch (mbx_own_kind(task.kind)) {
-    case MLA_KIND_CACHE_WRITE:
-      return mla_cache_write_task(team, task, c, a);
-    case MLA_KIND_SPLIT:
-      return mla_split_task(team, task, c, a, smem);
-    case MLA_KIND_COMBINE:
-      return mla_combine_task(team, task, c, a, smem);
-    default:
-      return true;
-  }
 }

@@ -13,8 +13,10 @@ use crate::layout::{AttendPlan, AttendShape, MlaBoxes};
 
 /// `#include "mla_attn.h"` and the headers it includes: every fused kernel that runs MLA tasks
 /// registers these.
-pub const HEADERS: [(&str, &str); 2] = [
+pub const HEADERS: [(&str, &str); 4] = [
+    ("mla_tasks.h", include_str!("../kernels/mla_tasks.h")),
     ("mla_attn.h", include_str!("../kernels/mla_attn.h")),
+    ("mla_rows.h", include_str!("../kernels/mla_rows.h")),
     ("mla_tile.h", include_str!("../kernels/mla_tile.h")),
 ];
 /// The standalone entry points: `mla_tasks` and `mla_publish_slots`.
@@ -52,6 +54,38 @@ pub fn traced_source(
         .define("MLA_UNION", shape.union)
         .define("MLA_SMEM_BYTES", shape.lds_bytes())
         .define("MLA_TRACE", trace as u32)
+        .define("MLA_ROPE_INTERLEAVED", 1)
+}
+
+/// What the fused kernel's generator takes from this stage for a build of `shape`: the headers,
+/// `mla_args`, `mla_decode` and the shape defines of [`source`] with the rope style
+/// `interleaved` (the config's `rope_interleave`); the launch sets the CTA's threads, its shared
+/// memory (`MLA_SMEM_BYTES`, at least [`AttendShape::lds_bytes`]) and the mailbox's variant.
+pub fn stage_kernel(
+    shape: &AttendShape,
+    interleaved: bool,
+    smem_bytes: u32,
+) -> mailbox::StageKernel {
+    let mut defines: std::collections::BTreeMap<String, String> =
+        source(shape, CTA_THREADS, Variant::default())
+            .defines()
+            .iter()
+            .filter(|(name, _)| name.as_str() != "MONO_CTA_THREADS" && !name.starts_with("MBX_"))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+    defines.insert(
+        "MLA_ROPE_INTERLEAVED".into(),
+        u32::from(interleaved).to_string(),
+    );
+    defines.insert("MLA_SMEM_BYTES".into(), smem_bytes.to_string());
+    mailbox::StageKernel {
+        stage: mailbox::Stage::Mla,
+        include: "mla_tasks.h",
+        headers: HEADERS.to_vec(),
+        args_type: "mla_args",
+        decoder: "mla_decode",
+        defines,
+    }
 }
 
 /// The production build for the kernel table: GLM-5 at a TP8 rank (8 heads), FP8 records.
@@ -98,6 +132,46 @@ pub struct MlaArgs {
     /// A trace build's marks, [`crate::trace::WORDS_PER_TASK`] words a task by global order (0:
     /// none).
     pub trace: u64,
+    /// The attention half's row tasks (zero where a launch runs the attention alone).
+    pub half: MlaHalfArgs,
+}
+
+/// The attention half's fields of `mla_args` (`kernels/mla_rows.h`'s norm and rope tasks):
+/// device addresses of bf16 rows and weights, and the widths and eps they use.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaHalfArgs {
+    /// `[rows][hidden_dim]`: the layer's input rows.
+    pub hidden: u64,
+    /// `[rows][hidden_dim]`: RMSNorm_in of them.
+    pub hidden_normed: u64,
+    /// `[hidden_dim]` bf16.
+    pub hidden_norm: u64,
+    /// `[rows][q_lora]`: q_a's output.
+    pub q_a: u64,
+    /// `[rows][q_lora]`: RMSNorm_qa of it.
+    pub q_latent: u64,
+    /// `[q_lora]` bf16.
+    pub q_a_norm: u64,
+    /// `[rows][latent + rope]`: kv_a's output.
+    pub kv_a: u64,
+    /// `[latent]` bf16.
+    pub kv_a_norm: u64,
+    /// `[rows][heads][nope + rope]`: q_b's output.
+    pub q: u64,
+    /// `[rows]` u32 positions.
+    pub positions: u64,
+    /// `[rope / 2]` f64 rope frequencies.
+    pub inv_freq: u64,
+    /// `[rows][topk]` i32 selected slots in plain memory, for [`crate::layout::MlaKind::Slots`].
+    pub slot_lists: u64,
+    pub hidden_dim: u32,
+    pub q_lora: u32,
+    pub nope: u32,
+    pub hidden_eps: f32,
+    pub latent_eps: f32,
+    /// Entries of a row's slot list.
+    pub topk: u32,
 }
 
 /// The device buffers a launch's [`MlaArgs`] point at.
@@ -167,6 +241,7 @@ impl MlaArgs {
             max_splits: plan.max_splits(),
             pad: 0,
             trace: 0,
+            half: MlaHalfArgs::default(),
         })
     }
 }

@@ -140,11 +140,30 @@ impl HeadLayout {
 pub enum MlaKind {
     /// args `[row, slot]`: the row's new latent and rope key into the record of `slot`.
     CacheWrite = 0,
-    /// args `[first_row, n_rows | split << 8, block]`: a group's attention over one block of
-    /// each row's selected slots, to partial outputs.
+    /// args `[first_row, n_rows | flag | split << 8, block]`: a group's attention over one block
+    /// of each row's selected slots, to partial outputs; with [`SPLIT_AFTER_WRITE`] its input 1
+    /// is waited on before any record is read.
     Split = 1,
     /// args `[first_row, n_splits, q0 | nq << 16]`: queries `q0..q0 + nq` of a group from its splits.
     Combine = 2,
+    /// args `[first_row, n_rows, which]`: an RMSNorm of rows of the attention half ([`NormOf`]).
+    Norm = 3,
+    /// args `[first_row, n_rows, 0]`: the rope of every head's rope part of q_b's output.
+    RopeQ = 4,
+    /// args `[first_row, n_rows, 0]`: the rows' slot lists, kept in plain memory, published as
+    /// the tagged pairs of [`MlaBoxes::slots`] (when select does not run in the launch).
+    Slots = 5,
+}
+
+/// Which rows a [`MlaKind::Norm`] task normalises (`MLA_NORM_*` in `kernels/mla_rows.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NormOf {
+    /// The layer's input rows (RMSNorm_in), the x of q_a and kv_a.
+    Hidden = 0,
+    /// q_a's output (RMSNorm_qa), the x of q_b.
+    QLatent = 1,
+    /// kv_a's latent (RMSNorm_kv) to the new latents, and its rope key roped to the new keys.
+    KvLatent = 2,
 }
 
 impl MlaKind {
@@ -153,6 +172,10 @@ impl MlaKind {
     }
 }
 
+/// A split's flag (`MLA_SPLIT_AFTER_WRITE`): its input 1 is the cache write of its request's
+/// group before it, whose rows' new tokens its rows may list; it waits on it before reading any
+/// record (the other inputs it waits on with its first records in flight).
+pub const SPLIT_AFTER_WRITE: u32 = 0x80;
 /// Queries a split scores at once (`MLA_QCHUNK`) and the parts its scores are summed in over K
 /// (`MLA_KCHUNKS`).
 pub const QUERY_CHUNK: usize = 16;
@@ -255,6 +278,8 @@ impl SplitChoice {
 /// A group: consecutive rows of one request served by the same splits and combines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
+    /// Index of the group's request among the plan's.
+    pub request: u32,
     pub first_row: u32,
     pub rows: u32,
     pub block: u32,
@@ -306,7 +331,7 @@ impl AttendPlan {
         }
         let mut groups = Vec::new();
         let (mut row, mut splits, mut combines) = (0u32, 0u32, 0u32);
-        for req in requests {
+        for (index, req) in requests.iter().enumerate() {
             let mut left = req.rows;
             while left > 0 {
                 let rows = left.min(choice.group_rows);
@@ -320,6 +345,7 @@ impl AttendPlan {
                 let n_splits = req.selected.div_ceil(block).max(1);
                 let n_combines = (rows * heads).div_ceil(choice.combine_queries);
                 groups.push(Group {
+                    request: index as u32,
                     first_row: row,
                     rows,
                     block,
@@ -378,9 +404,9 @@ impl AttendPlan {
 
 /// The boxes of a launch's attention: the selected slots (input, `topk` a row, written by select
 /// or a stand-in) and the completion boxes of each group's cache write, each split and each
-/// combine. A split's box owns its line ([`BOXES_PER_LINE`] words declared, the first written), so
-/// that a combine's one input range covers its group's splits: it polls every
-/// `range.len / n_splits`-th box.
+/// combine. A split's and a combine's box own their line ([`BOXES_PER_LINE`] words declared, every
+/// one written), so that a combine's one input range covers its group's splits (it polls every
+/// `range.len / n_splits`-th box) and a consumer's one range all the combines (it polls them all).
 #[derive(Debug, Clone, Copy)]
 pub struct MlaBoxes {
     pub slots: Region<i32>,
@@ -395,7 +421,7 @@ impl MlaBoxes {
             slots: region(builder, prefix, "slots", plan.rows, plan.topk)?,
             cache_done: region(builder, prefix, "cache_done", plan.groups.len() as u32, 1)?,
             split_done: region(builder, prefix, "split_done", plan.splits(), BOXES_PER_LINE)?,
-            out_done: region(builder, prefix, "out_done", plan.combines(), 1)?,
+            out_done: region(builder, prefix, "out_done", plan.combines(), BOXES_PER_LINE)?,
         })
     }
 }
@@ -417,6 +443,31 @@ fn slot_of<T: BoxValue>(region: &Region<T>, slot: u32) -> BoxRange {
         .expect("the plan sized every region it indexes")
 }
 
+/// What a launch's attention waits on beyond its slots, when the launch makes its own queries and
+/// new tokens (the attention half, `executor::fused::attention`). A standalone launch's inputs are
+/// written before it: [`AttendWaits::NONE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttendWaits {
+    /// The cache writes wait on these: the new latents and rope keys.
+    pub new_tokens: Option<BoxRange>,
+    /// The splits wait on these (at most two): the queries (q_abs, q_pe) and, through them or
+    /// beside them, the new latents and rope keys a split makes its rows' own tokens from.
+    pub queries: [Option<BoxRange>; 2],
+    /// A split also waits on the cache writes of its request's earlier groups, whose new tokens
+    /// its rows may list (a group's own rows' tokens it makes from the new latents), before it
+    /// reads any record: on the one just before it, as each of a request's cache writes waits on
+    /// the one before.
+    pub earlier_cache_writes: bool,
+}
+
+impl AttendWaits {
+    pub const NONE: AttendWaits = AttendWaits {
+        new_tokens: None,
+        queries: [None, None],
+        earlier_cache_writes: false,
+    };
+}
+
 impl AttendPlan {
     /// The launch's tasks in global order from `first_order`: each group's cache write (its rows'
     /// new tokens, to the slots the kernel reads from `new_slots`), the splits, then the combines.
@@ -424,33 +475,63 @@ impl AttendPlan {
     /// cache write does, so it never waits on the cache write (whose box is for later launches). A
     /// combine waits on its group's splits.
     pub fn tasks(&self, boxes: &MlaBoxes, first_order: u32) -> Vec<Task> {
+        self.tasks_waiting(boxes, first_order, &AttendWaits::NONE)
+    }
+
+    /// [`AttendPlan::tasks`] whose cache writes and splits also wait on `waits`.
+    pub fn tasks_waiting(
+        &self,
+        boxes: &MlaBoxes,
+        first_order: u32,
+        waits: &AttendWaits,
+    ) -> Vec<Task> {
         let mut tasks = Vec::new();
         let mut order = first_order;
         let mut push = |kind: MlaKind, out: BoxRange, inputs: &[BoxRange], args: [u32; 3]| {
             tasks.push(
-                Task::new(kind.kind(), order, out, inputs, args).expect("at most two inputs"),
+                Task::new(kind.kind(), order, out, inputs, args).expect("at most four inputs"),
             );
             order += 1;
         };
+        // The cache write of the group before in the same request, if any: cache writes of a
+        // request's groups wait on one another in turn, so the last one seen means all are done.
+        let before = |i: usize| {
+            (waits.earlier_cache_writes
+                && i > 0
+                && self.groups[i - 1].request == self.groups[i].request)
+                .then(|| slot_of(&boxes.cache_done, i as u32 - 1))
+        };
         for (i, g) in self.groups.iter().enumerate() {
+            let inputs: Vec<BoxRange> = waits.new_tokens.into_iter().chain(before(i)).collect();
             push(
                 MlaKind::CacheWrite,
                 slot_of(&boxes.cache_done, i as u32),
-                &[],
+                &inputs,
                 [g.first_row, g.rows, 0],
             );
         }
-        for g in &self.groups {
+        for (i, g) in self.groups.iter().enumerate() {
             let slots = BoxRange::new(
                 slot_of(&boxes.slots, g.first_row).first,
                 (g.rows - 1) * boxes.slots.stride() + self.topk,
             );
+            // The cache write before comes first: the split waits on it before reading records.
+            let after = before(i);
+            let flag = if after.is_some() {
+                SPLIT_AFTER_WRITE
+            } else {
+                0
+            };
+            let inputs: Vec<BoxRange> = std::iter::once(slots)
+                .chain(after)
+                .chain(waits.queries.iter().flatten().copied())
+                .collect();
             for s in 0..g.splits {
                 push(
                     MlaKind::Split,
                     slot_of(&boxes.split_done, g.first_split + s),
-                    &[slots],
-                    [g.first_row, g.rows | s << 8, g.block],
+                    &inputs,
+                    [g.first_row, g.rows | flag | s << 8, g.block],
                 );
             }
         }

@@ -5,10 +5,13 @@
 //! - [`layout`]: where each head's rows sit in the weights, each part of a cached token, and how a
 //!   launch's attention is cut into tasks (cache writes, splits, combines) and boxes.
 //! - [`reference`](mod@reference): the CPU reference, the oracle of the kernels.
-//! - [`gpu`]: the kernels' sources, arguments and standalone launch. The kernels are the sparse
-//!   attention tasks of `mla_tasks` (`kernels/mla.hip`): cache writes, splits over blocks of
-//!   the selected slots, combines; their own source also runs on CPU threads
-//!   (`tests/host_emulation.rs`).
+//! - [`gpu`]: the kernels' sources, arguments, standalone launch and the stage the fused kernel's
+//!   generator takes. The kernels are the sparse attention tasks of `mla_tasks`
+//!   (`kernels/mla.hip`, decoder `kernels/mla_tasks.h`): cache writes, splits over blocks of the
+//!   selected slots, combines (`kernels/mla_attn.h`); and the attention half's row tasks between
+//!   its linears (`kernels/mla_rows.h`: the three RMSNorms, the ropes, the slot lists published
+//!   from plain memory), which `executor::fused::attention` plans. Their own source also runs on
+//!   CPU threads (`tests/host_emulation.rs`).
 //! - [`trace`]: a trace build's per-task phase marks, read back into a timeline.
 
 mod error;

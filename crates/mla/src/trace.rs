@@ -35,6 +35,8 @@ pub fn phases(kind: MlaKind) -> &'static [(usize, &'static str)] {
             (2, "output written"),
             (8, "release"),
         ],
+        // The attention half's row tasks stamp no phases (the launch's task trace times them).
+        MlaKind::Norm | MlaKind::RopeQ | MlaKind::Slots => &[],
     }
 }
 

@@ -1,6 +1,7 @@
 //! The fused launch: one persistent kernel per layer, its CTA shape, how its parts compose
 //! (`graph`), and its generated source.
 
+pub mod attention;
 pub mod front;
 pub mod front_gpu;
 pub mod graph;

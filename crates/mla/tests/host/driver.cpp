@@ -43,11 +43,11 @@ int main(int argc, char** argv) {
   u64* scratch = emu_device_alloc<u64>(boxes);
   u32* epoch = emu_device_alloc<u32>(1);
   u32* diag = emu_device_alloc<u32>(MBX_DIAG_WORDS);
-  mla_args a;
+  mla_args a = {};
   a.q_abs = (const u16*)q_abs.data;
-  a.q_pe = (const u16*)q_pe.data;
-  a.new_latent = (const u16*)new_latent.data;
-  a.new_rope = (const u16*)new_rope.data;
+  a.q_pe = (u16*)q_pe.data;
+  a.new_latent = (u16*)new_latent.data;
+  a.new_rope = (u16*)new_rope.data;
   a.new_slots = (const u32*)new_slots.data;
   a.cache = cache.data;
   a.part_o = emu_device_alloc<float>(sizes[0]);

@@ -1,0 +1,739 @@
+//! The attention half of a layer as fused-launch tasks (spec §2.1-2.8), from the layer's input
+//! rows to x + o_proj(attention): the input RMSNorm, q_a and kv_a (linear tasks), the q latent's
+//! RMSNorm, q_b, the rope of the queries' rope parts, the absorption of q_nope through W_UK (a
+//! linear task a head), the KV latent's RMSNorm with the rope of its key, the cache write, the
+//! sparse attention over each row's selected slots (splits and combines), W_UV (a linear task a
+//! head) and o_proj with the residual. Every task waits on the completion boxes of its inputs and
+//! publishes its own; linear tasks load their first weights before they wait.
+//!
+//! W_UK\[h\] is `[nope, latent]`; its absorption `q_abs = W_UK[h]ᵀ q_nope` is a linear of
+//! K = nope (192 at GLM-5 width, 48 in the tiny preset), which the linear tile takes in whole
+//! 128-element blocks. It runs as the linear of W_UK\[h\]ᵀ padded with zero columns to
+//! [`HalfDims::uk_k`] over the head's q_b output from its nope part on: the padding's products are
+//! zeros times the head's rope part (GLM-5: exactly nope ‖ rope = 256) or, past the row's last
+//! head, times the slack [`HalfArena`] keeps after q (zeros). At GLM-5 TP8 that streams 2 MB of
+//! bf16 W_UK instead of 1.5 MB.
+//!
+//! The global order: the input norm, q_a, kv_a, the KV norm, the q norm, q_b, the q rope, W_UK,
+//! the attention's cache writes, splits and combines, W_UV, o_proj; every task on the CTA after the
+//! one before (round robin), so that every matrix streams on as many CTAs as it has tasks.
+
+use super::{fused_source, ArenaSlice, CtaShape, GraphError, Handoff, LaunchGraph};
+use device::KernelSource;
+use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_RESIDUAL};
+use linear::layout::{split_tiles, KIND_TILES};
+use mailbox::gpu::Variant;
+use mailbox::layout::{BoxRange, LayoutBuilder, Region, BOXES_PER_LINE};
+use mailbox::{Stage, StageKernel, Task};
+use mla::gpu::{MlaArgs, MlaHalfArgs};
+use mla::layout::{
+    AttendPlan, AttendShape, AttendWaits, MlaBoxes, MlaKind, NormOf, RequestRows, SplitChoice,
+};
+use mla::CacheLayout;
+use model::numerics::RopeStyle;
+use model::weights::packed::TILE_ROWS;
+use model::{CacheFormat, ModelConfig, RankShapes, WEIGHT_BLOCK};
+
+/// Bad input, found before anything runs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HalfError {
+    #[error("model: {0}")]
+    Model(String),
+    #[error("MLA: {0}")]
+    Mla(String),
+    #[error("launch graph: {0}")]
+    Graph(String),
+    #[error("the input rows' slice holds {have} bytes; the half reads {need}")]
+    Input { have: u64, need: u64 },
+    #[error("{0}")]
+    Shape(String),
+    #[error("a step needs 1 to {max} rows; this one has {rows}")]
+    Rows { rows: u32, max: u32 },
+    #[error("request {request}: {selected} selected slots a row, but its last row, at position {position}, has at most {max}")]
+    Selected {
+        request: usize,
+        selected: u32,
+        position: u32,
+        max: u32,
+    },
+}
+
+/// The widths of one rank's attention half (spec §1.5 at TP `tp`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HalfDims {
+    pub hidden: usize,
+    pub q_lora: usize,
+    /// Heads of the rank.
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub latent: usize,
+    pub cache: CacheFormat,
+    pub rope_theta: f64,
+    pub rope_style: RopeStyle,
+    /// eps of the input norm (rms_norm_eps).
+    pub hidden_eps: f64,
+    /// eps of the latent norms (the engines' rms_norm_eps; spec §2.12).
+    pub latent_eps: f64,
+}
+
+impl HalfDims {
+    pub fn new(cfg: &ModelConfig, tp: usize, cache: CacheFormat) -> Result<Self, HalfError> {
+        let rank = RankShapes::new(cfg, tp).map_err(|e| HalfError::Model(e.to_string()))?;
+        Ok(HalfDims {
+            hidden: cfg.hidden_size,
+            q_lora: cfg.q_lora_rank,
+            heads: rank.heads,
+            nope: cfg.qk_nope_head_dim,
+            rope: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            latent: cfg.kv_lora_rank,
+            cache,
+            rope_theta: cfg.rope_theta,
+            rope_style: RopeStyle::from_interleave(cfg.rope_interleave),
+            hidden_eps: cfg.rms_norm_eps,
+            latent_eps: cfg.rms_norm_eps,
+        })
+    }
+
+    pub fn qk(&self) -> usize {
+        self.nope + self.rope
+    }
+
+    /// K of the W_UK linear: nope padded to whole 128-element blocks.
+    pub fn uk_k(&self) -> usize {
+        self.nope.next_multiple_of(WEIGHT_BLOCK)
+    }
+
+    /// The cache's record layout.
+    pub fn cache_layout(&self) -> Result<CacheLayout, HalfError> {
+        let cfg = ModelConfig {
+            kv_lora_rank: self.latent,
+            qk_rope_head_dim: self.rope,
+            ..ModelConfig::preset("glm-5").map_err(|e| HalfError::Model(e.to_string()))?
+        };
+        CacheLayout::new(&cfg, self.cache).map_err(|e| HalfError::Mla(e.to_string()))
+    }
+
+    /// The attention tasks' shape (`union`: most distinct slots a split holds).
+    pub fn attend_shape(&self, union: usize) -> Result<AttendShape, HalfError> {
+        AttendShape::new(self.cache_layout()?, self.heads, union)
+            .map_err(|e| HalfError::Mla(e.to_string()))
+    }
+}
+
+/// The matrices of the half, in the launch's matrix list from [`HalfPlan::first_matrix`]: q_a,
+/// kv_a, q_b, W_UK of each head, W_UV of each head, o_proj.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfMatrix {
+    QA,
+    KvA,
+    QB,
+    Uk(usize),
+    Uv(usize),
+    OProj,
+}
+
+impl HalfMatrix {
+    /// Index among the half's matrices.
+    pub fn index(self, heads: usize) -> usize {
+        match self {
+            HalfMatrix::QA => 0,
+            HalfMatrix::KvA => 1,
+            HalfMatrix::QB => 2,
+            HalfMatrix::Uk(h) => 3 + h,
+            HalfMatrix::Uv(h) => 3 + heads + h,
+            HalfMatrix::OProj => 3 + 2 * heads,
+        }
+    }
+
+    /// Every matrix of a half of `heads`, in index order.
+    pub fn all(heads: usize) -> Vec<HalfMatrix> {
+        let mut v = vec![HalfMatrix::QA, HalfMatrix::KvA, HalfMatrix::QB];
+        v.extend((0..heads).map(HalfMatrix::Uk));
+        v.extend((0..heads).map(HalfMatrix::Uv));
+        v.push(HalfMatrix::OProj);
+        v
+    }
+
+    /// (n, k) of the matrix as the linear runs it.
+    pub fn shape(self, d: &HalfDims) -> (usize, usize) {
+        match self {
+            HalfMatrix::QA => (d.q_lora, d.hidden),
+            HalfMatrix::KvA => (d.latent + d.rope, d.hidden),
+            HalfMatrix::QB => (d.heads * d.qk(), d.q_lora),
+            HalfMatrix::Uk(_) => (d.latent, d.uk_k()),
+            HalfMatrix::Uv(_) => (d.v, d.latent),
+            HalfMatrix::OProj => (d.hidden, d.heads * d.v),
+        }
+    }
+
+    pub fn tiles(self, d: &HalfDims) -> u32 {
+        self.shape(d).0.div_ceil(TILE_ROWS) as u32
+    }
+}
+
+/// The half's slices of the launch's activation arena (byte offsets from its start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfArena {
+    /// The layer's input rows `[rows][hidden]` bf16 (the input hand-off's slice).
+    pub hidden: u64,
+    /// Step inputs the host writes before the launch: `[rows]` u32 positions, `[rows]` u32 cache
+    /// slots of the new tokens, `[rope / 2]` f64 rope frequencies, `[rows][topk]` i32 slot lists.
+    pub positions: u64,
+    pub new_slots: u64,
+    pub inv_freq: u64,
+    pub slot_lists: u64,
+    /// Made by the launch.
+    pub hidden_normed: u64,
+    pub q_a: u64,
+    pub q_latent: u64,
+    pub kv_a: u64,
+    /// `[rows][heads][qk]`, then zeros the last head's padded W_UK reads.
+    pub q: u64,
+    pub q_pe: u64,
+    pub q_abs: u64,
+    pub new_latent: u64,
+    pub new_rope: u64,
+    /// `[rows][heads][latent]` bf16: the attention in latent space.
+    pub attn: u64,
+    pub part_o: u64,
+    pub part_ml: u64,
+    /// `[rows][heads][v]` bf16: W_UV's outputs, o_proj's x.
+    pub o_heads: u64,
+    /// `[rows][hidden]` bf16: x + o_proj(...), the half's output.
+    pub out: u64,
+}
+
+impl HalfArena {
+    fn new(
+        g: &mut LaunchGraph,
+        prefix: &str,
+        d: &HalfDims,
+        rows: u64,
+        topk: u64,
+        plan: &AttendPlan,
+        hidden: u64,
+    ) -> Result<Self, GraphError> {
+        let parts = plan.partial_queries().max(1) as u64;
+        let q_slack = d.uk_k().saturating_sub(d.qk()) as u64;
+        let (heads, latent, rope) = (d.heads as u64, d.latent as u64, d.rope as u64);
+        let mut take = |name: &str, bytes: u64| -> Result<u64, GraphError> {
+            Ok(g.arena(&format!("{prefix}_{name}"), bytes)?.offset)
+        };
+        Ok(HalfArena {
+            hidden,
+            positions: take("positions", rows * 4)?,
+            new_slots: take("new_slots", rows * 4)?,
+            inv_freq: take("inv_freq", rope / 2 * 8)?,
+            slot_lists: take("slot_lists", rows * topk * 4)?,
+            hidden_normed: take("hidden_normed", rows * d.hidden as u64 * 2)?,
+            q_a: take("q_a", rows * d.q_lora as u64 * 2)?,
+            q_latent: take("q_latent", rows * d.q_lora as u64 * 2)?,
+            kv_a: take("kv_a", rows * (latent + rope) * 2)?,
+            q: take("q", (rows * heads * d.qk() as u64 + q_slack) * 2)?,
+            q_pe: take("q_pe", rows * heads * rope * 2)?,
+            q_abs: take("q_abs", rows * heads * latent * 2)?,
+            new_latent: take("new_latent", rows * latent * 2)?,
+            new_rope: take("new_rope", rows * rope * 2)?,
+            attn: take("attn", rows * heads * latent * 2)?,
+            part_o: take("part_o", parts * latent * 4)?,
+            part_ml: take("part_ml", parts * 2 * 4)?,
+            o_heads: take("o_heads", rows * heads * d.v as u64 * 2)?,
+            out: take("out", rows * d.hidden as u64 * 2)?,
+        })
+    }
+}
+
+/// One request of a step: tokens already cached, its rows this step (at the positions after
+/// them), and how many slots each row's list selects at most (the rest -1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfRequest {
+    pub context: u32,
+    pub rows: u32,
+    pub selected: u32,
+}
+
+/// How the half's attention is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfBuild {
+    /// Entries of each row's slot list (k).
+    pub topk: u32,
+    pub union: usize,
+    pub choice: SplitChoice,
+}
+
+/// The boxes of the half.
+#[derive(Clone, Copy, Debug)]
+pub struct HalfBoxes {
+    pub norm_hidden: Region<u32>,
+    pub q_a: Region<u32>,
+    pub kv_a: Region<u32>,
+    pub norm_kv: Region<u32>,
+    pub norm_q: Region<u32>,
+    pub q_b: Region<u32>,
+    pub rope_q: Region<u32>,
+    pub uk: Region<u32>,
+    pub attend: MlaBoxes,
+    pub uv: Region<u32>,
+    /// o_proj's lines: the half's output rows are written when every box of these is.
+    pub o_proj: Region<u32>,
+}
+
+/// The attention half of one step as a part of a launch: its tasks in the graph's global order,
+/// its boxes, arena slices and matrices.
+#[derive(Clone, Debug)]
+pub struct HalfPlan {
+    pub dims: HalfDims,
+    pub shape: AttendShape,
+    pub attend: AttendPlan,
+    pub rows: u32,
+    pub topk: u32,
+    /// Each row's position.
+    pub positions: Vec<u32>,
+    pub boxes: HalfBoxes,
+    pub arena: HalfArena,
+    /// Index of the half's first matrix in the launch's matrix list (the rest follow).
+    pub first_matrix: u32,
+    /// The half's output rows (x + o_proj(attention)) and the boxes they are complete after.
+    pub out: Handoff,
+}
+
+fn lines(b: &mut LayoutBuilder, name: &str, n: u32) -> Result<Region<u32>, HalfError> {
+    b.region(name, n.max(1), BOXES_PER_LINE)
+        .map_err(|e| HalfError::Graph(e.to_string()))
+}
+
+fn whole(r: &Region<u32>) -> BoxRange {
+    BoxRange::new(r.offset(), r.slots() * r.stride())
+}
+
+fn first_box(r: &Region<u32>) -> BoxRange {
+    r.slot(0).expect("a region of one slot at least")
+}
+
+impl HalfPlan {
+    /// Adds the half of a step of `requests` to `g` (boxes, slices and matrices named `prefix`),
+    /// after the producer of `hidden`, the layer's input rows. The rows' slot lists are read from
+    /// the arena (written before the launch, or kept from an earlier launch's select) and
+    /// published inside the launch by one task.
+    pub fn plan(
+        g: &mut LaunchGraph,
+        dims: HalfDims,
+        requests: &[HalfRequest],
+        build: HalfBuild,
+        hidden: Handoff,
+        prefix: &str,
+    ) -> Result<HalfPlan, HalfError> {
+        let rows: u32 = requests.iter().map(|r| r.rows).sum();
+        let max = linear::layout::MAX_ROWS as u32;
+        if rows == 0 || rows > max {
+            return Err(HalfError::Rows { rows, max });
+        }
+        let mut positions = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            // A row lists positions up to its own at most; the request's last row is at
+            // context + rows - 1.
+            if r.rows > 0 && r.selected > r.context + r.rows {
+                return Err(HalfError::Selected {
+                    request: i,
+                    selected: r.selected,
+                    position: r.context + r.rows - 1,
+                    max: r.context + r.rows,
+                });
+            }
+            positions.extend((0..r.rows).map(|i| r.context + i));
+        }
+        let need = rows as u64 * dims.hidden as u64 * 2;
+        if hidden.data.bytes < need {
+            return Err(HalfError::Input {
+                have: hidden.data.bytes,
+                need,
+            });
+        }
+        let shape = dims.attend_shape(build.union)?;
+        let attend_rows: Vec<RequestRows> = requests
+            .iter()
+            .filter(|r| r.rows > 0)
+            .map(|r| RequestRows {
+                rows: r.rows,
+                selected: r.selected,
+            })
+            .collect();
+        let mla = |e: mla::MlaError| HalfError::Mla(e.to_string());
+        let graph = |e: GraphError| HalfError::Graph(e.to_string());
+        let attend =
+            AttendPlan::new(&shape, build.topk, &attend_rows, build.choice).map_err(mla)?;
+        let arena = HalfArena::new(
+            g,
+            prefix,
+            &dims,
+            u64::from(rows),
+            u64::from(build.topk),
+            &attend,
+            hidden.data.offset,
+        )
+        .map_err(graph)?;
+
+        let name = |n: &str| format!("{prefix}_{n}");
+        let mats = HalfMatrix::all(dims.heads);
+        let ctas = g.ctas();
+        let splits: Vec<Vec<linear::layout::TileRange>> = mats
+            .iter()
+            .map(|m| {
+                let parts = match m {
+                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => ctas.div_ceil(dims.heads as u32),
+                    _ => ctas,
+                };
+                split_tiles(m.tiles(&dims), parts)
+            })
+            .collect();
+        let count = |pick: &dyn Fn(&HalfMatrix) -> bool| -> u32 {
+            mats.iter()
+                .zip(&splits)
+                .filter(|(m, _)| pick(m))
+                .map(|(_, s)| s.len() as u32)
+                .sum()
+        };
+        let first_matrix = g.matrix();
+        for _ in 1..mats.len() {
+            g.matrix();
+        }
+        let b = g.regions();
+        let one = |b: &mut LayoutBuilder, n: &str| {
+            b.region::<u32>(&name(n), 1, 1)
+                .map_err(|e| HalfError::Graph(e.to_string()))
+        };
+        let boxes = HalfBoxes {
+            norm_hidden: one(b, "norm_hidden")?,
+            q_a: lines(b, &name("q_a"), count(&|m| *m == HalfMatrix::QA))?,
+            kv_a: lines(b, &name("kv_a"), count(&|m| *m == HalfMatrix::KvA))?,
+            norm_kv: one(b, "norm_kv")?,
+            norm_q: one(b, "norm_q")?,
+            q_b: lines(b, &name("q_b"), count(&|m| *m == HalfMatrix::QB))?,
+            rope_q: one(b, "rope_q")?,
+            uk: lines(b, &name("uk"), count(&|m| matches!(m, HalfMatrix::Uk(_))))?,
+            attend: MlaBoxes::add(b, &name("mla"), &attend).map_err(mla)?,
+            uv: lines(b, &name("uv"), count(&|m| matches!(m, HalfMatrix::Uv(_))))?,
+            o_proj: lines(b, &name("o_proj"), count(&|m| *m == HalfMatrix::OProj))?,
+        };
+
+        // Each task takes the next rank and the next CTA.
+        let push = |g: &mut LaunchGraph, kind: u32, out: BoxRange, inputs: &[BoxRange], args| {
+            let rank = g.rank();
+            let cta = g.next_cta();
+            let t = Task::new(kind, rank, out, inputs, args)
+                .map_err(|e| HalfError::Graph(e.to_string()))?;
+            g.push(cta, t).map_err(graph)
+        };
+        // The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
+        let linear_tasks = |g: &mut LaunchGraph,
+                            m: HalfMatrix,
+                            region: &Region<u32>,
+                            line: &mut u32,
+                            inputs: &[BoxRange]|
+         -> Result<(), HalfError> {
+            let index = m.index(dims.heads);
+            for r in &splits[index] {
+                let out = region.slot(*line).expect("a line a task");
+                *line += 1;
+                let args = [first_matrix + index as u32, r.first, r.count];
+                push(g, KIND_TILES, out, inputs, args)?;
+            }
+            Ok(())
+        };
+        let norm = |which: NormOf| [0, rows, which as u32];
+        let slot_boxes = BoxRange::new(
+            boxes.attend.slots.offset(),
+            (rows - 1) * boxes.attend.slots.stride() + build.topk,
+        );
+        push(g, MlaKind::Slots.kind(), slot_boxes, &[], [0, rows, 0])?;
+        let hidden_in = hidden.waits();
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_hidden),
+            &hidden_in,
+            norm(NormOf::Hidden),
+        )?;
+        let after_norm = [first_box(&boxes.norm_hidden)];
+        linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
+        linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
+        let kv_a = [whole(&boxes.kv_a)];
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_kv),
+            &kv_a,
+            norm(NormOf::KvLatent),
+        )?;
+        let q_a = [whole(&boxes.q_a)];
+        push(
+            g,
+            MlaKind::Norm.kind(),
+            first_box(&boxes.norm_q),
+            &q_a,
+            norm(NormOf::QLatent),
+        )?;
+        linear_tasks(
+            g,
+            HalfMatrix::QB,
+            &boxes.q_b,
+            &mut 0,
+            &[first_box(&boxes.norm_q)],
+        )?;
+        // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
+        // rows' new tokens from the new latents.
+        let rope_in = [whole(&boxes.q_b), first_box(&boxes.norm_kv)];
+        push(
+            g,
+            MlaKind::RopeQ.kind(),
+            first_box(&boxes.rope_q),
+            &rope_in,
+            [0, rows, 0],
+        )?;
+        let mut line = 0;
+        for h in 0..dims.heads {
+            linear_tasks(
+                g,
+                HalfMatrix::Uk(h),
+                &boxes.uk,
+                &mut line,
+                &[whole(&boxes.q_b)],
+            )?;
+        }
+        let waits = AttendWaits {
+            new_tokens: Some(first_box(&boxes.norm_kv)),
+            queries: [Some(whole(&boxes.uk)), Some(first_box(&boxes.rope_q))],
+            earlier_cache_writes: true,
+        };
+        let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
+        let ranks = g.ranks(n);
+        for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
+            let cta = g.next_cta();
+            g.push(cta, t).map_err(graph)?;
+        }
+        // A combine writes its whole line (`MlaBoxes::out_done`), so the range is every box.
+        let combines = [BoxRange::new(
+            boxes.attend.out_done.offset(),
+            attend.combines() * boxes.attend.out_done.stride(),
+        )];
+        let mut line = 0;
+        for h in 0..dims.heads {
+            linear_tasks(g, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines)?;
+        }
+        linear_tasks(
+            g,
+            HalfMatrix::OProj,
+            &boxes.o_proj,
+            &mut 0,
+            &[whole(&boxes.uv)],
+        )?;
+        let out = Handoff {
+            data: ArenaSlice {
+                offset: arena.out,
+                bytes: u64::from(rows) * dims.hidden as u64 * 2,
+            },
+            ready: whole(&boxes.o_proj),
+        };
+        Ok(HalfPlan {
+            dims,
+            shape,
+            attend,
+            rows,
+            topk: build.topk,
+            positions,
+            boxes,
+            arena,
+            first_matrix,
+            out,
+        })
+    }
+}
+
+/// Where one packed matrix of the half sits on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PackedAt {
+    pub w: u64,
+    /// FP8 scales (0 for bf16).
+    pub scales: u64,
+    pub fp8: bool,
+}
+
+/// The device addresses of the half's weights: the matrices by [`HalfMatrix::index`], the three
+/// bf16 norm weights.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HalfWeights {
+    pub matrices: Vec<PackedAt>,
+    pub hidden_norm: u64,
+    pub q_a_norm: u64,
+    pub kv_a_norm: u64,
+}
+
+impl HalfPlan {
+    /// `mla_args` of a launch whose activations start at `arena` (device address of
+    /// [`HalfArena`]'s offset 0), its cache at `cache`, with softmax `scale` (1/sqrt(qk) is the
+    /// model's; the negative controls pass others).
+    pub fn mla_args(&self, arena: u64, cache: u64, w: &HalfWeights, scale: f32) -> MlaArgs {
+        let (d, a) = (&self.dims, &self.arena);
+        let at = |offset: u64| arena + offset;
+        MlaArgs {
+            q_abs: at(a.q_abs),
+            q_pe: at(a.q_pe),
+            new_latent: at(a.new_latent),
+            new_rope: at(a.new_rope),
+            new_slots: at(a.new_slots),
+            cache,
+            part_o: at(a.part_o),
+            part_ml: at(a.part_ml),
+            out: at(a.attn),
+            scale,
+            slot_stride: self.boxes.attend.slots.stride(),
+            max_splits: self.attend.max_splits(),
+            pad: 0,
+            trace: 0,
+            half: MlaHalfArgs {
+                hidden: at(a.hidden),
+                hidden_normed: at(a.hidden_normed),
+                hidden_norm: w.hidden_norm,
+                q_a: at(a.q_a),
+                q_latent: at(a.q_latent),
+                q_a_norm: w.q_a_norm,
+                kv_a: at(a.kv_a),
+                kv_a_norm: w.kv_a_norm,
+                q: at(a.q),
+                positions: at(a.positions),
+                inv_freq: at(a.inv_freq),
+                slot_lists: at(a.slot_lists),
+                hidden_dim: d.hidden as u32,
+                q_lora: d.q_lora as u32,
+                nope: d.nope as u32,
+                hidden_eps: d.hidden_eps as f32,
+                latent_eps: d.latent_eps as f32,
+                topk: self.topk,
+            },
+        }
+    }
+
+    /// The scale of the model's softmax, 1/sqrt(qk_head_dim) (spec §2.7).
+    pub fn model_scale(&self) -> f32 {
+        (1.0 / (self.dims.qk() as f64).sqrt()) as f32
+    }
+
+    /// The half's matrices for the launch's list (from [`HalfPlan::first_matrix`]), activations at
+    /// `arena`.
+    pub fn matrices(&self, arena: u64, w: &HalfWeights) -> Vec<LinMatrix> {
+        let (d, a) = (&self.dims, &self.arena);
+        let at = |offset: u64| arena + offset;
+        let bf16 = |elements: usize| 2 * elements as u64;
+        HalfMatrix::all(d.heads)
+            .into_iter()
+            .map(|m| {
+                let (n, k) = m.shape(d);
+                let (x, x_stride, y, y_stride) = match m {
+                    HalfMatrix::QA => (at(a.hidden_normed), d.hidden, at(a.q_a), d.q_lora),
+                    HalfMatrix::KvA => {
+                        (at(a.hidden_normed), d.hidden, at(a.kv_a), d.latent + d.rope)
+                    }
+                    HalfMatrix::QB => (at(a.q_latent), d.q_lora, at(a.q), d.heads * d.qk()),
+                    HalfMatrix::Uk(h) => (
+                        at(a.q) + bf16(h * d.qk()),
+                        d.heads * d.qk(),
+                        at(a.q_abs) + bf16(h * d.latent),
+                        d.heads * d.latent,
+                    ),
+                    HalfMatrix::Uv(h) => (
+                        at(a.attn) + bf16(h * d.latent),
+                        d.heads * d.latent,
+                        at(a.o_heads) + bf16(h * d.v),
+                        d.heads * d.v,
+                    ),
+                    HalfMatrix::OProj => (at(a.o_heads), d.heads * d.v, at(a.out), d.hidden),
+                };
+                let p = w.matrices[m.index(d.heads)];
+                let residual = m == HalfMatrix::OProj;
+                LinMatrix {
+                    w: p.w,
+                    scales: p.scales,
+                    x,
+                    y,
+                    residual: if residual { at(a.hidden) } else { 0 },
+                    row_scale: 0,
+                    k: k as u32,
+                    n: n as u32,
+                    tiles: m.tiles(d),
+                    rows: self.rows,
+                    x_stride: x_stride as u32,
+                    y_stride: y_stride as u32,
+                    flags: if p.fp8 { FLAG_FP8 } else { 0 }
+                        | if residual { FLAG_RESIDUAL } else { 0 },
+                    pad: 0,
+                }
+            })
+            .collect()
+    }
+
+    /// Dynamic shared memory the half's tasks need in CTAs of `threads`: the attention's splits,
+    /// and the linear with its widest x.
+    pub fn lds_bytes(&self, threads: u32) -> Result<u32, HalfError> {
+        let d = &self.dims;
+        let widest = [d.hidden, d.q_lora, d.uk_k(), d.latent, d.heads * d.v]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        let lin = linear::layout::lds_bytes(threads, widest, self.rows as usize)
+            .map_err(|e| HalfError::Shape(e.to_string()))?;
+        Ok(lin.max(self.shape.lds_bytes() as u32))
+    }
+}
+
+/// The linear stage as the fused kernel's generator takes it: the tile's task function and
+/// decoder, no shape defines (a matrix's shape is in its descriptor).
+pub fn linear_stage() -> StageKernel {
+    StageKernel {
+        stage: Stage::Linear,
+        include: linear::gpu::LIN_TASK_H.0,
+        headers: vec![linear::gpu::LIN_TASK_H],
+        args_type: "lin_args",
+        decoder: "lin_decode",
+        defines: Default::default(),
+    }
+}
+
+/// The name of the attention half's fused kernel source.
+pub const SOURCE_NAME: &str = "fused_attention";
+
+/// The stages of the attention half's fused kernel: the linear, and MLA built for the attention's
+/// `attend` shape, the rope `style` (the config's; the other is a negative control) and CTAs of
+/// `shape`.
+pub fn half_stages(
+    shape: CtaShape,
+    attend: &AttendShape,
+    style: RopeStyle,
+) -> Result<Vec<StageKernel>, HalfError> {
+    if attend.lds_bytes() > shape.shared_bytes as usize {
+        return Err(HalfError::Shape(format!(
+            "the attention's splits need {} bytes of shared memory; the CTA has {}",
+            attend.lds_bytes(),
+            shape.shared_bytes
+        )));
+    }
+    Ok(vec![
+        linear_stage(),
+        mla::gpu::stage_kernel(attend, style == RopeStyle::Interleaved, shape.shared_bytes),
+    ])
+}
+
+/// The attention half's fused kernel over [`half_stages`], with the mailbox's `variant`.
+pub fn half_source(
+    shape: CtaShape,
+    attend: &AttendShape,
+    style: RopeStyle,
+    variant: Variant,
+) -> Result<KernelSource, HalfError> {
+    let stages = half_stages(shape, attend, style)?;
+    let source =
+        fused_source(SOURCE_NAME, &stages, shape).map_err(|e| HalfError::Shape(e.to_string()))?;
+    Ok(variant.apply(source))
+}

@@ -1,0 +1,186 @@
+//! The attention half's plan on a `LaunchGraph`: at the tiny preset and GLM-5 at TP8, TP4 and TP2,
+//! for 1 to 16 rows in one or several requests, the launch passes the placement rule (every wait
+//! on an earlier rank that some task writes), each matrix's linear tasks cover its tiles once,
+//! and a split of a request's later group waits on the group before's cache write ahead of its
+//! records; bad steps are refused before anything runs.
+
+use executor::fused::attention::{
+    HalfBuild, HalfDims, HalfError, HalfMatrix, HalfPlan, HalfRequest,
+};
+use executor::fused::{Handoff, LaunchGraph, PlannedLaunch};
+use linear::layout::KIND_TILES;
+use mailbox::layout::BoxRange;
+use mailbox::Placement;
+use mla::layout::{MlaKind, SplitChoice, SPLIT_AFTER_WRITE};
+use model::{CacheFormat, ModelConfig};
+use proptest::prelude::*;
+
+fn dims(preset: &str, tp: usize) -> HalfDims {
+    let cfg = ModelConfig::preset(preset).unwrap();
+    let cache = if preset == "tiny" {
+        CacheFormat::Bf16
+    } else {
+        CacheFormat::Fp8
+    };
+    HalfDims::new(&cfg, tp, cache).unwrap()
+}
+
+fn build(group_rows: u32) -> HalfBuild {
+    HalfBuild {
+        topk: 64,
+        union: 128,
+        choice: SplitChoice {
+            group_rows,
+            block: 16,
+            combine_queries: 1,
+        },
+    }
+}
+
+fn plan(
+    d: HalfDims,
+    requests: &[HalfRequest],
+    build: HalfBuild,
+    ctas: u32,
+    input_bytes: Option<u64>,
+) -> Result<(HalfPlan, PlannedLaunch), HalfError> {
+    let rows: u64 = requests.iter().map(|r| u64::from(r.rows)).sum();
+    let mut g = LaunchGraph::new(ctas).unwrap();
+    let bytes = input_bytes.unwrap_or(rows * d.hidden as u64 * 2);
+    let x = g.arena("x", bytes.max(1)).unwrap();
+    let input = Handoff {
+        data: x,
+        ready: BoxRange::default(),
+    };
+    let plan = HalfPlan::plan(&mut g, d, requests, build, input, "attn")?;
+    let launch = g.finish().map_err(|e| HalfError::Graph(e.to_string()))?;
+    Ok((plan, launch))
+}
+
+fn req(context: u32, rows: u32) -> HalfRequest {
+    HalfRequest {
+        context,
+        rows,
+        selected: (context + rows).min(64),
+    }
+}
+
+/// Each matrix's tasks cover its tiles once, in order.
+fn check_tiles(plan: &HalfPlan, placement: &Placement) -> Result<(), String> {
+    let d = &plan.dims;
+    for m in HalfMatrix::all(d.heads) {
+        let index = plan.first_matrix + m.index(d.heads) as u32;
+        let mut ranges: Vec<(u32, u32)> = placement
+            .tasks()
+            .filter(|(_, t)| t.kind == KIND_TILES && t.args[0] == index)
+            .map(|(_, t)| (t.args[1], t.args[2]))
+            .collect();
+        ranges.sort_unstable();
+        let mut next = 0;
+        for (first, count) in ranges {
+            if first != next {
+                return Err(format!("{m:?}: tiles {first}.. after {next}"));
+            }
+            next = first + count;
+        }
+        if next != m.tiles(d) {
+            return Err(format!("{m:?}: {next} of {} tiles", m.tiles(d)));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn steps_place_by_the_rule_and_cover_every_tile() {
+    for (preset, tp) in [
+        ("tiny", 1),
+        ("tiny", 2),
+        ("glm-5", 8),
+        ("glm-5", 4),
+        ("glm-5", 2),
+    ] {
+        let d = dims(preset, tp);
+        for requests in [
+            vec![req(100, 1)],
+            vec![req(100, 4)],
+            vec![req(0, 1), req(40, 3), req(200, 12)],
+        ] {
+            for group_rows in [1, 4] {
+                let (p, launch) = plan(d, &requests, build(group_rows), 132, None).unwrap();
+                check_tiles(&p, launch.placement.placement()).unwrap();
+            }
+        }
+    }
+}
+
+/// The coverage check's control: a launch missing one linear task is caught.
+#[test]
+fn a_missing_linear_task_is_caught() {
+    let (p, launch) = plan(dims("glm-5", 8), &[req(100, 1)], build(1), 132, None).unwrap();
+    let mut lists = launch.placement.placement().lists().to_vec();
+    let list = lists
+        .iter_mut()
+        .find(|l| l.iter().any(|t| t.kind == KIND_TILES))
+        .unwrap();
+    let at = list.iter().position(|t| t.kind == KIND_TILES).unwrap();
+    list.remove(at);
+    assert!(check_tiles(&p, &Placement::new(lists)).is_err());
+}
+
+#[test]
+fn a_later_group_waits_on_the_cache_write_before_it_ahead_of_its_records() {
+    let (p, launch) = plan(dims("tiny", 2), &[req(100, 4)], build(1), 16, None).unwrap();
+    let cache_done = p.boxes.attend.cache_done;
+    let mut splits = 0;
+    for (_, t) in launch.placement.placement().tasks() {
+        if t.kind != MlaKind::Split.kind() {
+            continue;
+        }
+        splits += 1;
+        let row = t.args[0];
+        let flagged = t.args[1] & SPLIT_AFTER_WRITE != 0;
+        assert_eq!(flagged, row > 0, "split of row {row}");
+        if flagged {
+            assert_eq!(t.inputs()[1], cache_done.slot(row - 1).unwrap());
+        }
+    }
+    assert_eq!(splits, 4 * p.attend.groups[0].splits);
+}
+
+#[test]
+fn bad_steps_are_refused() {
+    let d = dims("tiny", 2);
+    let rows = |e| matches!(e, Err(HalfError::Rows { .. }));
+    assert!(rows(plan(d, &[], build(4), 8, None).map(|_| ())));
+    assert!(rows(
+        plan(d, &[req(100, 17)], build(4), 8, None).map(|_| ())
+    ));
+    let too_many = HalfRequest {
+        context: 10,
+        rows: 2,
+        selected: 13,
+    };
+    assert!(matches!(
+        plan(d, &[too_many], build(4), 8, None),
+        Err(HalfError::Selected { .. })
+    ));
+    assert!(matches!(
+        plan(d, &[req(100, 2)], build(4), 8, Some(16)),
+        Err(HalfError::Input { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn random_steps_place_by_the_rule(
+        shape in prop::collection::vec((0u32..300, 1u32..5), 1..4),
+        ctas in 1u32..140,
+        group_rows in 1u32..5,
+    ) {
+        let requests: Vec<HalfRequest> = shape.iter().map(|&(c, r)| req(c, r)).collect();
+        let (p, launch) = plan(dims("tiny", 2), &requests, build(group_rows), ctas, None).unwrap();
+        prop_assert_eq!(check_tiles(&p, launch.placement.placement()), Ok(()));
+        prop_assert_eq!(p.rows, shape.iter().map(|s| s.1).sum::<u32>());
+    }
+}

@@ -1,0 +1,4 @@
+//! Shared parts of the executor's tests.
+
+pub mod half;
+pub mod half_gpu;
