@@ -4,6 +4,8 @@
 pub mod front;
 pub mod front_gpu;
 pub mod graph;
+pub mod head;
+pub mod head_gpu;
 pub mod host;
 pub mod shape;
 pub mod source;
