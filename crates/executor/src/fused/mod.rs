@@ -5,6 +5,7 @@ pub mod front;
 pub mod front_gpu;
 pub mod graph;
 pub mod head;
+pub mod head_check;
 pub mod head_gpu;
 pub mod host;
 pub mod shape;
