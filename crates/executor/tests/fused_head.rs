@@ -13,7 +13,7 @@ use executor::fused::head::{
     EmbedPlan, HeadDescriptors, HeadLists, TailPlan, TailShape, TailWeights,
 };
 use executor::fused::head_check::{DenseCase, EmbedCase, TailCase};
-use executor::fused::{CtaShape, Handoff, LaunchGraph, PlannedLaunch};
+use executor::fused::{CtaShape, Handoff, LaunchGraph, PlannedLaunch, ENTRY};
 use linear::gpu::LinMatrix;
 use mailbox::gpu::{DebugBound, Variant};
 use mailbox::layout::BoxRange;
@@ -358,4 +358,65 @@ fn fused_head_parts_on_cpu_threads_match_the_references() {
     let err = check_layer0(&l0, &run(&exe, &l0.bound).unwrap()).expect_err("the next row passed");
     eprintln!("the embedding's next row: {err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Both targets build; on sm_90a without spills. gfx950's spills are the linear tile's own (its
+/// standalone entry spills as many: `cargo test -p linear --test compile -- --nocapture`).
+#[test]
+fn the_fused_head_builds_for_both_targets() {
+    for target in ["sm_90a", "gfx950"] {
+        let shape = CtaShape::for_target(target).unwrap();
+        let source = head_source(shape, Variant::default()).unwrap();
+        let Some(compiler) = device::optional_compiler(target).unwrap() else {
+            continue;
+        };
+        let compiled = compiler
+            .compile(&source)
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
+        let entry = compiled
+            .resources
+            .iter()
+            .find(|r| r.kernel == ENTRY)
+            .unwrap_or_else(|| panic!("{target}: no {ENTRY} in {:?}", compiled.resources));
+        println!("{target}: {entry:?}");
+        if target == "sm_90a" {
+            assert_eq!(entry.spills, 0, "{target}: spills");
+        }
+    }
+}
+
+/// Bad shapes are errors before anything is planned.
+#[test]
+fn bad_head_shapes_are_refused() {
+    let mut g = LaunchGraph::new(CTAS).unwrap();
+    let mut lists = HeadLists::default();
+    assert!(embed_part(&mut g, &mut lists, 0, HIDDEN).is_err());
+    assert!(embed_part(&mut g, &mut lists, 17, HIDDEN).is_err());
+    assert!(embed_part(&mut g, &mut lists, 1, 100).is_err());
+    let input = Handoff::default();
+    let tail = TailShape {
+        rows: 1,
+        hidden: HIDDEN,
+        vocab_rows: VOCAB_ROWS,
+        shard: 1,
+        shards: 1,
+        eps: 1e-5,
+        format: WeightFormat::Bf16,
+    };
+    assert!(tail_part(&mut g, &mut lists, tail, input).is_err());
+    let odd_k = TailShape {
+        shard: 0,
+        hidden: 200,
+        ..tail
+    };
+    assert!(tail_part(&mut g, &mut lists, odd_k, input).is_err());
+    let dense = DenseShape {
+        rows: 1,
+        hidden: HIDDEN,
+        intermediate: 200,
+        eps: 1e-5,
+        format: WeightFormat::Fp8,
+        residual: true,
+    };
+    assert!(dense_mlp_part(&mut g, &mut lists, dense, input).is_err());
 }
