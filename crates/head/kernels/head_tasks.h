@@ -155,13 +155,41 @@ MONO_DEV void head_embed_rows(const Team& team, const head_embed& e, u32 first, 
   }
 }
 
+MONO_DEV u32 head_word(const mono_u32x4& v, u32 q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
+
+// Loads of a thread in flight at once: the logits were just written, so each load waits on L2,
+// and a thread's loads issued together take one wait instead of one each.
+#define HEAD_ARGMAX_LOADS 4u
+
 template <class Team>
 MONO_DEV void head_argmax_rows(const Team& team, const head_argmax& a, u32 first, u32 count, u8* smem) {
   u64* red = (u64*)smem;
+  constexpr u32 U = HEAD_ARGMAX_LOADS;
   for (u32 r = first; r < first + count; ++r) {
     const u16* row = a.logits + (u64)r * a.stride;
     u64 best = 0;  // below every pair: no id has the complement 0xffffffff - id = 0 with key 0
-    for (u32 c = team.thread(); c < a.n; c += Team::size)
+    // 16-byte chunks of 8 logits where the row is aligned to them, then single logits.
+    const u32 chunks = ((u64)row % 16 == 0) ? a.n / 8 : 0u;
+    const mono_u32x4* v = (const mono_u32x4*)row;
+    for (u32 base = 0; base < chunks; base += U * Team::size) {
+      mono_u32x4 w[U];
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
+        const u32 i = base + u * Team::size + team.thread();
+        if (i < chunks) w[u] = v[i];
+      }
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
+        const u32 i = base + u * Team::size + team.thread();
+        if (i >= chunks) continue;
+#pragma unroll
+        for (u32 e = 0; e < 8; ++e) {
+          const u32 bits = (head_word(w[u], e / 2) >> (16 * (e % 2))) << 16;
+          best = head_max_u64(best, head_pair(bits, a.first_id + 8 * i + e));
+        }
+      }
+    }
+    for (u32 c = 8 * chunks + team.thread(); c < a.n; c += Team::size)
       best = head_max_u64(best, head_pair((u32)row[c] << 16, a.first_id + c));
     best = head_team_max(team, best, red);
     if (team.leader()) a.pairs[(u64)r * a.shards + a.shard] = best;
