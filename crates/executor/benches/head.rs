@@ -6,6 +6,9 @@
 //! HBM), divided by COPIES; beside it, in the same run, a copy kernel (`copy_16b`, 4 CTAs of 512
 //! a SM) moving the same bytes (half read, half written) the same way, and the floor: the weight
 //! bytes over the copy bandwidth. Weights are zeros (the time does not depend on their values).
+//! Then one launch of a traced build (`MBX_TRACE`), the L2 flushed before it: when each phase's
+//! tasks (the norm, each matrix, the argmax, the pick) started and ended, from the first task's
+//! start.
 //! Records go to `MONO_BENCH_JSON` (tables "head tail", "head dense MLP").
 //!
 //! `cargo bench -p executor --bench head` on a GPU machine; prints "skipped" without one.
@@ -39,6 +42,7 @@ struct Bench {
     stream: Stream,
     flush: Buffer<u8>,
     kernel: HeadKernel,
+    traced: HeadKernel,
     copy: device::Kernel,
     _copy_module: device::Module,
     bandwidth: f64,
@@ -115,12 +119,61 @@ impl Bench {
             us / copy,
             us / floor
         );
+        self.phases(&launches[0])?;
         let case = format!("{rows} row{}", if rows == 1 { "" } else { "s" });
         self.reporter.write(
             &Figure::new(table, &case, "fused launch (epoch node + launch)", us, "us")
                 .floor(floor, "weight bytes / copy bandwidth")
                 .baseline(copy, "copy of the same bytes, same graph mode"),
         )?;
+        Ok(())
+    }
+}
+
+impl Bench {
+    /// One traced launch, the L2 flushed before it: each phase's first start and last end.
+    fn phases(&self, launch: &HeadLaunch) -> Result<(), Error> {
+        self.stream
+            .memset(self.flush.device_ptr(), 7, self.flush.bytes())?;
+        let trace = launch.trace(&self.dev, &self.traced, &self.stream)?;
+        let tasks = launch.tasks();
+        let t0 = trace.spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
+        // Phases in the order their first task started: a head kind, or a linear matrix.
+        let mut phases: Vec<(String, u64, u64, usize)> = Vec::new();
+        for span in &trace.spans {
+            let task = &tasks.tasks[span.position as usize];
+            let name = match span.kind {
+                linear::layout::KIND_TILES => format!("matrix {}", task.args[0]),
+                head::layout::KIND_EMBED => "embed".into(),
+                head::layout::KIND_NORM => "norm".into(),
+                head::layout::KIND_ARGMAX => "argmax".into(),
+                head::layout::KIND_PICK => "pick".into(),
+                kind => mailbox::trace::kind_name(kind),
+            };
+            match phases.iter_mut().find(|p| p.0 == name) {
+                Some(p) => {
+                    p.1 = p.1.min(span.start_ns);
+                    p.2 = p.2.max(span.end_ns);
+                    p.3 += 1;
+                }
+                None => phases.push((name, span.start_ns, span.end_ns, 1)),
+            }
+        }
+        phases.sort_by_key(|p| p.1);
+        let line: Vec<String> = phases
+            .iter()
+            .map(|(name, start, end, n)| {
+                format!(
+                    "{name} x{n} {:.1}-{:.1}",
+                    (start - t0) as f64 / 1e3,
+                    (end - t0) as f64 / 1e3
+                )
+            })
+            .collect();
+        println!(
+            "    phases (us from the first task's start): {}",
+            line.join(", ")
+        );
         Ok(())
     }
 }
@@ -154,6 +207,7 @@ fn main() -> Result<(), Error> {
         stream: dev.new_stream()?,
         flush: dev.alloc_zeroed::<u8>(256 << 20)?,
         kernel: HeadKernel::build(&dev, Variant::default(), None)?,
+        traced: HeadKernel::build_traced(&dev, Variant::default())?,
         copy: copy_module.kernel("copy_16b")?,
         _copy_module: copy_module,
         bandwidth,

@@ -10,7 +10,8 @@ use head::gpu::HeadArgs;
 use linear::gpu::{LinArgs, LinMatrix};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::Tags;
-use mailbox::{Stall, DIAG_WORDS};
+use mailbox::trace::{decode, Trace};
+use mailbox::{Stall, TaskTable, DIAG_WORDS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HeadGpuError {
@@ -22,6 +23,8 @@ pub enum HeadGpuError {
     Shape(String),
     #[error("the fused launch stalled: {0}")]
     Stalled(Stall),
+    #[error(transparent)]
+    Trace(#[from] mailbox::trace::TraceError),
 }
 
 pub type Result<T, E = HeadGpuError> = std::result::Result<T, E>;
@@ -41,6 +44,15 @@ impl HeadKernel {
     /// Builds the kernel (with `MONO_FAULT = fault` when a test asks for one, `head_tasks.h`)
     /// and checks that one CTA of the fused shape is resident on every SM at once.
     pub fn build(dev: &Device, variant: Variant, fault: Option<u32>) -> Result<Self> {
+        Self::build_as(dev, variant, fault, false)
+    }
+
+    /// The same kernel writing every task's record (`mailbox::trace`), for [`HeadLaunch::trace`].
+    pub fn build_traced(dev: &Device, variant: Variant) -> Result<Self> {
+        Self::build_as(dev, variant, None, true)
+    }
+
+    fn build_as(dev: &Device, variant: Variant, fault: Option<u32>, traced: bool) -> Result<Self> {
         let shape = CtaShape::for_device(dev.info()).ok_or_else(|| {
             HeadGpuError::Shape(format!("no fused CTA shape for {}", dev.info().arch))
         })?;
@@ -48,6 +60,9 @@ impl HeadKernel {
             head_source(shape, variant).map_err(|e| HeadGpuError::Shape(e.to_string()))?;
         if let Some(f) = fault {
             source = source.define("MONO_FAULT", f);
+        }
+        if traced {
+            source = mailbox::trace::traced(source);
         }
         let module = dev.build(&source)?;
         let kernel = module.kernel(ENTRY)?;
@@ -98,6 +113,7 @@ fn upload_list<T: bytemuck::Pod + Default>(dev: &Device, list: &[T]) -> Result<B
 /// One planned launch on the device.
 pub struct HeadLaunch {
     table: DeviceTable,
+    tasks: TaskTable,
     scratch: Buffer<u64>,
     epoch: Buffer<u32>,
     diag: Buffer<u32>,
@@ -167,6 +183,7 @@ impl HeadLaunch {
         };
         Ok(HeadLaunch {
             table: DeviceTable::upload(dev, &planned.placement)?,
+            tasks: planned.placement.placement().table(),
             scratch: dev.alloc_zeroed(planned.layout.boxes().max(1) as usize)?,
             epoch: dev.alloc_zeroed(1)?,
             diag: dev.alloc_zeroed(DIAG_WORDS)?,
@@ -181,10 +198,32 @@ impl HeadLaunch {
 
     /// The epoch node, then the one fused launch (a graph capture records both).
     pub fn enqueue(&self, kernel: &HeadKernel, stream: &Stream) -> Result<()> {
+        self.enqueue_with(kernel, stream, None)
+    }
+
+    /// The launch's task table, as a trace's spans index it.
+    pub fn tasks(&self) -> &TaskTable {
+        &self.tasks
+    }
+
+    /// One launch on a kernel of [`HeadKernel::build_traced`], waited for: every task's span.
+    pub fn trace(&self, dev: &Device, kernel: &HeadKernel, stream: &Stream) -> Result<Trace> {
+        let words = self.table.trace_buffer(dev)?;
+        self.enqueue_with(kernel, stream, Some(&words))?;
+        stream.sync()?;
+        Ok(decode(&self.tasks, &words.download()?)?)
+    }
+
+    fn enqueue_with(
+        &self,
+        kernel: &HeadKernel,
+        stream: &Stream,
+        trace: Option<&Buffer<u64>>,
+    ) -> Result<()> {
         kernel
             .epoch
             .enqueue(stream, &self.epoch, &self.scratch, self.tags)?;
-        let table = LaunchTable::new(
+        let mut table = LaunchTable::new(
             &self.table,
             &self.scratch,
             &self.epoch,
@@ -192,6 +231,9 @@ impl HeadLaunch {
             self.tags,
             0,
         )?;
+        if let Some(words) = trace {
+            table = table.with_trace(&self.table, words)?;
+        }
         let launch = Launch::new(self.table.ctas, kernel.shape.threads)
             .shared(kernel.shape.shared_bytes)
             .cooperative();
