@@ -28,7 +28,7 @@ use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_RESIDUAL, FLAG_SWIGLU};
 use linear::layout::{split_tiles, KIND_TILES, MAX_ROWS};
 use mailbox::gpu::Variant;
 use mailbox::layout::BoxRange;
-use mailbox::Task;
+use mailbox::{StageKernel, Task};
 use model::weights::packed::{PackedLayout, Pairing};
 use model::WeightFormat;
 
@@ -623,9 +623,14 @@ impl TailPlan {
 /// The name of the head's fused kernel source.
 pub const SOURCE_NAME: &str = "fused_head";
 
-/// The fused kernel of the head's parts: the linear and head stages, one switch over their
-/// decoders (arguments `mbx_launch`, `lin_args`, `head_args`), the mailbox's `variant`.
+/// The stages of the head's fused kernel, in the order of its arguments after `mbx_launch`:
+/// `lin_args`, `head_args`.
+pub fn head_stages() -> [StageKernel; 2] {
+    [linear::gpu::stage_kernel(), head::gpu::stage_kernel()]
+}
+
+/// The fused kernel of the head's parts: [`head_stages`], one switch over their decoders, the
+/// mailbox's `variant`.
 pub fn head_source(shape: CtaShape, variant: Variant) -> Result<KernelSource, FusedSourceError> {
-    let stages = [linear::gpu::stage_kernel(), head::gpu::stage_kernel()];
-    Ok(variant.apply(fused_source(SOURCE_NAME, &stages, shape)?))
+    Ok(variant.apply(fused_source(SOURCE_NAME, &head_stages(), shape)?))
 }
