@@ -63,6 +63,14 @@ TABLES = [
      "Baseline: the standalone indexer and select launches (each with its epoch node) replayed the "
      "same way. Where the time goes is in `crates/executor/PERF.md` (the bench's timeline). Targets: "
      "at most 0.75 x the standalone pair at 128K and 512K, 128K x 4 rows in at most 16 us."),
+    ("head tail", "The tail of a GLM-5.2 TP8 rank as one fused launch (`cargo bench -p executor --bench "
+     "head`): the final norm, lm_head's shard (19360 x 6144 bf16), the argmax as (logit, token) pairs "
+     "and the pick, with its epoch node; six launches a graph, each on its own copy of the weights, "
+     "L2 flushed before each replay. The floor is the weight bytes over the copy bandwidth; the "
+     "baseline a copy kernel moving the same bytes in the same graph mode."),
+    ("head dense MLP", "The dense MLP of a GLM-5.2 TP8 rank as one fused launch: the post-attention "
+     "norm, FP8 gate/up (2 x 1536 x 6144) with SwiGLU, then down (6144 x 1536) with the residual, "
+     "measured as the tail is."),
 ]
 
 INTRO = """# Benchmarks

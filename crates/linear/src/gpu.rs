@@ -99,6 +99,19 @@ pub fn sources() -> Vec<KernelSource> {
     vec![source(512, Variant::default())]
 }
 
+/// What the fused kernel's generator takes from this stage: `lin_task.h`, `lin_args` and
+/// `lin_decode` (no shape defines: every size is in the launch's matrix list).
+pub fn stage_kernel() -> mailbox::StageKernel {
+    mailbox::StageKernel {
+        stage: mailbox::Stage::Linear,
+        include: LIN_TASK_H.0,
+        headers: vec![LIN_TASK_H],
+        args_type: "lin_args",
+        decoder: "lin_decode",
+        defines: Default::default(),
+    }
+}
+
 /// The built standalone entry `linear_tasks`.
 pub struct LinearKernel {
     kernel: Kernel,
