@@ -11,23 +11,22 @@
 //! Needs g++ with C++20, and takes about a minute, so ignored:
 //! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
 
+use device::host::build_driver;
+use mailbox::gpu::{DebugBound, Variant};
 use mailbox::layout::{BoxRange, ScratchLayout};
 use mailbox::{Limits, Stage, Task};
 use model::paging::{PageTable, PAGE_TOKENS};
 use select::cases::{self, Pattern};
 use select::check::check_output;
+use select::gpu::Shape;
 use select::layout::{SelectBoxes, SelectKind, SelectPlan, Slicing, TopK, SLICE_TARGET};
 use select::reference::{select_row, RowPages, Rows};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
-/// The host prelude, found before the real one; then the ops layer beside the real one.
-const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
-const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
-const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+/// The launcher around the stage's entry (`tests/host/driver.cpp`).
+const DRIVER: &str = include_str!("host/driver.cpp");
 
 const KINDS: [SelectKind; 3] = [SelectKind::OneCta, SelectKind::Slice, SelectKind::Registers];
 
@@ -113,62 +112,30 @@ impl Build {
     }
 }
 
-/// The driver built for `b`; `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every
-/// check but the hang detector's control runs).
+/// The driver built for `b` from the stage's own source and defines (`select::gpu::source` of
+/// the build's shape); `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every check
+/// but the hang detector's control runs).
 fn compile(b: &Build, dir: &Path, fault: u32, debug: bool) -> PathBuf {
-    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
-    let hip = std::fs::read_to_string(format!("{KERNELS}/select.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 sel_lds[];";
-    assert!(hip.contains(dynamic));
-    let hip = hip.replace(dynamic, "alignas(16) static u8 sel_lds[SEL_LDS_BYTES];");
-    let src = dir.join(format!("{}-{fault}-{debug}", b.name));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("select.hip"), hip).unwrap();
-    let exe = src.join("select");
-    let lds = select::layout::task_lds_bytes(b.slice_keys, b.top(), b.threads);
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-pthread", "-w"])
-        .arg(format!("-I{}", src.display()))
-        .arg(format!("-I{HOST}"))
-        .arg(format!("-I{HOST_PRELUDE}"))
-        .arg(format!("-I{KERNELS}"))
-        .arg(format!("-I{MAILBOX}"))
-        .arg(format!("-I{OPS}"))
-        .arg(format!("-DMONO_WAVE={}", b.wave))
-        .arg(format!("-DMONO_CTA_THREADS={}", b.threads))
-        .arg(format!("-DSEL_K={}", b.k))
-        .arg(format!("-DSEL_ROOM_PER_K={}", select::layout::ROOM_PER_K))
-        .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
-        .arg(format!("-DSEL_MAX_SLICES={}", select::layout::MAX_SLICES))
-        .arg(format!("-DSEL_SLICE_ALIGN={}", select::layout::SLICE_ALIGN))
-        .arg(format!("-DSEL_PAGE_TOKENS={PAGE_TOKENS}"))
-        .arg(format!("-DSEL_LDS_BYTES={lds}"))
-        .arg(format!("-DSEL_REG_KEYS={}", b.reg_keys))
-        .arg(format!(
-            "-DSEL_REG_STAGE_ROOM={}",
-            select::layout::REG_STAGE_ROOM
-        ))
-        .arg(format!(
-            "-DSEL_REG_RANK_ROOM={}",
-            select::layout::REG_RANK_ROOM
-        ))
-        .arg(format!(
-            "-DSEL_REG_BUCKET={}u",
-            select::layout::REG_RANK_BUCKET
-        ))
-        .arg(format!("-DSEL_FAULT={fault}"))
-        .arg(format!("-DMBX_DEBUG={}", debug as u32))
-        .args(["-DMBX_DEBUG_TRAP=0", "-DMBX_POLL_LIMIT=20000000u"])
-        .arg(format!("{HOST}/driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("g++: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let shape = Shape {
+        top: b.top(),
+        threads: b.threads,
+        slice_keys: b.slice_keys,
+        reg_keys: b.reg_keys,
+        trace: false,
+    };
+    let variant = Variant {
+        debug: debug.then_some(DebugBound {
+            poll_limit: 20_000_000,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
+    let src = select::gpu::source(shape, variant)
+        .define("MONO_WAVE", b.wave)
+        .define("SEL_FAULT", fault);
+    std::fs::create_dir_all(dir).unwrap();
+    let exe = dir.join(format!("select-{}-{fault}-{debug}", b.name));
+    build_driver(&src, ("driver.cpp", DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe
 }
 
@@ -255,8 +222,7 @@ fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
         words.extend(fresh.iter().map(|s| s.to_bits()));
     }
     words.extend(table.iter().map(|&v| v as u32));
-    let dir = exe.parent().unwrap();
-    let (input, output) = (dir.join("input"), dir.join("output"));
+    let (input, output) = (exe.with_extension("input"), exe.with_extension("output"));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     std::fs::write(&input, bytes).unwrap();
     let out = Command::new(exe).arg(&input).arg(&output).output().unwrap();
