@@ -155,7 +155,7 @@ proptest! {
         lens in prop::collection::vec(0..=MAX_ROW_KEYS, 1..9),
         kind in prop::sample::select(vec![SelectKind::OneCta, SelectKind::Registers, SelectKind::Slice]),
     ) {
-        let (top, ctas) = (TopK::GLM5, 132);
+        let (top, ctas) = (glm5(), 132);
         let rows = lens.len() as u32;
         let Ok(mut plan) = SelectPlan::new(&lens, kind, top, ctas, Slicing::production(SLICE_ROOM), 0) else {
             return Ok(());
