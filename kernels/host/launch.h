@@ -4,17 +4,23 @@
 // driver includes this once (it defines the prelude's emulation state), allocates with
 // emu_device_alloc and runs launches with emu_launch.
 //
-// A launch is watched by its progress rather than by a fixed time: every block or named barrier
-// that completes, in any CTA, counts; a launch that counts nothing for `stall_seconds` is killed
-// (a wait that never ends stops every barrier), however slowly a loaded machine runs it.
+// A launch is watched by its progress rather than by a fixed time: every block, wave or named
+// barrier that completes, in any CTA, counts. A launch that counts nothing while its CTAs spend
+// `stall_seconds` of CPU time (threads spinning in polls that never end), or while every thread
+// of them sleeps for `stall_seconds` (threads parked at barriers that never fill), is killed.
+// Neither counts the time a loaded machine leaves the threads waiting to run, so a busy machine
+// slows a launch without failing it.
 #pragma once
 #include "prelude.h"
 
 #include <barrier>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <dirent.h>
 #include <mutex>
+#include <string>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <thread>
@@ -37,13 +43,14 @@ T* emu_device_alloc(size_t n) {
   return (T*)p;
 }
 
-// Barriers passed in all CTAs of the running launch (shared; the launcher watches it).
+// Barriers passed in all CTAs of the running launch, block, wave and named (shared; the launcher
+// watches it).
 static u64* emu_progress;
 struct emu_tick {
   void operator()() noexcept { __atomic_fetch_add(emu_progress, 1, __ATOMIC_RELAXED); }
 };
 static std::barrier<emu_tick>* emu_block_barrier;
-static std::barrier<>* emu_wave_barrier[64];
+static std::barrier<emu_tick>* emu_wave_barrier[64];
 static std::barrier<emu_tick>* emu_named_barrier[MONO_BARRIERS];
 static std::mutex emu_named_lock;
 
@@ -61,10 +68,44 @@ void emu_sync_named(u32 id, u32 threads) {
   b->arrive_and_wait();
 }
 
+// CPU time (clock ticks) of every thread of the live CTAs, and whether all of them sleep.
+struct emu_usage {
+  u64 ticks;
+  bool asleep;
+};
+static emu_usage emu_usage_of(const std::vector<pid_t>& ctas) {
+  emu_usage u{0, true};
+  for (pid_t pid : ctas) {
+    if (pid == 0) continue;
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    DIR* d = opendir(dir.c_str());
+    if (!d) continue;
+    while (const dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      FILE* f = fopen((dir + "/" + e->d_name + "/stat").c_str(), "r");
+      if (!f) continue;
+      char line[1024];
+      const size_t n = fread(line, 1, sizeof line - 1, f);
+      fclose(f);
+      line[n] = 0;
+      // After the name's ')': state, then fields 4 .. 13, then utime and stime.
+      const char* p = strrchr(line, ')');
+      if (!p) continue;
+      char state;
+      unsigned long long utime, stime;
+      if (sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &state, &utime, &stime) != 3) continue;
+      u.ticks += utime + stime;
+      if (state != 'S' && state != 'Z') u.asleep = false;
+    }
+    closedir(d);
+  }
+  return u;
+}
+
 // Statuses of emu_launch.
 #define EMU_OK 0
 #define EMU_CTA_FAILED 1  // a CTA trapped, crashed or exited with an error
-#define EMU_STALLED 3     // no barrier passed in any CTA for stall_seconds
+#define EMU_STALLED 3     // no barrier passed in any CTA while it spun or slept for stall_seconds
 
 // Runs `grid` CTAs of `block` threads, body() on every thread (mono_thread() and mono_block() set),
 // every CTA resident at once.
@@ -89,7 +130,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       emu_grid_dim = grid;
       emu_block_dim = block;
       emu_block_barrier = new std::barrier<emu_tick>(block);
-      for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w] = new std::barrier<>(MONO_WAVE);
+      for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w] = new std::barrier<emu_tick>(MONO_WAVE);
       std::vector<std::thread> threads;
       for (u32 t = 0; t < block; ++t) threads.emplace_back([t, &body] {
           emu_thread = t;
@@ -101,30 +142,42 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
     ctas.push_back(pid);
   }
   int status = EMU_OK;
+  const u64 tick = (u64)sysconf(_SC_CLK_TCK);
   u64 seen = __atomic_load_n(emu_progress, __ATOMIC_RELAXED);
-  time_t last = time(nullptr);
+  u64 ticks_then = emu_usage_of(ctas).ticks;
+  time_t asleep_since = 0;
   size_t running = ctas.size();
-  while (running > 0) {
+  for (u32 polls = 1; running > 0; ++polls) {
     for (pid_t& p : ctas) {
       int st;
       if (p == 0 || waitpid(p, &st, WNOHANG) != p) continue;
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) status = EMU_CTA_FAILED;
       p = 0;
       --running;
-      last = time(nullptr);
     }
+    usleep(2000);
+    if (running == 0 || polls % 50 != 0) continue;  // the threads' state every 0.1 s
+    const emu_usage u = emu_usage_of(ctas);
     const u64 now = __atomic_load_n(emu_progress, __ATOMIC_RELAXED);
     if (now != seen) {
-      seen = now;
-      last = time(nullptr);
-    } else if (running > 0 && time(nullptr) - last > (time_t)stall_seconds) {
+      seen = now, ticks_then = u.ticks, asleep_since = 0;
+      continue;
+    }
+    if (!u.asleep)
+      asleep_since = 0;
+    else if (asleep_since == 0)
+      asleep_since = time(nullptr);
+    const bool spun = u.ticks - ticks_then > (u64)stall_seconds * tick;
+    const bool slept = asleep_since != 0 && time(nullptr) - asleep_since > (time_t)stall_seconds;
+    if (spun || slept) {
+      fprintf(stderr, "hung: no barrier passed while %s for %u s\n",
+              spun ? "the CTAs spent CPU time" : "every thread slept", stall_seconds);
       for (pid_t p : ctas)
         if (p) kill(p, SIGKILL);
       for (pid_t p : ctas)
         if (p) waitpid(p, nullptr, 0);
       return EMU_STALLED;
     }
-    usleep(1000);
   }
   return status;
 }

@@ -474,33 +474,16 @@ impl Compiler for HostCompiler {
         let kernels = kernel_signatures(&flat).map_err(error)?;
         let program = format!("{flat}\n{}", driver_main(&kernels));
         let dir = scratch_dir()?;
-        let cpp = dir.join("module.cpp");
         let exe = dir.join("module");
-        std::fs::write(&cpp, &program).map_err(|e| error(e.to_string()))?;
-        let mut cmd = Command::new("g++");
-        cmd.args(["-std=c++20", "-O1", "-pthread", "-w", "-x", "c++"]);
-        for (k, v) in source.defines() {
-            cmd.arg(format!("-D{k}={v}"));
-        }
-        let out = cmd
-            .arg(&cpp)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .map_err(|e| error(format!("g++: {e}")))?;
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(DeviceError::Compile {
-                kernel: source.name().to_owned(),
-                target: "host".into(),
-                log,
-            });
-        }
-        let image = std::fs::read(&exe).map_err(|e| error(e.to_string()));
+        let built = compile_unit(source.name(), &program, source.defines(), &exe);
+        let image = built.and_then(|log| {
+            let image = std::fs::read(&exe).map_err(|e| error(e.to_string()))?;
+            Ok((image, log))
+        });
         let _ = std::fs::remove_dir_all(&dir);
+        let (image, log) = image?;
         Ok(Compiled {
-            image: image?,
+            image,
             resources: kernels
                 .iter()
                 .map(|k| KernelResources {
@@ -511,6 +494,63 @@ impl Compiler for HostCompiler {
             log,
         })
     }
+}
+
+/// Builds `exe`, an executable that runs a kernel's own source on CPU threads: `driver` (name,
+/// text: a main file that includes the kernel's main file by its name, and `launch.h`) around
+/// `source` (its headers and defines), with the host prelude in place of the real one and the
+/// kernel's dynamic shared memory made static. The stages' host-emulation tests build their
+/// drivers this way; the backend's modules and the fused launch's driver go through the same g++
+/// step ([`compile_unit`]).
+pub fn build_driver(source: &KernelSource, driver: (&str, &str), exe: &Path) -> Result<()> {
+    let kernel = source.clone().with_text(static_shared(source.text()));
+    let unit = kernel
+        .header(HOST_PRELUDE.0, HOST_PRELUDE.1)
+        .header(HOST_LAUNCH.0, HOST_LAUNCH.1)
+        .wrap(driver.0, driver.1);
+    let flat = unit.flatten()?;
+    compile_unit(driver.0, &flat, unit.defines(), exe).map(|_| ())
+}
+
+/// g++ (C++20, threads) on one flattened unit `name` with its defines, into `exe`; the compiler's
+/// log. The executable appears whole or not at all, so a build cut short is never taken for one.
+pub fn compile_unit(
+    name: &str,
+    program: &str,
+    defines: &std::collections::BTreeMap<String, String>,
+    exe: &Path,
+) -> Result<String> {
+    let error = |message: String| DeviceError::Source {
+        kernel: name.to_owned(),
+        message,
+    };
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let part = exe.with_extension(format!("{}-{n}.part", std::process::id()));
+    let cpp = part.with_extension("cpp");
+    std::fs::write(&cpp, program).map_err(|e| error(format!("{}: {e}", cpp.display())))?;
+    let mut cmd = Command::new("g++");
+    cmd.args(["-std=c++20", "-O1", "-pthread", "-w", "-x", "c++"]);
+    for (k, v) in defines {
+        cmd.arg(format!("-D{k}={v}"));
+    }
+    let out = cmd.arg(&cpp).arg("-o").arg(&part).output();
+    let _ = std::fs::remove_file(&cpp);
+    let out = out.map_err(|e| DeviceError::NoCompiler {
+        compiler: "g++",
+        detail: format!("host emulation builds kernels with g++ (C++20): {e}"),
+    })?;
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&part);
+        return Err(DeviceError::Compile {
+            kernel: name.to_owned(),
+            target: "host".into(),
+            log,
+        });
+    }
+    std::fs::rename(&part, exe).map_err(|e| error(format!("{}: {e}", exe.display())))?;
+    Ok(log)
 }
 
 /// `extern __shared__ [__attribute__((aligned(N)))] T name[];` as a static array of the most a

@@ -30,7 +30,7 @@ use mailbox::trace::{self, Span, TimeBase, Timeline};
 use mailbox::Stage as TaskStage;
 use model::ModelConfig;
 use select::gpu::{Batch, Method, Selector, Shape};
-use select::reference::{Pages, Rows};
+use select::reference::{RowPages, Rows};
 use support::{CacheKind, Error, Inputs, LaunchBuffers, Request, Scene, Stage};
 
 const TIMED: usize = 30;
@@ -202,22 +202,16 @@ fn main() -> Result<(), Error> {
         let method = Method::fastest_for(keys);
         let shape = Shape::for_rows(method, fused.top(), keys)?;
         let selector = Selector::build(dev, method, shape, Variant::default())?;
-        let pages_stride = (plan.stride / indexer::layout::PAGE_TOKENS) as usize;
-        let table: Vec<i32> = (0..lens.len())
-            .flat_map(|_| {
-                let mut row: Vec<i32> = scene.table.pages(0).iter().map(|&p| p as i32).collect();
-                row.resize(pages_stride, 0);
-                row
-            })
-            .collect();
+        // Every row is request 0's.
+        let requests = vec![0u32; lens.len()];
         let rows_in = Rows {
             scores: &scores,
             stride: plan.stride as usize,
             lens: &lens,
         };
-        let pages = Pages {
-            table: &table,
-            stride: pages_stride,
+        let pages = RowPages {
+            table: &scene.table,
+            requests: &requests,
         };
         let batches = (0..COPIES)
             .map(|_| Batch::upload(dev, &selector, &rows_in, Some(&pages)))

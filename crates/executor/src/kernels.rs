@@ -49,7 +49,7 @@ pub fn registry() -> Vec<RegisteredSource> {
 /// at launch).
 fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
-    let top = select::layout::TopK::new(cfg.index_topk as u32).expect("GLM-5's k is valid");
+    let top = select::layout::TopK::of(&cfg).expect("GLM-5's k is valid");
     let shape = crate::fused::CtaShape::for_target("sm_90a").expect("an sm_90a shape");
     let dims = crate::fused::attention::HalfDims::new(&cfg, 8, model::CacheFormat::Fp8)
         .expect("GLM-5 shards at TP8");

@@ -13,14 +13,15 @@ use executor::fused::front::{
     front_source, FrontBuild, FrontError, FrontGraph, FrontRequest, READER_KIND,
 };
 use executor::fused::{CtaShape, ENTRY};
-use indexer::layout::{RunDesc, PAGE_TOKENS};
+use indexer::layout::RunDesc;
 use indexer::reference::{key_score, IndexerDims, RowQuery, ScaledVector};
 use mailbox::emulator::{self, EmuConfig, Scratch, TaskFailed};
 use mailbox::layout::BoxRange;
 use mailbox::{Placement, Stage, Task};
+use model::paging::PAGE_TOKENS;
 use model::ModelConfig;
 use select::layout::TopK;
-use select::reference::{select_rows, Pages, Rows};
+use select::reference::{select_rows, RowPages, Rows};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -314,24 +315,6 @@ impl mailbox::TaskFn for CpuFront<'_> {
     }
 }
 
-/// Every row's page table as select reads it (`[rows][stride]`).
-fn select_pages(graph: &FrontGraph) -> (Vec<i32>, usize) {
-    let stride = (graph.plan.stride / PAGE_TOKENS) as usize;
-    let mut table = vec![0; graph.plan.rows.len() * stride];
-    for (i, row) in graph.plan.rows.iter().enumerate() {
-        for (p, &id) in graph
-            .pages
-            .pages(row.request as usize)
-            .iter()
-            .enumerate()
-            .take(stride)
-        {
-            table[i * stride + p] = id as i32;
-        }
-    }
-    (table, stride)
-}
-
 /// The reference: every row's scores from `indexer::reference`, then select's radix select.
 fn reference_lists(graph: &FrontGraph, inputs: &Inputs) -> Vec<i32> {
     let stride = graph.plan.stride as usize;
@@ -345,15 +328,15 @@ fn reference_lists(graph: &FrontGraph, inputs: &Inputs) -> Vec<i32> {
 }
 
 fn lists_of(graph: &FrontGraph, scores: &[f32]) -> Vec<i32> {
-    let (table, pages_stride) = select_pages(graph);
+    let requests = graph.row_requests();
     let rows = Rows {
         scores,
         stride: graph.plan.stride as usize,
         lens: &graph.lens,
     };
-    let pages = Pages {
-        table: &table,
-        stride: pages_stride,
+    let pages = RowPages {
+        table: &graph.pages,
+        requests: &requests,
     };
     select_rows(&rows, graph.top, Some(&pages)).unwrap()
 }
@@ -567,7 +550,7 @@ fn readers_wait_for_the_whole_list_of_their_row() {
 #[test]
 fn production_shapes_place_by_the_rule() {
     let cfg = ModelConfig::preset("glm-5").unwrap();
-    let top = TopK::new(cfg.index_topk as u32).unwrap();
+    let top = TopK::of(&cfg).unwrap();
     let cases: [Shape; 6] = [
         &[(8191, 1)],
         &[(8188, 4)],
@@ -638,7 +621,7 @@ fn bad_batches_are_refused_before_anything_runs() {
 #[test]
 fn the_fused_front_half_builds_for_both_targets() {
     let cfg = ModelConfig::preset("glm-5").unwrap();
-    let top = TopK::new(cfg.index_topk as u32).unwrap();
+    let top = TopK::of(&cfg).unwrap();
     for target in ["sm_90a", "gfx950"] {
         let shape = CtaShape::for_target(target).unwrap();
         let source =

@@ -21,7 +21,7 @@ use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{DebugBound, Variant};
 use model::ModelConfig;
 use select::gpu::{Batch, Method, Selector, Shape};
-use select::reference::{select_rows, Pages, Rows};
+use select::reference::{select_rows, RowPages, Rows};
 use support::{check_runs_done, check_scores, CacheKind, Inputs, Request, Scene, Stage};
 
 /// Debug waits: a wait that never ends gives up and reports instead of hanging the test.
@@ -89,26 +89,8 @@ impl Step {
     }
 }
 
-/// Every row's page table as select reads it.
-fn row_pages(graph: &FrontGraph) -> (Vec<i32>, usize) {
-    let stride = (graph.plan.stride / indexer::layout::PAGE_TOKENS) as usize;
-    let mut table = vec![0; graph.lens.len() * stride];
-    for (i, row) in graph.plan.rows.iter().enumerate() {
-        for (p, &id) in graph
-            .pages
-            .pages(row.request as usize)
-            .iter()
-            .enumerate()
-            .take(stride)
-        {
-            table[i * stride + p] = id as i32;
-        }
-    }
-    (table, stride)
-}
-
 fn reference_lists(graph: &FrontGraph, scores: &[f32]) -> Vec<i32> {
-    let (table, stride) = row_pages(graph);
+    let requests = graph.row_requests();
     let rows = Rows {
         scores,
         stride: graph.plan.stride as usize,
@@ -117,9 +99,9 @@ fn reference_lists(graph: &FrontGraph, scores: &[f32]) -> Vec<i32> {
     select_rows(
         &rows,
         graph.top,
-        Some(&Pages {
-            table: &table,
-            stride,
+        Some(&RowPages {
+            table: &graph.pages,
+            requests: &requests,
         }),
     )
     .unwrap()
@@ -261,15 +243,15 @@ fn fused_front_half_matches_the_reference_and_the_standalone_stages() {
         let method = Method::fastest_for(longest);
         let shape = Shape::for_rows(method, graph.top, longest).unwrap();
         let selector = Selector::build(dev, method, shape, variant()).unwrap();
-        let (table, pages_stride) = row_pages(graph);
+        let requests = graph.row_requests();
         let rows_in = Rows {
             scores: &scores,
             stride: graph.plan.stride as usize,
             lens: &graph.lens,
         };
-        let pages = Pages {
-            table: &table,
-            stride: pages_stride,
+        let pages = RowPages {
+            table: &graph.pages,
+            requests: &requests,
         };
         let batch = Batch::upload(dev, &selector, &rows_in, Some(&pages)).unwrap();
         batch.enqueue(&selector, stream, 1).unwrap();

@@ -31,7 +31,7 @@ use executor::step::{
 use mailbox::gpu::{DebugBound, Variant};
 use model::weights::SyntheticRule;
 use model::{ModelConfig, WeightFormat};
-use select::reference::{select_rows, Pages, Rows};
+use select::reference::{select_rows, RowPages, Rows};
 
 fn gpu() -> Device {
     Device::open(0).expect("a GPU")
@@ -240,19 +240,7 @@ fn lists_match(graph: &StepGraph, fronts: &[FrontGraph]) -> bool {
         };
         let scores: Vec<f32> = words(0).into_iter().map(f32::from_le_bytes).collect();
         let lists: Vec<i32> = words(1).into_iter().map(i32::from_le_bytes).collect();
-        let stride = (fg.plan.stride / indexer::layout::PAGE_TOKENS) as usize;
-        let mut table = vec![0; fg.lens.len() * stride];
-        for (i, row) in fg.plan.rows.iter().enumerate() {
-            for (p, &id) in fg
-                .pages
-                .pages(row.request as usize)
-                .iter()
-                .take(stride)
-                .enumerate()
-            {
-                table[i * stride + p] = id as i32;
-            }
-        }
+        let requests = fg.row_requests();
         let rows = Rows {
             scores: &scores,
             stride: fg.plan.stride as usize,
@@ -261,9 +249,9 @@ fn lists_match(graph: &StepGraph, fronts: &[FrontGraph]) -> bool {
         let want = select_rows(
             &rows,
             fg.top,
-            Some(&Pages {
-                table: &table,
-                stride,
+            Some(&RowPages {
+                table: &fg.pages,
+                requests: &requests,
             }),
         )
         .unwrap();

@@ -336,6 +336,27 @@ fn odd_widths_run_the_reference_step() {
     }
 }
 
+/// k is the config's, whatever select's kernels build for: an `index_topk` past their bound (the
+/// first slice's candidates in LDS) runs the reference, each row listing its tokens, then -1.
+#[test]
+fn an_index_topk_past_the_kernels_bound_runs_the_reference() {
+    let cfg = ModelConfig {
+        index_topk: select::layout::MAX_K as usize + 1,
+        ..odd_widths().0
+    };
+    let model =
+        ReferenceModel::load(&cfg, &Synthetic::new(&cfg, 5, WeightFormat::Bf16).unwrap()).unwrap();
+    let options = ReferenceOptions::transformers(&cfg, false);
+    let mut state = DecodeState::new(&model, 1, options).unwrap();
+    let step = model
+        .step(&mut state, &rows_of_vocab(cfg.vocab_size, 0, 0..5))
+        .unwrap();
+    let last = &step.topk[0][4];
+    assert_eq!(last.len(), cfg.index_topk);
+    assert_eq!(&last[..5], &[0, 1, 2, 3, 4]);
+    assert!(last[5..].iter().all(|&t| t == -1));
+}
+
 #[test]
 fn fp8_cache_and_hadamard_refuse_odd_widths_naming_the_switch() {
     let (cfg, odd) = odd_widths();

@@ -10,10 +10,12 @@
 //! Needs g++ with C++20, so ignored:
 //! `cargo test --release -p head --test host_emulation -- --ignored --nocapture`
 
+use device::host::build_driver;
 use head::check::{check_norm, check_pairs, check_tokens};
-use head::gpu::{HeadArgmax, HeadEmbed, HeadNorm, HeadPick};
-use head::layout::{lds_bytes, pair_id, task, KIND_ARGMAX, KIND_EMBED, KIND_NORM, KIND_PICK};
+use head::gpu::{source, HeadArgmax, HeadEmbed, HeadNorm, HeadPick};
+use head::layout::{pair_id, task, KIND_ARGMAX, KIND_EMBED, KIND_NORM, KIND_PICK};
 use head::reference::{argmax, embed, rms_norm_rows, shard_pair};
+use mailbox::gpu::{DebugBound, Variant};
 use mailbox::layout::{BoxRange, BOXES_PER_LINE};
 use mailbox::{Placement, Task};
 use model::numerics::bf16_round;
@@ -21,12 +23,8 @@ use model::weights::Matrix;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
-/// The host prelude, found before the real one; then the ops layer beside the real one.
-const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
-const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
-const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+/// The launcher around the stage's entry (`tests/host/driver.cpp`).
+const DRIVER: &str = include_str!("host/driver.cpp");
 
 /// Four groups of 32: a small CTA, so that the emulated threads stay few.
 const THREADS: u32 = 128;
@@ -37,39 +35,19 @@ const TOKENS: [u32; 5] = [3, 39, 3, 0, 17];
 const LOGIT_ROWS: usize = 5;
 const SHARD: usize = 150;
 
+/// The driver (`tests/host/driver.cpp`) around the stage's own source and defines, with polls
+/// bounded so that a wrong wait reports instead of hanging; `fault`: `MONO_FAULT`.
 fn compile(dir: &Path, fault: u32) -> PathBuf {
-    let hip = std::fs::read_to_string(format!("{KERNELS}/head.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 head_lds[];";
-    assert!(hip.contains(dynamic));
-    let lds = lds_bytes(THREADS).unwrap();
-    let hip = hip.replace(dynamic, &format!("alignas(16) static u8 head_lds[{lds}];"));
-    std::fs::write(dir.join("head.hip"), hip).unwrap();
+    let variant = Variant {
+        debug: Some(DebugBound {
+            poll_limit: 200_000_000,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
     let exe = dir.join(format!("head_host_{fault}"));
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O2", "-pthread", "-w"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{HOST}"))
-        .arg(format!("-I{HOST_PRELUDE}"))
-        .arg(format!("-I{KERNELS}"))
-        .arg(format!("-I{MAILBOX}"))
-        .arg(format!("-I{OPS}"))
-        .arg(format!("-DMONO_CTA_THREADS={THREADS}"))
-        .arg(format!("-DMONO_FAULT={fault}"))
-        .args([
-            "-DMBX_DEBUG=1",
-            "-DMBX_DEBUG_TRAP=0",
-            "-DMBX_POLL_LIMIT=200000000u",
-        ])
-        .arg(format!("{HOST}/driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("g++: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let src = source(THREADS, variant).define("MONO_FAULT", fault);
+    build_driver(&src, ("driver.cpp", DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe
 }
 
@@ -293,8 +271,7 @@ fn run(exe: &Path, l: &Launch) -> Vec<u8> {
     input.extend(as_bytes(&l.argmaxes));
     input.extend(as_bytes(&l.picks));
     input.extend(&l.arena.bytes);
-    let dir = exe.parent().unwrap();
-    let (i, o) = (dir.join("input"), dir.join("output"));
+    let (i, o) = (exe.with_extension("input"), exe.with_extension("output"));
     std::fs::write(&i, input).unwrap();
     let out = Command::new(exe).arg(&i).arg(&o).output().unwrap();
     assert!(

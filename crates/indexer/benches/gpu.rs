@@ -35,8 +35,8 @@ mod support;
 use device::report::{keys_label, Figure, Reporter};
 use device::{Args, BenchFilter, Device, Launch};
 use indexer::gpu::KernelConfig;
-use indexer::layout::pages_through;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
+use model::paging::pages_through;
 use model::ModelConfig;
 use support::{CacheKind, Error, Inputs, LaunchBuffers, Request, Scene, Stage};
 

@@ -6,9 +6,10 @@
 #include "ops/team.h"
 
 // ---- shape defines: the host sets every one (src/gpu.rs KernelConfig::source) ------------------------
+// IDX_PAGE_TOKENS: the caches' page (model::paging::PAGE_TOKENS).
 #if !defined(IDX_HEADS) || !defined(IDX_HEAD_DIM) || !defined(IDX_ROPE_DIM) || !defined(IDX_GROUP_ROWS) || \
-    !defined(IDX_TASK_PAGES)
-#error "the host sets the indexer's shape: IDX_HEADS, IDX_HEAD_DIM, IDX_ROPE_DIM, IDX_GROUP_ROWS, IDX_TASK_PAGES"
+    !defined(IDX_TASK_PAGES) || !defined(IDX_PAGE_TOKENS)
+#error "the host sets the indexer's shape: IDX_HEADS, IDX_HEAD_DIM, IDX_ROPE_DIM, IDX_GROUP_ROWS, IDX_TASK_PAGES, IDX_PAGE_TOKENS"
 #endif
 // IDX_ROPE_INTERLEAVED 1: GPT-J pairs (2i, 2i+1) as GLM-5; 0: NeoX pairs (i, i + ROPE_DIM/2) as
 // DeepSeek-V3.2. IDX_HADAMARD 1: the 1/sqrt(HEAD_DIM) Hadamard rotation of q and k (spec §3.3); 0:
@@ -49,7 +50,8 @@
 // Pages a run's team takes at once: a warpgroup each (wgmma), a batch (mma path).
 #define IDX_BATCH_PAGES 2
 
-#define IDX_PAGE_TOKENS 64
+// The scorers' tiles are a page of tokens: wgmma's m64 (idx_tile.h), the mma path's page a wave group.
+static_assert(IDX_PAGE_TOKENS == 64, "the scorers' tiles take pages of 64 tokens");
 #define IDX_PAGE_KEY_BYTES (IDX_PAGE_TOKENS * IDX_HEAD_DIM)
 #define IDX_PAGE_BYTES (IDX_PAGE_TOKENS * (IDX_HEAD_DIM + 4))
 // Hand-off words (layout.rs key_box_words / query_box_words).

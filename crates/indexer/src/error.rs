@@ -9,6 +9,9 @@ pub enum IndexerError {
     Model(#[from] model::ModelError),
 
     #[error(transparent)]
+    Weights(#[from] model::weights::WeightError),
+
+    #[error(transparent)]
     Device(#[from] device::DeviceError),
 }
 

@@ -7,12 +7,13 @@ use mailbox::gpu::{DeviceTable, LaunchTable, Variant};
 use mailbox::layout::Tags;
 use mailbox::Limits as PlacementLimits;
 use model::numerics::{rope_inv_freq, RopeStyle};
+use model::paging::{PageTable, PAGE_TOKENS};
 use model::ModelConfig;
 
 use crate::error::{shape, IndexerError, Result};
 use crate::layout::{
-    max_runs, stage_placement, GroupDesc, IndexerBoxes, PageTable, RequestDesc, Row, RunDesc,
-    ScorePlan, StageTasks, MAX_GROUP_ROWS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
+    max_runs, stage_placement, GroupDesc, IndexerBoxes, RequestDesc, Row, RunDesc, ScorePlan,
+    StageTasks, MAX_GROUP_ROWS, RUNS_PER_SCORE_TASK,
 };
 use crate::reference::{IndexerDims, IndexerOptions, VectorFormat};
 
@@ -202,6 +203,7 @@ impl KernelConfig {
             .define("IDX_WGMMA", u32::from(self.wgmma()))
             .define("IDX_RING", self.ring)
             .define("IDX_TASK_PAGES", TASK_PAGES)
+            .define("IDX_PAGE_TOKENS", PAGE_TOKENS)
             .define("IDX_LDS_BYTES", self.score_lds_bytes())
             .define("IDX_TRACE", u32::from(self.trace))
             .define("MONO_CTA_THREADS", CTA_THREADS);

@@ -1,7 +1,6 @@
 //! Shape and placement math of the indexer, shared by the kernels' host side, the reference checks
 //! and the executor:
 //! - the paged index-key cache (spec §3.5): 64-token pages, keys first, then the page's scales;
-//! - page tables and slots (where a request's token t lives);
 //! - row groups: up to [`MAX_GROUP_ROWS`] consecutive rows of one request scored in one pass, so
 //!   a key is read once for all of them;
 //! - runs: a group's pages cut into runs of at least [`MIN_RUN_PAGES`] pages, one run a CTA, at
@@ -13,11 +12,10 @@
 use bytemuck::{Pod, Zeroable};
 use mailbox::layout::{BoxRange, LayoutBuilder, Region};
 use mailbox::{Placement, Stage, Task};
+use model::paging::{pages_through, score_stride, PageTable, PAGE_TOKENS};
 
 use crate::error::{shape, Result};
 
-/// Tokens of one cache page (DeepGEMM's and SGLang's page size).
-pub const PAGE_TOKENS: u32 = model::INDEX_K_PAGE_TOKENS as u32;
 /// Rows of one request that one pass scores together.
 pub const MAX_GROUP_ROWS: u32 = 4;
 /// A run is at least this long, so a CTA always has a next batch to load while it scores one.
@@ -71,59 +69,6 @@ impl CacheLayout {
     /// Byte offset of the scale in `slot` of physical page `page`.
     pub fn scale_offset(&self, page: u32, slot: u32) -> u64 {
         u64::from(page) * self.page_bytes() + self.keys_bytes() + u64::from(slot * SCALE_BYTES)
-    }
-}
-
-/// Logical pages needed to hold tokens 0..=position.
-pub fn pages_through(position: u32) -> u32 {
-    position / PAGE_TOKENS + 1
-}
-
-/// Physical page of each logical page, per request, flattened as the device reads it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PageTable {
-    /// Request i's pages are `pages[offsets[i]..offsets[i + 1]]`.
-    offsets: Vec<u32>,
-    pages: Vec<u32>,
-}
-
-impl PageTable {
-    pub fn new(per_request: &[Vec<u32>]) -> Result<Self> {
-        let mut table = PageTable {
-            offsets: vec![0],
-            pages: Vec::new(),
-        };
-        for pages in per_request {
-            table.pages.extend_from_slice(pages);
-            let end = u32::try_from(table.pages.len())
-                .map_err(|_| shape("page table", "more than 2^32 pages"))?;
-            table.offsets.push(end);
-        }
-        Ok(table)
-    }
-
-    pub fn requests(&self) -> usize {
-        self.offsets.len() - 1
-    }
-
-    pub fn pages(&self, request: usize) -> &[u32] {
-        &self.pages[self.offsets[request] as usize..self.offsets[request + 1] as usize]
-    }
-
-    /// Request i's first entry in [`PageTable::flat`].
-    pub fn offset(&self, request: usize) -> u32 {
-        self.offsets[request]
-    }
-
-    /// Every request's pages back to back (the device's page list).
-    pub fn flat(&self) -> &[u32] {
-        &self.pages
-    }
-
-    /// (physical page, slot) of token `position` of `request`, if its page is in the table.
-    pub fn slot(&self, request: usize, position: u32) -> Option<(u32, u32)> {
-        let page = *self.pages(request).get((position / PAGE_TOKENS) as usize)?;
-        Some((page, position % PAGE_TOKENS))
     }
 }
 
@@ -194,8 +139,8 @@ pub struct ScorePlan {
     pub requests: Vec<RequestDesc>,
     pub groups: Vec<GroupDesc>,
     pub runs: Vec<RunDesc>,
-    /// Scores of row r are `scores[r * stride ..][..stride]`: a whole number of pages, enough for
-    /// the longest row; entries past a row's position are −inf.
+    /// Scores of row r are `scores[r * stride ..][..stride]` ([`score_stride`] of the longest
+    /// row); entries past a row's position are −inf.
     pub stride: u32,
 }
 
@@ -214,9 +159,9 @@ impl ScorePlan {
         }
         let requests = requests_of(rows, pages)?;
         let groups = groups_of(&requests, rows, limits.group_rows);
-        let stride_pages = rows
+        let longest = rows
             .iter()
-            .map(|r| pages_through(r.position))
+            .map(|r| r.position.saturating_add(1))
             .max()
             .ok_or_else(|| shape("score plan", "a launch needs at least one row"))?;
         let runs = runs_of(&groups, limits.max_runs)?;
@@ -225,7 +170,7 @@ impl ScorePlan {
             requests,
             groups,
             runs,
-            stride: stride_pages * PAGE_TOKENS,
+            stride: score_stride(longest),
         })
     }
 

@@ -14,6 +14,7 @@
 use model::numerics::{
     apply_rope, bf16_round, hadamard_scaled, layer_norm, quantise_block_e4m3, RopeStyle,
 };
+use model::weights::{layer_tensor_name, WeightSource};
 use model::ModelConfig;
 
 use crate::error::{check_len, shape, Result};
@@ -144,6 +145,42 @@ pub struct IndexerWeights<'a> {
     pub k_norm_bias: &'a [f32],
     /// `[index_n_heads, hidden_size]`.
     pub weights_proj: &'a [f32],
+}
+
+/// A full indexer layer's weights, owned, loaded from a checkpoint (the reference borrows them
+/// through [`OwnedIndexerWeights::view`]).
+#[derive(Debug, Clone)]
+pub struct OwnedIndexerWeights {
+    pub wq_b: Vec<f32>,
+    pub wk: Vec<f32>,
+    pub k_norm_weight: Vec<f32>,
+    pub k_norm_bias: Vec<f32>,
+    pub weights_proj: Vec<f32>,
+}
+
+impl OwnedIndexerWeights {
+    /// Loads `model.layers.{layer}.self_attn.indexer.*` with the config's shapes.
+    pub fn load(source: &dyn WeightSource, cfg: &ModelConfig, layer: usize) -> Result<Self> {
+        let name = |suffix: &str| layer_tensor_name(layer, &format!("self_attn.indexer.{suffix}"));
+        let (heads, dim, hidden) = (cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size);
+        Ok(OwnedIndexerWeights {
+            wq_b: source.tensor(&name("wq_b.weight"), &[heads * dim, cfg.q_lora_rank])?,
+            wk: source.tensor(&name("wk.weight"), &[dim, hidden])?,
+            k_norm_weight: source.vector(&name("k_norm.weight"), dim)?,
+            k_norm_bias: source.vector(&name("k_norm.bias"), dim)?,
+            weights_proj: source.tensor(&name("weights_proj.weight"), &[heads, hidden])?,
+        })
+    }
+
+    pub fn view(&self) -> IndexerWeights<'_> {
+        IndexerWeights {
+            wq_b: &self.wq_b,
+            wk: &self.wk,
+            k_norm_weight: &self.k_norm_weight,
+            k_norm_bias: &self.k_norm_bias,
+            weights_proj: &self.weights_proj,
+        }
+    }
 }
 
 /// Shapes the indexer needs from the config, checked once.

@@ -67,7 +67,8 @@ fn every_allowed_ring_leaves_room_for_two_runs_a_cta() {
 #[test]
 fn run_tasks_carry_their_group_request_and_first_pages() {
     use indexer::gpu::{RunTask, TASK_PAGES};
-    use indexer::layout::{Limits, PageTable, Row, ScorePlan};
+    use indexer::layout::{Limits, Row, ScorePlan};
+    use model::paging::PageTable;
     // Request 0: 3 pages (a run shorter than TASK_PAGES); request 1: 40 pages, shuffled ids.
     let long: Vec<u32> = (0..40).map(|i| 1000 + (i * 7) % 40).collect();
     let table = PageTable::new(&[vec![9, 4, 6], long.clone()]).unwrap();

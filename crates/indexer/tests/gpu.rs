@@ -395,7 +395,7 @@ fn overlapped_scoring_waits_for_the_kernel_before() {
     let scene = Scene::new(dims("glm-5"), requests(131_071), CacheKind::Random, 17);
     let mut doubled = scene.bytes.clone();
     for page in 0..(doubled.len() as u64 / scene.cache.page_bytes()) as u32 {
-        for slot in 0..indexer::layout::PAGE_TOKENS {
+        for slot in 0..model::paging::PAGE_TOKENS {
             let at = scene.cache.scale_offset(page, slot) as usize;
             let scale = f32::from_le_bytes(doubled[at..at + 4].try_into().unwrap());
             doubled[at..at + 4].copy_from_slice(&(2.0 * scale).to_le_bytes());

@@ -1,10 +1,10 @@
-//! Layout math: cache offsets, page tables, and the coverage and limits of score plans.
+//! Layout math: cache offsets, and the coverage and limits of score plans.
 
 use indexer::layout::{
-    pages_through, CacheLayout, IndexerBoxes, Limits, PageTable, Row, ScorePlan, MAX_GROUP_ROWS,
-    MIN_RUN_PAGES, PAGE_TOKENS,
+    CacheLayout, IndexerBoxes, Limits, Row, ScorePlan, MAX_GROUP_ROWS, MIN_RUN_PAGES,
 };
 use mailbox::layout::ScratchLayout;
+use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
@@ -18,17 +18,6 @@ fn glm5_page_is_8448_bytes_with_scales_after_keys() {
     assert_eq!(CacheLayout::new(64).unwrap().page_bytes(), 64 * 68);
     assert!(CacheLayout::new(100).is_err());
     assert!(CacheLayout::new(0).is_err());
-}
-
-#[test]
-fn slots_follow_the_page_table() {
-    let table = PageTable::new(&[vec![7, 3], vec![5]]).unwrap();
-    assert_eq!(table.slot(0, 0), Some((7, 0)));
-    assert_eq!(table.slot(0, 64 + 5), Some((3, 5)));
-    assert_eq!(table.slot(0, 128), None);
-    assert_eq!(table.slot(1, 63), Some((5, 63)));
-    assert_eq!(table.flat(), &[7, 3, 5]);
-    assert_eq!(table.offset(1), 2);
 }
 
 #[test]
@@ -208,7 +197,7 @@ proptest! {
         for request in 0..table.requests() {
             let tokens = table.pages(request).len() as u32 * PAGE_TOKENS;
             for t in (0..tokens).step_by(7) {
-                let (page, slot) = table.slot(request, t).unwrap();
+                let (page, slot) = table.locate(request, t).unwrap();
                 prop_assert!(seen.insert(cache.key_offset(page, slot)));
                 prop_assert!(cache.scale_offset(page, slot) >= cache.key_offset(page, 0) + cache.keys_bytes());
             }

@@ -10,59 +10,38 @@
 //! Needs g++ with C++20, so ignored:
 //! `cargo test --release -p linear --test host_emulation -- --ignored --nocapture`
 
+use device::host::build_driver;
 use linear::cases::{Finish, Pattern, Problem};
 use linear::check::check;
-use linear::gpu::{decode_y, flags, LinMatrix};
+use linear::gpu::{decode_y, flags, source, LinMatrix};
 use linear::layout::{lds_bytes, place, LaunchPlan, MatrixPlan};
+use mailbox::gpu::{DebugBound, Variant};
 use model::weights::packed::{PackedWeight, Pairing};
 use model::WeightFormat;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
-/// The host prelude, found before the real one; then the ops layer beside the real one.
-const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
-const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
-const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+/// The launcher around the stage's entry (`tests/host/driver.cpp`).
+const DRIVER: &str = include_str!("host/driver.cpp");
 
 /// Four groups of 32: a small CTA, so that the emulated threads stay few.
 const THREADS: u32 = 128;
 const CTAS: u32 = 3;
 const NONE: u64 = u64::MAX;
 
-fn compile(dir: &Path, lds: u32) -> PathBuf {
-    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
-    let hip = std::fs::read_to_string(format!("{KERNELS}/linear.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 lin_lds[];";
-    assert!(hip.contains(dynamic));
-    let hip = hip.replace(dynamic, &format!("alignas(16) static u8 lin_lds[{lds}];"));
-    std::fs::write(dir.join("linear.hip"), hip).unwrap();
+/// The driver (`tests/host/driver.cpp`) around the stage's own source and defines, with polls
+/// bounded so that a wrong wait reports instead of hanging.
+fn compile(dir: &Path) -> PathBuf {
+    let variant = Variant {
+        debug: Some(DebugBound {
+            poll_limit: 200_000_000,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
     let exe = dir.join("linear_host");
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O2", "-pthread", "-w"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{HOST}"))
-        .arg(format!("-I{HOST_PRELUDE}"))
-        .arg(format!("-I{KERNELS}"))
-        .arg(format!("-I{MAILBOX}"))
-        .arg(format!("-I{OPS}"))
-        .arg(format!("-DMONO_CTA_THREADS={THREADS}"))
-        .args([
-            "-DMBX_DEBUG=1",
-            "-DMBX_DEBUG_TRAP=0",
-            "-DMBX_POLL_LIMIT=200000000u",
-        ])
-        .arg(format!("{HOST}/driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("g++: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build_driver(&source(THREADS, variant), ("driver.cpp", DRIVER), &exe)
+        .unwrap_or_else(|e| panic!("{e}"));
     exe
 }
 
@@ -139,8 +118,7 @@ fn run(
     input.extend(as_bytes(&table.offsets));
     input.extend(as_bytes(mats));
     input.extend(&arena.bytes);
-    let dir = exe.parent().unwrap();
-    let (i, o) = (dir.join("input"), dir.join("output"));
+    let (i, o) = (exe.with_extension("input"), exe.with_extension("output"));
     std::fs::write(&i, input).unwrap();
     let out = Command::new(exe).arg(&i).arg(&o).output().unwrap();
     if !out.status.success() {
@@ -226,12 +204,11 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     let dir = std::env::temp_dir().join(format!("linear-host-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let problems = problems();
-    let lds = problems
-        .iter()
-        .map(|(p, _)| lds_bytes(THREADS, p.k, p.rows).unwrap())
-        .max()
-        .unwrap();
-    let exe = compile(&dir, lds);
+    // Every problem's tiles fit a CTA's LDS (the emulated CTA has the most a launch may ask for).
+    for (p, _) in &problems {
+        lds_bytes(THREADS, p.k, p.rows).unwrap();
+    }
+    let exe = compile(&dir);
     let packed: Vec<PackedWeight> = problems.iter().map(|(p, _)| p.packed().unwrap()).collect();
     let plans: Vec<MatrixPlan> = problems
         .iter()

@@ -5,6 +5,7 @@ use std::ops::Range;
 use mailbox::layout::{BoxRange, BoxValue, LayoutBuilder, Region, BOXES_PER_LINE};
 use mailbox::placement::Placement;
 use mailbox::task::{Stage, Task};
+use model::paging::PageTable;
 use model::{mla_cache_bytes_per_token, CacheFormat, ModelConfig, MLA_CACHE_TILE};
 
 use crate::error::{invalid, Result};
@@ -67,6 +68,31 @@ impl CacheLayout {
     pub fn matches_model(&self, cfg: &ModelConfig) -> bool {
         mla_cache_bytes_per_token(cfg, self.format) == self.bytes_per_token() as u64
     }
+}
+
+/// The cache slot of each row's new token, `(request, position)`, in the paged cache's shared
+/// table (`model::paging`): the record the cache write fills (`mla_args::new_slots`), as select's
+/// lists name the tokens attention reads. MLA records sit one a slot, so a table's page holds
+/// `PAGE_TOKENS` records.
+pub fn new_slots(table: &PageTable, rows: &[(u32, u32)]) -> Result<Vec<u32>> {
+    rows.iter()
+        .enumerate()
+        .map(|(row, &(request, position))| {
+            table
+                .slot(request as usize, position)
+                .map(|slot| slot as u32)
+                .ok_or_else(|| {
+                    invalid(
+                        "MLA new slots",
+                        format!(
+                            "row {row}: position {position} of request {request} is past its \
+                             {} pages",
+                            table.pages(request as usize).len()
+                        ),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Where one head's slices sit in q_b_proj, kv_b_proj and o_proj (spec §1.5, §2.7): per head,

@@ -13,6 +13,7 @@
 
 mod support;
 
+use device::host::build_driver;
 use mailbox::gpu::{DebugBound, Variant};
 use mailbox::layout::ScratchLayout;
 use mailbox::placement::Limits;
@@ -24,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use support::{Adversary, Pick, Request, Scene, PLAIN};
 
-const CRATE: &str = env!("CARGO_MANIFEST_DIR");
+/// The launcher around the stage's entry (`tests/host/driver.cpp`).
+const DRIVER: &str = include_str!("host/driver.cpp");
 /// The GPU tests' tolerance (tests/gpu.rs says why): the portable tiles round the same operands.
 const TOLERANCE: f64 = 3e-2;
 /// CTAs of an emulated launch.
@@ -40,13 +42,8 @@ struct Build {
     all_cases: bool,
 }
 
+/// The driver (`tests/host/driver.cpp`) around the stage's own source and defines, built for `b`.
 fn compile(b: &Build, dir: &Path) -> PathBuf {
-    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
-    let hip = std::fs::read_to_string(format!("{CRATE}/kernels/mla.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 mla_lds[];";
-    assert!(hip.contains(dynamic));
-    let hip = hip.replace(dynamic, "alignas(16) static u8 mla_lds[MLA_SMEM_BYTES];");
-    std::fs::write(dir.join("mla.hip"), hip).unwrap();
     // The GPU build's defines, with polls bounded so that a wrong wait reports instead of hanging.
     let variant = Variant {
         debug: Some(DebugBound {
@@ -55,27 +52,9 @@ fn compile(b: &Build, dir: &Path) -> PathBuf {
         }),
         ..Variant::default()
     };
-    let src = source(&b.shape, b.threads, variant);
+    let src = source(&b.shape, b.threads, variant).define("MONO_WAVE", b.wave);
     let exe = dir.join(format!("mla_{}", b.name));
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O2", "-pthread", "-w"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{CRATE}/../../kernels/host"))
-        .arg(format!("-I{CRATE}/kernels"))
-        .arg(format!("-I{CRATE}/../mailbox/kernels"))
-        .arg(format!("-I{CRATE}/../../kernels"))
-        .arg(format!("-DMONO_WAVE={}", b.wave))
-        .args(src.defines().iter().map(|(k, v)| format!("-D{k}={v}")))
-        .arg(format!("{CRATE}/tests/host/driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("g++: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build_driver(&src, ("driver.cpp", DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe
 }
 
@@ -137,8 +116,7 @@ fn launch(exe: &Path, scene: &Scene, slots: &[i32]) -> Result<(Vec<u16>, Vec<u8>
         scene.expected.len() as u32,
     ];
     blob(&mut input, &u32_bytes(&sizes));
-    let dir = exe.parent().unwrap();
-    let (in_path, out_path) = (dir.join("input"), dir.join("output"));
+    let (in_path, out_path) = (exe.with_extension("input"), exe.with_extension("output"));
     std::fs::write(&in_path, input).unwrap();
     let run = Command::new(exe)
         .arg(&in_path)
@@ -154,7 +132,7 @@ fn launch(exe: &Path, scene: &Scene, slots: &[i32]) -> Result<(Vec<u16>, Vec<u8>
     if !run.status.success() || diag.first() != Some(&0) {
         // launch.h: 3 is its stall watch, 1 a CTA that did not exit cleanly.
         let what = match run.status.code() {
-            Some(3) => "no barrier passed in any CTA for 30 s: a wait that never ends".to_string(),
+            Some(3) => "no barrier passed in any CTA while it spun or slept for 30 s: a wait that never ends".to_string(),
             code => format!("status {code:?}"),
         };
         return Err(format!(

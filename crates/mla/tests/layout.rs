@@ -72,3 +72,22 @@ proptest! {
         prop_assert!(q.iter().chain(&kv).chain(&o).all(|&n| n == 1));
     }
 }
+
+#[test]
+fn new_tokens_go_to_their_page_table_slots() {
+    use mla::layout::new_slots;
+    use model::paging::{PageTable, PAGE_TOKENS};
+    let table = PageTable::new(&[vec![9, 4], vec![2]]).unwrap();
+    let slots = new_slots(&table, &[(0, 70), (0, 71), (1, 0)]).unwrap();
+    assert_eq!(
+        slots,
+        vec![4 * PAGE_TOKENS + 6, 4 * PAGE_TOKENS + 7, 2 * PAGE_TOKENS]
+    );
+    let past = new_slots(&table, &[(1, PAGE_TOKENS)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        past.contains("request 1") && past.contains("1 pages"),
+        "{past}"
+    );
+}

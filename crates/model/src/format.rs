@@ -7,8 +7,6 @@ use crate::config::ModelConfig;
 pub const WEIGHT_BLOCK: usize = 128;
 /// The FP8 MLA cache carries one fp32 scale per 128 latent elements (spec §3.10).
 pub const MLA_CACHE_TILE: usize = 128;
-/// Index keys live in pages of 64 tokens: keys first, then the page's scales (spec §3.5).
-pub const INDEX_K_PAGE_TOKENS: usize = 64;
 /// Largest finite E4M3 (OCP) magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 

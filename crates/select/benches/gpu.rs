@@ -17,10 +17,16 @@
 
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
+use model::Preset;
 use select::cases::{self, Pattern};
 use select::gpu::{Batch, Method, Selector, Shape};
 use select::layout::TopK;
 use select::reference::{select_rows, Rows};
+
+/// k of GLM-5, from its preset.
+fn glm5() -> TopK {
+    TopK::preset(Preset::Glm5).unwrap()
+}
 
 const LENS: [u32; 5] = [8192, 32768, 131072, 524_288, 1 << 20];
 /// Rows the registers kind holds (keys a thread: as few as hold the row).
@@ -102,12 +108,13 @@ fn time(
 
 /// One case: built, checked once against the reference, timed.
 fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32) -> String {
-    let top = TopK::GLM5;
+    let top = glm5();
     let lens = vec![len; rows];
     let scores = cases::rows(
         Pattern::Random,
         &lens,
         len as usize,
+        top,
         rows as u64 + len as u64,
     );
     let r = Rows {
@@ -159,7 +166,7 @@ fn build(dev: &Device, method: Method, len: u32, trace: bool) -> Option<Selector
     let shared = dev.info().max_shared_per_block;
     let shape = Shape {
         trace,
-        ..Shape::for_rows_within(method, TopK::GLM5, len, shared).ok()?
+        ..Shape::for_rows_within(method, glm5(), len, shared).ok()?
     };
     Selector::build(dev, method, shape, Variant::default())
         .map_err(|e| println!("{} {len}: build failed: {e}", method.name()))
@@ -229,7 +236,7 @@ fn main() -> Result<(), String> {
             .into_iter()
             .filter(|r| picked.rows.allows(&r.to_string()))
         {
-            let k = TopK::GLM5.k();
+            let k = glm5().k();
             let cell = case(&dev, &stream, &mut sel, rows, k);
             table.push(format!(
                 "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
@@ -272,7 +279,7 @@ fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let sel = build(dev, method, len, true).ok_or("no build")?;
         let lens = vec![len; 4];
-        let scores = cases::rows(Pattern::Random, &lens, len as usize, 99);
+        let scores = cases::rows(Pattern::Random, &lens, len as usize, glm5(), 99);
         let r = Rows {
             scores: &scores,
             stride: len as usize,
@@ -286,7 +293,7 @@ fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
             stream.sync().map_err(|e| text(&e))?;
             got = batch.read(&sel).map_err(|e| text(&e))?;
         }
-        let exact = got == select_rows(&r, TopK::GLM5, None).expect("reference");
+        let exact = got == select_rows(&r, glm5(), None).expect("reference");
         let marks = batch.trace().map_err(|e| text(&e))?;
         let phases: Vec<String> = marks
             .iter()

@@ -74,9 +74,10 @@ pub const CROWD_HIGH: usize = 1024;
 pub const RANK_BESIDE: usize = 64;
 
 /// Keys at 3.0 in [`Pattern::RankFull`] rows with a crowd of `crowd`: with [`RANK_BESIDE`],
-/// k - crowd / 2 keys above the crowd (k = 2048), so T is the crowd's middle key.
-pub fn rank_high(crowd: usize) -> usize {
-    TopK::GLM5.k() as usize - crowd / 2 - RANK_BESIDE
+/// k - crowd / 2 keys above the crowd, so T is the crowd's middle key (none when k is too small
+/// for that).
+pub fn rank_high(crowd: usize, top: TopK) -> usize {
+    (top.k() as usize).saturating_sub(crowd / 2 + RANK_BESIDE)
 }
 
 impl Pattern {
@@ -132,8 +133,9 @@ impl Pattern {
         }
     }
 
-    /// `len` scores of this pattern from `seed`.
-    pub fn row(&self, len: usize, seed: u64) -> Vec<f32> {
+    /// `len` scores of this pattern from `seed`, for a select of `top` (the crowded and masked
+    /// patterns are counted from its k and candidate room).
+    pub fn row(&self, len: usize, top: TopK, seed: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(seed);
         let uniform = |rng: &mut StdRng| rng.gen_range(-4.0f32..4.0);
         match self {
@@ -182,18 +184,18 @@ impl Pattern {
             Pattern::Dense => (0..len)
                 .map(|_| f32::from_bits(1.0f32.to_bits() + rng.gen_range(0..1 << 20)))
                 .collect(),
-            Pattern::RoomFull => crowd_row(len, TopK::GLM5.room() as usize, &mut rng),
-            Pattern::RoomPlusOne => crowd_row(len, TopK::GLM5.room() as usize + 1, &mut rng),
+            Pattern::RoomFull => crowd_row(len, top.room() as usize, &mut rng),
+            Pattern::RoomPlusOne => crowd_row(len, top.room() as usize + 1, &mut rng),
             Pattern::StageFull => crowd_row(len, REG_STAGE_ROOM as usize, &mut rng),
             Pattern::StagePlusOne => crowd_row(len, REG_STAGE_ROOM as usize + 1, &mut rng),
-            Pattern::RankFull => rank_row(len, REG_RANK_ROOM as usize, &mut rng),
-            Pattern::RankPlusOne => rank_row(len, REG_RANK_ROOM as usize + 1, &mut rng),
-            Pattern::BucketFull => rank_row(len, REG_RANK_BUCKET as usize, &mut rng),
-            Pattern::BucketPlusOne => rank_row(len, REG_RANK_BUCKET as usize + 1, &mut rng),
+            Pattern::RankFull => rank_row(len, REG_RANK_ROOM as usize, top, &mut rng),
+            Pattern::RankPlusOne => rank_row(len, REG_RANK_ROOM as usize + 1, top, &mut rng),
+            Pattern::BucketFull => rank_row(len, REG_RANK_BUCKET as usize, top, &mut rng),
+            Pattern::BucketPlusOne => rank_row(len, REG_RANK_BUCKET as usize + 1, top, &mut rng),
             Pattern::MaskedAll => vec![MASKED; len],
-            Pattern::MaskedBelowK => masked_row(len, TopK::GLM5.k() as usize - 1, &mut rng),
-            Pattern::MaskedAtK => masked_row(len, TopK::GLM5.k() as usize, &mut rng),
-            Pattern::MaskedAboveK => masked_row(len, TopK::GLM5.k() as usize + 1, &mut rng),
+            Pattern::MaskedBelowK => masked_row(len, top.k() as usize - 1, &mut rng),
+            Pattern::MaskedAtK => masked_row(len, top.k() as usize, &mut rng),
+            Pattern::MaskedAboveK => masked_row(len, top.k() as usize + 1, &mut rng),
             Pattern::MaskedTies => (0..len)
                 .map(|_| if rng.gen() { 0.75 } else { MASKED })
                 .collect(),
@@ -210,12 +212,12 @@ fn crowd_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
 
 /// [`rank_high`] keys at 3.0, [`RANK_BESIDE`] at 1.1, `crowd` keys on 16 values in 1.0 plus
 /// at most 255 ulps (one 24-bit prefix), the rest -1.0, shuffled (cut to `len`).
-fn rank_row(len: usize, crowd: usize, rng: &mut StdRng) -> Vec<f32> {
+fn rank_row(len: usize, crowd: usize, top: TopK, rng: &mut StdRng) -> Vec<f32> {
     let few = |rng: &mut StdRng| f32::from_bits(1.0f32.to_bits() + (rng.gen_range(0..16) << 4));
     layered_row(
         len,
         &[
-            (rank_high(crowd), &|_| 3.0),
+            (rank_high(crowd, top), &|_| 3.0),
             (RANK_BESIDE, &|_| 1.1),
             (crowd, &few),
         ],
@@ -256,11 +258,12 @@ fn layered_row(len: usize, layers: &[(usize, Layer)], rng: &mut StdRng) -> Vec<f
 
 /// Rows `[lens.len(), stride]` with the given lengths; positions past a row's length hold NaN, so
 /// a kernel that reads them is caught (NaN among the keys is an error).
-pub fn rows(pattern: Pattern, lens: &[u32], stride: usize, seed: u64) -> Vec<f32> {
+pub fn rows(pattern: Pattern, lens: &[u32], stride: usize, top: TopK, seed: u64) -> Vec<f32> {
     let mut out = Vec::with_capacity(lens.len() * stride);
     for (r, &len) in lens.iter().enumerate() {
         let mut row = pattern.row(
             len as usize,
+            top,
             seed ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         );
         row.resize(stride, f32::NAN);

@@ -4,7 +4,8 @@
 
 use crate::layout::TopK;
 use crate::reference::{
-    is_masked, radix_key, select_row, select_rows, sorted_top_k, to_slots, Pages, Rows, SelectError,
+    is_masked, radix_key, select_row, select_rows, sorted_top_k, to_slots, RowPages, Rows,
+    SelectError,
 };
 use std::collections::HashSet;
 
@@ -65,7 +66,7 @@ pub fn missed(got: &[i32], expected: &[i32]) -> usize {
 pub fn expected_sets(
     rows: &Rows,
     top: TopK,
-    pages: Option<&Pages>,
+    pages: Option<&RowPages>,
 ) -> Result<Vec<Vec<i32>>, SelectError> {
     rows.check()?;
     (0..rows.count())
@@ -84,7 +85,7 @@ pub fn expected_sets(
 pub fn missed_per_row(
     rows: &Rows,
     top: TopK,
-    pages: Option<&Pages>,
+    pages: Option<&RowPages>,
     got: &[i32],
 ) -> Result<Vec<usize>, CheckError> {
     let k = top.k() as usize;
@@ -115,7 +116,7 @@ fn check_len(rows: &Rows, top: TopK, got: &[i32]) -> Result<(), CheckError> {
 pub fn check_output(
     rows: &Rows,
     top: TopK,
-    pages: Option<&Pages>,
+    pages: Option<&RowPages>,
     got: &[i32],
 ) -> Result<(), CheckError> {
     check_len(rows, top, got)?;

@@ -5,14 +5,16 @@
 use crate::layout::{
     longest_slice, one_cta_room, reg_keys_per_thread, task_lds_bytes, LayoutError, SelectBoxes,
     SelectKind, SelectPlan, Slicing, TopK, H200_SHARED_PER_BLOCK, MAX_ROW_KEYS, MAX_SLICES,
-    ONE_CTA_ROOM, PAGE_TOKENS, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM,
-    REG_STAGE_ROOM, ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
+    ONE_CTA_ROOM, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM,
+    ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
 };
-use crate::reference::{Pages, Rows, SelectError};
+use crate::reference::{RowPages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::{ScratchLayout, Tags};
 use mailbox::{Limits, Stall, DIAG_WORDS};
+use model::paging::PAGE_TOKENS;
+use model::Preset;
 
 pub const SELECT_HIP: (&str, &str) = ("select.hip", include_str!("../kernels/select.hip"));
 /// The headers of `select.hip`, which includes `select.h`; that includes the others in this order,
@@ -63,13 +65,6 @@ pub enum GpuError {
     Input(#[from] SelectError),
     #[error("the row stride {stride} is not a multiple of 4 (rows are read 16 bytes at a time)")]
     Stride { stride: usize },
-    #[error("row {row}: {len} keys need {need} pages, the page table has {stride} per row")]
-    PagesShort {
-        row: usize,
-        len: u32,
-        need: usize,
-        stride: usize,
-    },
     #[error(
         "the kernel was built for at most {built} keys per slice (or per row); row {row} needs {need}"
     )]
@@ -182,6 +177,7 @@ impl Shape {
         max_len: u32,
         shared_per_block: u32,
     ) -> Result<Shape> {
+        let top = top.for_kernels()?;
         let need = match method {
             Method::MultiSlice => longest_slice(max_len)?.max(max_len.min(SLICE_ROOM)),
             Method::OneCta => max_len.min(one_cta_room(shared_per_block, top)),
@@ -247,7 +243,8 @@ pub fn source(shape: Shape, variant: Variant) -> KernelSource {
 
 /// Every entry-point file of the crate in its production build, for the kernel build table.
 pub fn sources() -> Vec<KernelSource> {
-    let shape = Shape::production(TopK::GLM5).expect("the production shape is valid");
+    let top = TopK::preset(Preset::Glm5).expect("GLM-5's k is within what select builds for");
+    let shape = Shape::production(top).expect("the production shape is valid");
     vec![source(shape, Variant::default())]
 }
 
@@ -389,7 +386,7 @@ impl Batch {
         dev: &Device,
         sel: &Selector,
         rows: &Rows,
-        pages: Option<&Pages>,
+        pages: Option<&RowPages>,
     ) -> Result<Batch> {
         rows.check()?;
         if rows.count() == 0 {
@@ -413,9 +410,6 @@ impl Batch {
                     built: holds,
                 });
             }
-            if let Some(p) = pages {
-                check_pages(p, row, len)?;
-            }
         }
         let n = rows.count();
         let mut plan = SelectPlan::new(
@@ -436,9 +430,13 @@ impl Batch {
         })?;
         let table = DeviceTable::upload(dev, &placement)?;
         let scores = dev.upload(&rows.scores[..n * rows.stride])?;
-        let pages_buf = pages
-            .map(|p| dev.upload(&p.table[..n * p.stride]))
-            .transpose()?;
+        let (pages_buf, pages_stride) = match pages {
+            Some(p) => {
+                let (table, stride) = p.device_table(rows.lens)?;
+                (Some(dev.upload(&table)?), stride)
+            }
+            None => (None, 0),
+        };
         let out = dev.alloc_zeroed(n * top.k() as usize)?;
         let flags = dev.alloc_zeroed(n * FLAG_NAMES.len())?;
         let trace = dev.alloc_zeroed(2 * TRACE_MARKS)?;
@@ -449,7 +447,7 @@ impl Batch {
             flags: flags.device_ptr(),
             trace: trace.device_ptr(),
             stride: rows.stride as u32,
-            pages_stride: pages.map_or(0, |p| p.stride as u32),
+            pages_stride,
             hist_offset: boxes.hist.offset(),
             cand_offset: boxes.cand.offset(),
             cand_stride: boxes.cand.stride(),
@@ -560,22 +558,4 @@ impl Batch {
         }
         Ok(self.out.download()?)
     }
-}
-
-/// The page table of `row` covers its keys, and every slot of them fits in 0..2^31.
-fn check_pages(pages: &Pages, row: usize, len: u32) -> Result<()> {
-    let need = len.div_ceil(PAGE_TOKENS) as usize;
-    if need > pages.stride {
-        return Err(GpuError::PagesShort {
-            row,
-            len,
-            need,
-            stride: pages.stride,
-        });
-    }
-    for page in 0..need as u32 {
-        // The page's last slot is its largest; when it is in range, so is its first.
-        pages.slot(row, page * PAGE_TOKENS + PAGE_TOKENS - 1)?;
-    }
-    Ok(())
 }

@@ -5,10 +5,9 @@
 
 use mailbox::layout::{BoxRange, LayoutBuilder, LayoutError as BoxLayoutError, Region};
 use mailbox::{Placement, Stage, Task};
+use model::{ModelConfig, Preset};
 use std::ops::Range;
 
-/// k of GLM-5's DSA indexer (`index_topk`).
-pub const TOP_K: u32 = 2048;
 /// The largest k a launch may be built for: the first slice's candidate arrays (a position and a
 /// key per candidate, [`ROOM_PER_K`] * k candidates) stay within [`SLICE_ROOM`] words of LDS.
 pub const MAX_K: u32 = SLICE_ROOM / (2 * ROOM_PER_K);
@@ -16,9 +15,6 @@ pub const MAX_K: u32 = SLICE_ROOM / (2 * ROOM_PER_K);
 /// the descent stops at 12 (or 24) bits when the keys sharing T's prefix fit in it, and where it
 /// stops decides the order of the list.
 pub const ROOM_PER_K: u32 = 2;
-/// Tokens per page of the index-key cache: a position's cache slot is
-/// `page_table[pos / PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS`.
-pub const PAGE_TOKENS: u32 = 64;
 
 /// The digits of the descent, from the top: (shift, width). Prefix lengths after each round are
 /// 6, 12, 18, 24, 30 and 32 bits. (device)
@@ -79,7 +75,7 @@ pub fn task_lds_bytes(keys: u32, top: TopK, threads: u32) -> u32 {
 }
 /// Rows of at most this many keys the one-CTA kernel keeps in LDS and selects with wide digits
 /// (longer rows stream from global memory by 6-bit rounds): the H200's
-/// [`one_cta_room`] at k = 2048 (on gfx950 it is 28672; [`Shape::for_rows_within`] takes the
+/// [`one_cta_room`] at GLM-5's k = 2048 (on gfx950 it is 28672; [`Shape::for_rows_within`] takes the
 /// device's figure).
 ///
 /// [`Shape::for_rows_within`]: crate::gpu::Shape::for_rows_within
@@ -169,8 +165,14 @@ const _: () = assert!(SLICE_TARGET <= SLICE_ROOM && SLICE_TARGET % SLICE_ALIGN =
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
-    #[error("k = {k} is outside 1..={MAX_K}")]
+    #[error("k = {k}: k is at least 1, and its candidate room ({ROOM_PER_K} k) fits 32 bits")]
     BadK { k: u32 },
+    #[error("`index_topk` = {k} of the config: k is at least 1, and its candidate room ({ROOM_PER_K} k) fits 32 bits")]
+    BadIndexTopK { k: usize },
+    #[error(
+        "k = {k}: the kernels build for k up to {MAX_K} (the first slice's candidates stay in LDS)"
+    )]
+    KernelK { k: u32 },
     #[error(
         "a row of {len} keys is longer than {MAX_ROW_KEYS} ({MAX_SLICES} slices of {SLICE_ROOM})"
     )]
@@ -201,21 +203,43 @@ pub enum LayoutError {
     Scratch(#[from] BoxLayoutError),
 }
 
-/// k, with the candidate room that goes with it.
+/// k, with the candidate room that goes with it. The contract (the references) holds for any k;
+/// the kernels build for k up to [`MAX_K`] ([`TopK::for_kernels`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopK {
     k: u32,
 }
 
 impl TopK {
-    pub const GLM5: TopK = TopK { k: TOP_K };
-
     pub fn new(k: u32) -> Result<Self, LayoutError> {
-        if (1..=MAX_K).contains(&k) {
+        if k >= 1 && k.checked_mul(ROOM_PER_K).is_some() {
             Ok(TopK { k })
         } else {
             Err(LayoutError::BadK { k })
         }
+    }
+
+    /// This k, if the kernels build for it (at most [`MAX_K`]).
+    pub fn for_kernels(self) -> Result<Self, LayoutError> {
+        if self.k <= MAX_K {
+            Ok(self)
+        } else {
+            Err(LayoutError::KernelK { k: self.k })
+        }
+    }
+
+    /// k of a model: its config's `index_topk`.
+    pub fn of(cfg: &ModelConfig) -> Result<Self, LayoutError> {
+        u32::try_from(cfg.index_topk)
+            .ok()
+            .and_then(|k| TopK::new(k).ok())
+            .ok_or(LayoutError::BadIndexTopK { k: cfg.index_topk })
+    }
+
+    /// k of a built-in model ([`TopK::of`] its config), for the standalone builds, benches and
+    /// checks: 2048 for GLM-5.
+    pub fn preset(preset: Preset) -> Result<Self, LayoutError> {
+        TopK::of(&preset.config())
     }
 
     pub fn k(&self) -> u32 {

@@ -1,4 +1,4 @@
-//! The exact top-k (k = 2048) of score rows by radix select (ARCHITECTURE.md).
+//! The exact top-k (k from the config's `index_topk`: 2048 for GLM-5) of score rows by radix select (ARCHITECTURE.md).
 //!
 //! - [`reference`](mod@reference): the contract, written to be read, and the sort-based check.
 //! - [`check`]: entry-by-entry comparison, "missed", and the negative controls.
@@ -17,5 +17,7 @@ pub mod layout;
 pub mod reference;
 
 pub use check::{check_output, CheckError, Mismatch};
-pub use layout::{select_slices, SelectKind, SelectPlan, Slices, TopK, TOP_K};
-pub use reference::{radix_key, select_row, select_rows, sorted_top_k, Pages, Rows, SelectError};
+pub use layout::{select_slices, SelectKind, SelectPlan, Slices, TopK};
+pub use reference::{
+    radix_key, select_row, select_rows, sorted_top_k, RowPages, Rows, SelectError,
+};

@@ -14,11 +14,14 @@
 //!   its top 24 bits fit, else all 32 bits.
 //! - The list: every key whose prefix is above P, by position; then the keys with prefix P that are
 //!   above T, by position; then the keys equal to T, by position, until k entries.
-//! - Entries are positions, or cache slots `page_table[pos / 64] * 64 + pos % 64`.
+//! - Entries are positions, or cache slots of the row's request in the shared page table
+//!   (`model::paging`: `page * PAGE_TOKENS + pos % PAGE_TOKENS`, [`RowPages`]).
 //!
 //! [`sorted_top_k`] is the second, simpler reference: sort by key descending, position ascending.
 
-use crate::layout::{TopK, PAGE_TOKENS};
+use model::paging::{PageTable, PAGE_TOKENS};
+
+use crate::layout::TopK;
 
 /// The order-preserving map of a score's bits to `u32`.
 pub fn radix_key(score: f32) -> u32 {
@@ -67,21 +70,18 @@ pub enum SelectError {
     },
     #[error("row {row} has {len} keys, more than its stride {stride}")]
     LengthPastStride { row: usize, len: u32, stride: usize },
-    #[error("{table} page-table entries cannot hold {rows} rows of {stride} pages")]
-    PagesShape {
-        table: usize,
-        rows: usize,
-        stride: usize,
-    },
-    #[error("row {row}: position {pos} is in page {page}, past the {stride} pages of the row's page table")]
+    #[error("row {row} has no request in the page table ({rows} rows are mapped to requests)")]
+    RowWithoutRequest { row: usize, rows: usize },
+    #[error(
+        "row {row}: position {pos} is in logical page {page}; request {request} has {have} pages"
+    )]
     PagePastRow {
         row: usize,
         pos: u32,
         page: u32,
-        stride: usize,
+        request: u32,
+        have: usize,
     },
-    #[error("row {row}: page-table entry {page} holds {value}; its slots do not fit 0..2^31")]
-    BadPage { row: usize, page: u32, value: i32 },
 }
 
 /// Where the digit descent of a row stopped.
@@ -241,42 +241,75 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Page tables `[rows, stride]`: entry `p` of a row is the cache page of its positions
-/// `p * 64 .. p * 64 + 64`.
+/// The page table as score rows see it: row r's positions are those of request `requests[r]` of
+/// `table` (the rows of one request, MTP verify rows, share its pages).
 #[derive(Clone, Copy, Debug)]
-pub struct Pages<'a> {
-    pub table: &'a [i32],
-    pub stride: usize,
+pub struct RowPages<'a> {
+    pub table: &'a PageTable,
+    pub requests: &'a [u32],
 }
 
-impl Pages<'_> {
-    /// The cache slot of `pos` in `row`: `page_table[pos / 64] * 64 + pos % 64`.
+impl RowPages<'_> {
+    fn request(&self, row: usize) -> Result<u32, SelectError> {
+        self.requests
+            .get(row)
+            .copied()
+            .ok_or(SelectError::RowWithoutRequest {
+                row,
+                rows: self.requests.len(),
+            })
+    }
+
+    /// The cache slot of `pos` in `row` ([`PageTable::slot`] of the row's request).
     pub fn slot(&self, row: usize, pos: u32) -> Result<i32, SelectError> {
-        let page = pos / PAGE_TOKENS;
-        if page as usize >= self.stride {
-            return Err(SelectError::PagePastRow {
+        let request = self.request(row)?;
+        self.table
+            .slot(request as usize, pos)
+            .ok_or(SelectError::PagePastRow {
                 row,
                 pos,
-                page,
-                stride: self.stride,
-            });
+                page: pos / PAGE_TOKENS,
+                request,
+                have: self.table.pages(request as usize).len(),
+            })
+    }
+
+    /// Checks that every row of `lens` has its request's pages for all its keys.
+    pub fn check(&self, lens: &[u32]) -> Result<(), SelectError> {
+        for (row, &len) in lens.iter().enumerate() {
+            if len > 0 {
+                self.slot(row, len - 1)?;
+            }
         }
-        let index = row * self.stride + page as usize;
-        let value = *self.table.get(index).ok_or(SelectError::PagesShape {
-            table: self.table.len(),
-            rows: row + 1,
-            stride: self.stride,
-        })?;
-        let slot = value as i64 * PAGE_TOKENS as i64 + (pos % PAGE_TOKENS) as i64;
-        i32::try_from(slot)
-            .ok()
-            .filter(|s| *s >= 0)
-            .ok_or(SelectError::BadPage { row, page, value })
+        Ok(())
+    }
+
+    /// The kernels' form of the tables of rows of `lens` keys (`sel_args::pages` and
+    /// `pages_stride`): `[rows][stride]` page ids, row r's entry p its request's logical page p,
+    /// as far as the longest row reaches (0 past a request's pages: never read), after
+    /// [`RowPages::check`].
+    pub fn device_table(&self, lens: &[u32]) -> Result<(Vec<i32>, u32), SelectError> {
+        self.check(lens)?;
+        let stride = lens
+            .iter()
+            .map(|&len| len.div_ceil(PAGE_TOKENS))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut out = vec![0i32; lens.len() * stride as usize];
+        for (row, line) in out.chunks_exact_mut(stride as usize).enumerate() {
+            let pages = self.table.pages(self.request(row)? as usize);
+            for (entry, &page) in line.iter_mut().zip(pages) {
+                // PageTable keeps page * PAGE_TOKENS below 2^31.
+                *entry = page as i32;
+            }
+        }
+        Ok((out, stride))
     }
 }
 
 /// Maps a row's list of positions to cache slots (-1 stays -1).
-pub fn to_slots(list: &mut [i32], row: usize, pages: &Pages) -> Result<(), SelectError> {
+pub fn to_slots(list: &mut [i32], row: usize, pages: &RowPages) -> Result<(), SelectError> {
     for entry in list.iter_mut().filter(|e| **e >= 0) {
         *entry = pages.slot(row, *entry as u32)?;
     }
@@ -284,7 +317,11 @@ pub fn to_slots(list: &mut [i32], row: usize, pages: &Pages) -> Result<(), Selec
 }
 
 /// Every row's list, `[rows, k]`, as positions or (with `pages`) cache slots.
-pub fn select_rows(rows: &Rows, top: TopK, pages: Option<&Pages>) -> Result<Vec<i32>, SelectError> {
+pub fn select_rows(
+    rows: &Rows,
+    top: TopK,
+    pages: Option<&RowPages>,
+) -> Result<Vec<i32>, SelectError> {
     rows.check()?;
     let mut out = Vec::with_capacity(rows.count() * top.k() as usize);
     for row in 0..rows.count() {
@@ -434,25 +471,36 @@ mod tests {
     }
 
     #[test]
-    fn slots_follow_the_page_table() {
-        let table = [7, 2, -1, 5];
-        let pages = Pages {
+    fn slots_follow_the_rows_requests() {
+        let table = PageTable::new(&[vec![7, 2], vec![5]]).unwrap();
+        let pages = RowPages {
             table: &table,
-            stride: 2,
+            requests: &[0, 1, 0],
         };
         assert_eq!(pages.slot(0, 3).unwrap(), 7 * 64 + 3);
-        assert_eq!(pages.slot(0, 64 + 10).unwrap(), 2 * 64 + 10);
+        assert_eq!(pages.slot(2, 64 + 10).unwrap(), 2 * 64 + 10);
         assert!(matches!(
-            pages.slot(1, 5),
-            Err(SelectError::BadPage { value: -1, .. })
+            pages.slot(1, 64),
+            Err(SelectError::PagePastRow {
+                request: 1,
+                have: 1,
+                ..
+            })
         ));
         assert!(matches!(
-            pages.slot(0, 128),
-            Err(SelectError::PagePastRow { .. })
+            pages.slot(3, 0),
+            Err(SelectError::RowWithoutRequest { row: 3, rows: 3 })
         ));
+        assert!(pages.check(&[128, 64, 1]).is_ok());
+        assert!(pages.check(&[129]).is_err());
+        assert_eq!(
+            pages.device_table(&[100, 10, 1]).unwrap(),
+            (vec![7, 2, 5, 0, 7, 2], 2)
+        );
+        assert!(pages.device_table(&[100, 65]).is_err());
         let mut list = vec![65, -1];
-        to_slots(&mut list, 1, &pages).unwrap();
-        assert_eq!(list, vec![5 * 64 + 1, -1]);
+        to_slots(&mut list, 0, &pages).unwrap();
+        assert_eq!(list, vec![2 * 64 + 1, -1]);
     }
 
     #[test]

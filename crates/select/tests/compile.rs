@@ -6,8 +6,14 @@
 
 use device::Compiler;
 use mailbox::gpu::{DebugBound, Variant};
+use model::Preset;
 use select::gpu::{source, sources, Method, Shape, SELECT_HEADERS};
 use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
+
+/// k of GLM-5, from its preset.
+fn glm5() -> TopK {
+    TopK::preset(Preset::Glm5).unwrap()
+}
 
 /// Every kind's task function sits behind the one entry.
 const ENTRIES: [&str; 1] = ["select_tasks"];
@@ -28,22 +34,12 @@ fn builds(compiler: &dyn Compiler) {
     };
     let mut all = sources();
     for (method, top, len, variant) in [
-        (
-            Method::MultiSlice,
-            TopK::GLM5,
-            MAX_ROW_KEYS,
-            Variant::default(),
-        ),
-        (Method::OneCta, TopK::GLM5, MAX_ROW_KEYS, Variant::default()),
-        (Method::MultiSlice, TopK::GLM5, 8192, debug),
+        (Method::MultiSlice, glm5(), MAX_ROW_KEYS, Variant::default()),
+        (Method::OneCta, glm5(), MAX_ROW_KEYS, Variant::default()),
+        (Method::MultiSlice, glm5(), 8192, debug),
         (Method::OneCta, TopK::new(16).unwrap(), 4096, debug),
-        (Method::Registers, TopK::GLM5, 8192, Variant::default()),
-        (
-            Method::Registers,
-            TopK::GLM5,
-            REG_MAX_ROW,
-            Variant::default(),
-        ),
+        (Method::Registers, glm5(), 8192, Variant::default()),
+        (Method::Registers, glm5(), REG_MAX_ROW, Variant::default()),
         (Method::Registers, TopK::new(16).unwrap(), 100, debug),
     ] {
         all.push(source(Shape::for_rows(method, top, len).unwrap(), variant));
@@ -51,11 +47,11 @@ fn builds(compiler: &dyn Compiler) {
     // The traced build (SEL_TRACE) of the bench.
     let traced = Shape {
         trace: true,
-        ..Shape::for_rows(Method::OneCta, TopK::GLM5, 8192).unwrap()
+        ..Shape::for_rows(Method::OneCta, glm5(), 8192).unwrap()
     };
     all.push(source(traced, Variant::default()));
     // The hand-off's negative control: tasks that skip their wait.
-    let shape = Shape::for_rows(Method::Registers, TopK::GLM5, 8192).unwrap();
+    let shape = Shape::for_rows(Method::Registers, glm5(), 8192).unwrap();
     all.push(source(shape, Variant::default()).define("SEL_FAULT", 1));
     for src in all {
         let compiled = compiler.compile(&src).unwrap_or_else(|e| panic!("{e}"));

@@ -18,14 +18,20 @@
 
 use device::{Device, Stream};
 use mailbox::gpu::{DebugBound, Variant};
+use model::paging::{PageTable, PAGE_TOKENS};
+use model::Preset;
 use select::cases::{self, Pattern};
 use select::check::{check_output, controls, expected_sets, missed, CheckError};
 use select::gpu::{Batch, GpuError, Method, Selector, Shape};
 use select::layout::{TopK, MAX_ROW_KEYS, REG_MAX_ROW};
-use select::reference::{select_row, select_rows, Pages, Rows};
+use select::reference::{select_row, select_rows, RowPages, Rows};
 use std::time::Instant;
 
-const K: u32 = 2048;
+/// k of GLM-5, from its preset.
+fn glm5() -> TopK {
+    TopK::preset(Preset::Glm5).unwrap()
+}
+
 const DEBUG: Variant = Variant {
     poll_acquire: false,
     debug: Some(DebugBound {
@@ -67,7 +73,7 @@ impl Host {
         Host {
             lens: lens.to_vec(),
             stride,
-            scores: cases::rows(pattern, lens, stride, seed),
+            scores: cases::rows(pattern, lens, stride, glm5(), seed),
         }
     }
 
@@ -96,7 +102,7 @@ impl Kernels {
         let shared = dev.info().max_shared_per_block;
         for method in METHODS {
             for variant in [DEBUG, Variant::default()] {
-                let top = TopK::new(K).unwrap();
+                let top = glm5();
                 let longest = match method {
                     Method::Registers => REG_MAX_ROW,
                     Method::OneCta | Method::MultiSlice => MAX_ROW_KEYS,
@@ -124,7 +130,7 @@ impl Kernels {
         method: Method,
         variant: Variant,
         rows: &Rows,
-        pages: Option<&Pages>,
+        pages: Option<&RowPages>,
     ) -> Result<Vec<i32>, GpuError> {
         let sel = &self
             .built
@@ -148,7 +154,7 @@ struct Line {
 #[test]
 #[ignore = "needs a GPU"]
 fn check_matrix_on_the_gpu() {
-    let top = TopK::new(K).unwrap();
+    let top = glm5();
     let k = Kernels::new();
     let mut lines: Vec<Line> = Vec::new();
     let started = Instant::now();
@@ -182,7 +188,7 @@ fn check_matrix_on_the_gpu() {
                     let (result, ok) = match k.run(method, variant, &rows, None) {
                         Err(e) => (format!("error: {e}"), false),
                         Ok(got) if got == want => {
-                            let kk = K as usize;
+                            let kk = glm5().k() as usize;
                             let missed: usize = sets
                                 .iter()
                                 .enumerate()
@@ -247,15 +253,12 @@ fn slots_case(k: &Kernels) -> Vec<Line> {
 }
 
 fn slots_of(k: &Kernels, method: Method, lens: &[u32]) -> Line {
-    let top = TopK::new(K).unwrap();
+    let top = glm5();
     let host = Host::new(Pattern::Random, lens, 77);
-    let per_row = host.stride.div_ceil(64);
-    let table: Vec<i32> = (0..host.lens.len() * per_row)
-        .map(|i| ((i * 7919) % (host.lens.len() * per_row)) as i32)
-        .collect();
-    let pages = Pages {
+    let (table, requests) = shuffled_pages(&host.lens);
+    let pages = RowPages {
         table: &table,
-        stride: per_row,
+        requests: &requests,
     };
     let rows = host.rows();
     let got = k.run(method, DEBUG, &rows, Some(&pages));
@@ -269,6 +272,27 @@ fn slots_of(k: &Kernels, method: Method, lens: &[u32]) -> Line {
         result,
         ok,
     }
+}
+
+/// A page table whose requests' pages are spread over a cache without order (rows 2i and 2i + 1
+/// share request i, as verify rows do), and each row's request.
+fn shuffled_pages(lens: &[u32]) -> (PageTable, Vec<u32>) {
+    let requests: Vec<u32> = (0..lens.len() as u32).map(|r| r / 2).collect();
+    let per_request = lens
+        .iter()
+        .map(|&l| l.div_ceil(PAGE_TOKENS))
+        .max()
+        .unwrap_or(1);
+    let count = requests.last().map_or(0, |&r| r + 1);
+    let total = count * per_request;
+    let table: Vec<Vec<u32>> = (0..count)
+        .map(|r| {
+            (0..per_request)
+                .map(|p| ((r * per_request + p) * 7919) % total)
+                .collect()
+        })
+        .collect();
+    (PageTable::new(&table).unwrap(), requests)
 }
 
 /// A NaN among the keys of row 1 must be reported (NaN past a row's length never is: every case
@@ -313,7 +337,7 @@ fn nan_case(k: &Kernels) -> Vec<Line> {
 
 /// The checker rejects each corruption of a kernel's correct output.
 fn negative_controls(k: &Kernels) -> Vec<Line> {
-    let top = TopK::new(K).unwrap();
+    let top = glm5();
     let host = Host::new(Pattern::Ties, &[8192, 32768, 131072, 300_000], 9);
     let rows = host.rows();
     let got = match k.run(Method::MultiSlice, DEBUG, &rows, None) {
@@ -327,7 +351,8 @@ fn negative_controls(k: &Kernels) -> Vec<Line> {
         }
     };
     let row = 2usize;
-    let span = row * K as usize..(row + 1) * K as usize;
+    let k = glm5().k() as usize;
+    let span = row * k..(row + 1) * k;
     let mut lines = Vec::new();
     let mut push = |name: &str, applied: bool, outcome: Result<(), CheckError>| {
         let ok = applied && outcome.is_err();

@@ -11,22 +11,22 @@
 //! Needs g++ with C++20, and takes about a minute, so ignored:
 //! `cargo test --release -p select --test host_emulation -- --ignored --nocapture`
 
+use device::host::build_driver;
+use mailbox::gpu::{DebugBound, Variant};
 use mailbox::layout::{BoxRange, ScratchLayout};
 use mailbox::{Limits, Stage, Task};
+use model::paging::{PageTable, PAGE_TOKENS};
 use select::cases::{self, Pattern};
 use select::check::check_output;
+use select::gpu::Shape;
 use select::layout::{SelectBoxes, SelectKind, SelectPlan, Slicing, TopK, SLICE_TARGET};
-use select::reference::{select_row, Pages, Rows};
+use select::reference::{select_row, RowPages, Rows};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/host");
-/// The host prelude, found before the real one; then the ops layer beside the real one.
-const HOST_PRELUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/host");
-const OPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
-const MAILBOX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../mailbox/kernels");
+/// The launcher around the stage's entry (`tests/host/driver.cpp`).
+const DRIVER: &str = include_str!("host/driver.cpp");
 
 const KINDS: [SelectKind; 3] = [SelectKind::OneCta, SelectKind::Slice, SelectKind::Registers];
 
@@ -112,62 +112,30 @@ impl Build {
     }
 }
 
-/// The driver built for `b`; `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every
-/// check but the hang detector's control runs).
+/// The driver built for `b` from the stage's own source and defines (`select::gpu::source` of
+/// the build's shape); `fault`: `SEL_FAULT`; `debug`: polls bounded (`MBX_DEBUG`, as every check
+/// but the hang detector's control runs).
 fn compile(b: &Build, dir: &Path, fault: u32, debug: bool) -> PathBuf {
-    // The one line the host cannot take as written: dynamic shared memory becomes a static array.
-    let hip = std::fs::read_to_string(format!("{KERNELS}/select.hip")).unwrap();
-    let dynamic = "extern __shared__ __attribute__((aligned(16))) u8 sel_lds[];";
-    assert!(hip.contains(dynamic));
-    let hip = hip.replace(dynamic, "alignas(16) static u8 sel_lds[SEL_LDS_BYTES];");
-    let src = dir.join(format!("{}-{fault}-{debug}", b.name));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("select.hip"), hip).unwrap();
-    let exe = src.join("select");
-    let lds = select::layout::task_lds_bytes(b.slice_keys, b.top(), b.threads);
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-pthread", "-w"])
-        .arg(format!("-I{}", src.display()))
-        .arg(format!("-I{HOST}"))
-        .arg(format!("-I{HOST_PRELUDE}"))
-        .arg(format!("-I{KERNELS}"))
-        .arg(format!("-I{MAILBOX}"))
-        .arg(format!("-I{OPS}"))
-        .arg(format!("-DMONO_WAVE={}", b.wave))
-        .arg(format!("-DMONO_CTA_THREADS={}", b.threads))
-        .arg(format!("-DSEL_K={}", b.k))
-        .arg(format!("-DSEL_ROOM_PER_K={}", select::layout::ROOM_PER_K))
-        .arg(format!("-DSEL_SLICE_KEYS={}", b.slice_keys))
-        .arg(format!("-DSEL_MAX_SLICES={}", select::layout::MAX_SLICES))
-        .arg(format!("-DSEL_SLICE_ALIGN={}", select::layout::SLICE_ALIGN))
-        .arg(format!("-DSEL_PAGE_TOKENS={}", select::layout::PAGE_TOKENS))
-        .arg(format!("-DSEL_LDS_BYTES={lds}"))
-        .arg(format!("-DSEL_REG_KEYS={}", b.reg_keys))
-        .arg(format!(
-            "-DSEL_REG_STAGE_ROOM={}",
-            select::layout::REG_STAGE_ROOM
-        ))
-        .arg(format!(
-            "-DSEL_REG_RANK_ROOM={}",
-            select::layout::REG_RANK_ROOM
-        ))
-        .arg(format!(
-            "-DSEL_REG_BUCKET={}u",
-            select::layout::REG_RANK_BUCKET
-        ))
-        .arg(format!("-DSEL_FAULT={fault}"))
-        .arg(format!("-DMBX_DEBUG={}", debug as u32))
-        .args(["-DMBX_DEBUG_TRAP=0", "-DMBX_POLL_LIMIT=20000000u"])
-        .arg(format!("{HOST}/driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("g++: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let shape = Shape {
+        top: b.top(),
+        threads: b.threads,
+        slice_keys: b.slice_keys,
+        reg_keys: b.reg_keys,
+        trace: false,
+    };
+    let variant = Variant {
+        debug: debug.then_some(DebugBound {
+            poll_limit: 20_000_000,
+            trap: false,
+        }),
+        ..Variant::default()
+    };
+    let src = select::gpu::source(shape, variant)
+        .define("MONO_WAVE", b.wave)
+        .define("SEL_FAULT", fault);
+    std::fs::create_dir_all(dir).unwrap();
+    let exe = dir.join(format!("select-{}-{fault}-{debug}", b.name));
+    build_driver(&src, ("driver.cpp", DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe
 }
 
@@ -178,7 +146,7 @@ struct Launch<'a> {
     scratch: u32,
     boxes: SelectBoxes,
     rows: &'a Rows<'a>,
-    pages: Option<&'a Pages<'a>>,
+    pages: Option<&'a RowPages<'a>>,
     fresh: Option<&'a [f32]>,
     delay_ms: u32,
 }
@@ -188,7 +156,7 @@ fn planned<'a>(
     b: &Build,
     kind: SelectKind,
     rows: &'a Rows<'a>,
-    pages: Option<&'a Pages<'a>>,
+    pages: Option<&'a RowPages<'a>>,
 ) -> Launch<'a> {
     let mut builder = ScratchLayout::builder();
     let boxes = SelectBoxes::add(&mut builder, "sel", rows.count() as u32, b.top()).unwrap();
@@ -216,10 +184,14 @@ fn planned<'a>(
 fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
     let rows = l.rows;
     let tasks: Vec<Task> = l.lists.iter().flatten().copied().collect();
+    let (table, pages_stride) = match l.pages {
+        Some(p) => p.device_table(rows.lens).map_err(|e| e.to_string())?,
+        None => (Vec::new(), 0),
+    };
     let mut words = vec![
         rows.count() as u32,
         rows.stride as u32,
-        l.pages.map_or(0, |p| p.stride as u32),
+        pages_stride,
         l.lists.len() as u32,
         tasks.len() as u32,
         l.scratch,
@@ -249,13 +221,8 @@ fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
     if let Some(fresh) = l.fresh {
         words.extend(fresh.iter().map(|s| s.to_bits()));
     }
-    words.extend(
-        l.pages
-            .iter()
-            .flat_map(|p| p.table.iter().map(|&v| v as u32)),
-    );
-    let dir = exe.parent().unwrap();
-    let (input, output) = (dir.join("input"), dir.join("output"));
+    words.extend(table.iter().map(|&v| v as u32));
+    let (input, output) = (exe.with_extension("input"), exe.with_extension("output"));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     std::fs::write(&input, bytes).unwrap();
     let out = Command::new(exe).arg(&input).arg(&output).output().unwrap();
@@ -303,19 +270,27 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         for (i, lens) in b.batches.iter().enumerate() {
             for (p, pattern) in Pattern::ALL.into_iter().enumerate() {
                 let stride = (*lens.iter().max().unwrap() as usize + 5).div_ceil(4) * 4;
-                let scores = cases::rows(pattern, lens, stride, (i * 32 + p) as u64);
+                let scores = cases::rows(pattern, lens, stride, top, (i * 32 + p) as u64);
                 let rows = Rows {
                     scores: &scores,
                     stride,
                     lens,
                 };
-                let per_row = stride.div_ceil(64);
-                let table: Vec<i32> = (0..lens.len() * per_row)
-                    .map(|j| ((j * 37) % (lens.len() * per_row) + 5) as i32)
+                // A request a row, its pages spread over the cache out of order.
+                let per_row = (stride as u32).div_ceil(PAGE_TOKENS);
+                let total = lens.len() as u32 * per_row;
+                let table: Vec<Vec<u32>> = (0..lens.len() as u32)
+                    .map(|r| {
+                        (0..per_row)
+                            .map(|p| ((r * per_row + p) * 37) % total + 5)
+                            .collect()
+                    })
                     .collect();
-                let pages = Pages {
+                let table = PageTable::new(&table).unwrap();
+                let requests: Vec<u32> = (0..lens.len() as u32).collect();
+                let pages = RowPages {
                     table: &table,
-                    stride: per_row,
+                    requests: &requests,
                 };
                 let pages = (p % 2 == 1).then_some(&pages);
                 let in_regs = b.holds_in_registers(lens);
@@ -350,7 +325,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         // slices load) is flagged on that row alone, by every kind.
         let lens = [100, 1500];
         let stride = 1504;
-        let mut scores = cases::rows(Pattern::Random, &lens, stride, 77);
+        let mut scores = cases::rows(Pattern::Random, &lens, stride, b.top(), 77);
         scores[stride + 1234] = f32::from_bits(0xffc0_0001);
         let rows = Rows {
             scores: &scores,
@@ -440,8 +415,8 @@ fn select_tasks_wait_for_the_scores_they_read() {
     let b = &BUILDS[0];
     let lens = [2000u32, 700];
     let stride = 2004;
-    let stale = cases::rows(Pattern::Random, &lens, stride, 1);
-    let fresh = cases::rows(Pattern::Random, &lens, stride, 2);
+    let stale = cases::rows(Pattern::Random, &lens, stride, b.top(), 1);
+    let fresh = cases::rows(Pattern::Random, &lens, stride, b.top(), 2);
     let stale_rows = Rows {
         scores: &stale,
         stride,
@@ -479,7 +454,7 @@ fn a_wait_that_never_ends_is_reported_as_a_hang() {
     let dir = std::env::temp_dir().join(format!("select-hang-{}", std::process::id()));
     let b = &BUILDS[0];
     let lens = [2000u32];
-    let scores = cases::rows(Pattern::Random, &lens, 2000, 3);
+    let scores = cases::rows(Pattern::Random, &lens, 2000, b.top(), 3);
     let rows = Rows {
         scores: &scores,
         stride: 2000,

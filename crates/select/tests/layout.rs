@@ -5,10 +5,16 @@
 
 use mailbox::layout::{ScratchLayout, BOXES_PER_LINE};
 use mailbox::Limits;
+use model::Preset;
 use proptest::prelude::*;
 use select::gpu::CTA_THREADS;
 use select::layout::*;
 use std::collections::HashSet;
+
+/// k of GLM-5, from its preset.
+fn glm5() -> TopK {
+    TopK::preset(Preset::Glm5).unwrap()
+}
 
 fn check_tiling(s: &Slices) {
     let mut next = 0;
@@ -75,7 +81,7 @@ proptest! {
     #[test]
     fn the_fastest_method_builds_for_every_row(len in 0..=MAX_ROW_KEYS) {
         let method = select::gpu::Method::fastest_for(len);
-        prop_assert!(select::gpu::Shape::for_rows(method, TopK::GLM5, len).is_ok());
+        prop_assert!(select::gpu::Shape::for_rows(method, glm5(), len).is_ok());
     }
 
     #[test]
@@ -99,7 +105,7 @@ proptest! {
         kind in prop::sample::select(vec![SelectKind::OneCta, SelectKind::Registers, SelectKind::Slice]),
         first_order in 0..1000u32,
     ) {
-        let top = TopK::GLM5;
+        let top = glm5();
         let slicing = Slicing::production(SLICE_ROOM);
         let Ok(plan) = SelectPlan::new(&lens, kind, top, ctas, slicing, first_order) else {
             // Refused only when a row's slices cannot all run at once.
@@ -149,7 +155,7 @@ proptest! {
         lens in prop::collection::vec(0..=MAX_ROW_KEYS, 1..9),
         kind in prop::sample::select(vec![SelectKind::OneCta, SelectKind::Registers, SelectKind::Slice]),
     ) {
-        let (top, ctas) = (TopK::GLM5, 132);
+        let (top, ctas) = (glm5(), 132);
         let rows = lens.len() as u32;
         let Ok(mut plan) = SelectPlan::new(&lens, kind, top, ctas, Slicing::production(SLICE_ROOM), 0) else {
             return Ok(());
@@ -261,15 +267,12 @@ proptest! {
 #[test]
 fn one_cta_rooms_of_the_target_gpus() {
     // The LDS holds the keys and either the candidate pairs or the 12-bit histogram.
-    assert_eq!(lds_words(0, TopK::GLM5), 2 * 4096);
+    assert_eq!(lds_words(0, glm5()), 2 * 4096);
     assert_eq!(lds_words(0, TopK::new(16).unwrap()), WIDE_BINS);
-    assert_eq!(
-        one_cta_room(H200_SHARED_PER_BLOCK, TopK::GLM5),
-        ONE_CTA_ROOM
-    );
-    assert_eq!(one_cta_room(GFX950_SHARED_PER_BLOCK, TopK::GLM5), 28672);
+    assert_eq!(one_cta_room(H200_SHARED_PER_BLOCK, glm5()), ONE_CTA_ROOM);
+    assert_eq!(one_cta_room(GFX950_SHARED_PER_BLOCK, glm5()), 28672);
     // 160 KiB of dynamic LDS for 32K keys; the H200's 227 KiB takes it with the static part.
-    assert_eq!(lds_words(ONE_CTA_ROOM, TopK::GLM5) * 4, 160 * 1024);
+    assert_eq!(lds_words(ONE_CTA_ROOM, glm5()) * 4, 160 * 1024);
     assert_eq!(wide_finish(12), &[10, 10]);
     assert_eq!(wide_finish(24), &[8]);
     assert!(wide_finish(32).is_empty());
@@ -288,36 +291,30 @@ fn limits_are_refused_with_a_reason() {
         Err(LayoutError::BadSliceCount { .. })
     ));
     assert_eq!(TopK::new(0), Err(LayoutError::BadK { k: 0 }));
-    assert!(TopK::new(MAX_K + 1).is_err());
-    assert_eq!(TopK::GLM5.room(), 4096);
+    assert_eq!(TopK::new(u32::MAX), Err(LayoutError::BadK { k: u32::MAX }));
+    // The contract holds for any k; the kernels build for k up to MAX_K.
+    let big = TopK::new(MAX_K + 1).unwrap();
+    assert_eq!(
+        big.for_kernels(),
+        Err(LayoutError::KernelK { k: MAX_K + 1 })
+    );
+    assert!(select::gpu::Shape::for_rows(select::gpu::Method::OneCta, big, 8192).is_err());
+    assert!(TopK::new(MAX_K).unwrap().for_kernels().is_ok());
+    assert_eq!(glm5().room(), 4096);
     let slicing = Slicing::production(SLICE_ROOM);
     assert_eq!(
-        SelectPlan::new(&[], SelectKind::Slice, TopK::GLM5, 8, slicing, 0),
+        SelectPlan::new(&[], SelectKind::Slice, glm5(), 8, slicing, 0),
         Err(LayoutError::NoRows)
     );
     assert!(matches!(
-        SelectPlan::new(
-            &[MAX_ROW_KEYS],
-            SelectKind::Slice,
-            TopK::GLM5,
-            63,
-            slicing,
-            0
-        ),
+        SelectPlan::new(&[MAX_ROW_KEYS], SelectKind::Slice, glm5(), 63, slicing, 0),
         Err(LayoutError::TooFewCtas { row: 0, .. })
     ));
     // 128K rows are 16 slices of 8K while four fit 132 CTAs; 512K rows take 33 slices of about
     // 16K at 4 rows (64 of 8K at 2 rows).
     let counts = |len: u32, rows: usize| {
-        let plan = SelectPlan::new(
-            &vec![len; rows],
-            SelectKind::Slice,
-            TopK::GLM5,
-            132,
-            slicing,
-            0,
-        )
-        .unwrap();
+        let plan =
+            SelectPlan::new(&vec![len; rows], SelectKind::Slice, glm5(), 132, slicing, 0).unwrap();
         (plan.tasks().len() / rows, plan.ctas())
     };
     assert_eq!(counts(128 * 1024, 4), (16, 64));

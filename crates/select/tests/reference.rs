@@ -2,11 +2,17 @@
 //! in the contract's order (keys above P by position, then keys with prefix P above T by
 //! position, then ties; fewer than k unmasked: all of them by position), never a masked one.
 
+use model::Preset;
 use proptest::prelude::*;
 use select::cases::{rank_high, Pattern, CROWD_HIGH, RANK_BESIDE};
 use select::check::missed;
 use select::layout::{TopK, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM};
 use select::reference::{is_masked, radix_key, select_row, sorted_top_k};
+
+/// k of GLM-5, from its preset.
+fn glm5() -> TopK {
+    TopK::preset(Preset::Glm5).unwrap()
+}
 
 proptest! {
     #[test]
@@ -17,7 +23,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let top = TopK::new(k).unwrap();
-        let scores = pattern.row(len, seed);
+        let scores = pattern.row(len, top, seed);
         let sel = select_row(&scores, top).unwrap();
         let expected = sorted_top_k(&scores, top).unwrap();
         prop_assert_eq!(sel.list.len(), k as usize);
@@ -54,14 +60,14 @@ proptest! {
 /// stage room, and one more, both stop at 12.
 #[test]
 fn crowd_patterns_fill_their_rooms_and_pass_them_by_one() {
-    let top = TopK::GLM5;
+    let top = glm5();
     for (pattern, sharing, stop) in [
         (Pattern::RoomFull, top.room(), 12),
         (Pattern::RoomPlusOne, top.room() + 1, 24),
         (Pattern::StageFull, REG_STAGE_ROOM, 12),
         (Pattern::StagePlusOne, REG_STAGE_ROOM + 1, 12),
     ] {
-        let scores = pattern.row(8192, 3);
+        let scores = pattern.row(8192, top, 3);
         let th = select_row(&scores, top).unwrap().threshold.unwrap();
         let mut crowd: Vec<u32> = scores
             .iter()
@@ -85,14 +91,14 @@ fn crowd_patterns_fill_their_rooms_and_pass_them_by_one() {
 /// T's 12-bit prefix but not its 20-bit one, and P stops at 12 bits. T repeats.
 #[test]
 fn rank_patterns_fill_the_rank_room_and_bucket_and_pass_them_by_one() {
-    let top = TopK::GLM5;
+    let top = glm5();
     for (pattern, crowd_len) in [
         (Pattern::RankFull, REG_RANK_ROOM),
         (Pattern::RankPlusOne, REG_RANK_ROOM + 1),
         (Pattern::BucketFull, REG_RANK_BUCKET),
         (Pattern::BucketPlusOne, REG_RANK_BUCKET + 1),
     ] {
-        let scores = pattern.row(8192, 5);
+        let scores = pattern.row(8192, top, 5);
         let th = select_row(&scores, top).unwrap().threshold.unwrap();
         let keys: Vec<u32> = scores.iter().map(|&s| radix_key(s)).collect();
         let sharing = |bits: u32| {
@@ -116,7 +122,7 @@ fn rank_patterns_fill_the_rank_room_and_bucket_and_pass_them_by_one() {
             pattern.name()
         );
         crowd.sort_unstable_by(|a, b| b.cmp(a));
-        let t_rank = top.k() as usize - rank_high(crowd_len as usize) - RANK_BESIDE;
+        let t_rank = top.k() as usize - rank_high(crowd_len as usize, top) - RANK_BESIDE;
         assert_eq!(crowd[t_rank - 1], th.key, "{}", pattern.name());
         assert!(
             crowd.iter().filter(|&&k| k == th.key).count() > 1,

@@ -28,13 +28,14 @@
 use super::{fused_source, CtaShape, GraphError, LaunchGraph};
 use device::KernelSource;
 use indexer::layout::{
-    max_runs, pages_through, IndexerBoxes, Limits as PlanLimits, PageTable, Row, ScorePlan,
-    MAX_GROUP_ROWS, MAX_RUNS, PAGE_TOKENS, RUNS_PER_SCORE_TASK,
+    max_runs, IndexerBoxes, Limits as PlanLimits, Row, ScorePlan, MAX_GROUP_ROWS, MAX_RUNS,
+    RUNS_PER_SCORE_TASK,
 };
 use indexer::reference::IndexerDims;
 use mailbox::gpu::Variant;
 use mailbox::layout::{BoxRange, ScratchLayout};
 use mailbox::{Placement, Stage, StageKernel, Task, ValidPlacement};
+use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use model::ModelConfig;
 use select::gpu::Shape as SelectShape;
 use select::layout::{
@@ -164,10 +165,9 @@ impl FrontPart {
         requests: &[FrontRequest],
         build: FrontBuild,
     ) -> Result<FrontPart, FrontError> {
-        let top = u32::try_from(cfg.index_topk)
-            .ok()
-            .and_then(|k| TopK::new(k).ok())
-            .ok_or(FrontError::BadTopK(cfg.index_topk))?;
+        let top = TopK::of(cfg)
+            .and_then(TopK::for_kernels)
+            .map_err(|_| FrontError::BadTopK(cfg.index_topk))?;
         let dims = IndexerDims::new(cfg).map_err(|e| FrontError::Indexer(e.to_string()))?;
         if g.ctas() != build.ctas {
             return Err(FrontError::Placement(format!(
@@ -293,6 +293,11 @@ impl FrontGraph {
             .check(limits)
             .map_err(|e| FrontError::Placement(e.to_string()))?;
         Ok(self)
+    }
+
+    /// Each row's request: with [`FrontGraph::pages`], the page table as select's rows see it.
+    pub fn row_requests(&self) -> Vec<u32> {
+        self.plan.rows.iter().map(|r| r.request).collect()
     }
 
     /// Positions a select task reads: its row's slice (the whole row for the one-task kinds).

@@ -10,7 +10,7 @@ use super::{CtaShape, ENTRY};
 use crate::step::LaunchSlot;
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
 use indexer::gpu::{inv_freq, Grid, KernelConfig, PlanBuffers, StageArgs, StageBuffers};
-use indexer::layout::{CacheLayout, PAGE_TOKENS};
+use indexer::layout::CacheLayout;
 use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::Tags;
@@ -19,6 +19,7 @@ use mailbox::{Stage, Stall, DIAG_WORDS};
 use model::ModelConfig;
 use select::gpu::{SelArgs, Shape as SelectShape, FLAG_NAMES};
 use select::layout::TopK;
+use select::reference::RowPages;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -129,10 +130,9 @@ impl FrontKernel {
         let dims = IndexerDims::new(cfg)?;
         let config = KernelConfig::new(dims, &IndexerOptions::deepseek(cfg))?;
         config.check()?;
-        let top = u32::try_from(cfg.index_topk)
-            .ok()
-            .and_then(|k| TopK::new(k).ok())
-            .ok_or(FrontError::BadTopK(cfg.index_topk))?;
+        let top = TopK::of(cfg)
+            .and_then(TopK::for_kernels)
+            .map_err(|_| FrontError::BadTopK(cfg.index_topk))?;
         let more = if readers {
             vec![reader_stage()]
         } else {
@@ -317,19 +317,14 @@ impl<'a> FrontLaunch<'a> {
         let scores = dev.alloc_zeroed(rows * stride)?;
         let out = dev.alloc_zeroed(rows * graph.top.k() as usize)?;
         let flags = dev.alloc_zeroed(rows * FLAG_NAMES.len())?;
-        let pages_stride = stride / PAGE_TOKENS as usize;
-        let mut table_rows = vec![0i32; rows * pages_stride];
-        for (i, row) in graph.plan.rows.iter().enumerate() {
-            for (p, &id) in graph
-                .pages
-                .pages(row.request as usize)
-                .iter()
-                .take(pages_stride)
-                .enumerate()
-            {
-                table_rows[i * pages_stride + p] = id as i32;
-            }
-        }
+        let requests = graph.row_requests();
+        let row_pages = RowPages {
+            table: &graph.pages,
+            requests: &requests,
+        };
+        let (table_rows, pages_stride) = row_pages
+            .device_table(&graph.lens)
+            .map_err(|e| FrontGpuError::Shape(e.to_string()))?;
         let pages = dev.upload(&table_rows)?;
         let inv_freq = dev.upload(&inv_freq(&dims))?;
         let (scratch, epoch, tags) = (slot.scratch.clone(), slot.epoch.clone(), slot.tags);
@@ -367,7 +362,7 @@ impl<'a> FrontLaunch<'a> {
             flags: flags.device_ptr(),
             trace: select_marks.as_ref().map_or(0, |m| m.device_ptr()),
             stride: stride as u32,
-            pages_stride: pages_stride as u32,
+            pages_stride,
             hist_offset: graph.boxes.select.hist.offset(),
             cand_offset: graph.boxes.select.cand.offset(),
             cand_stride: graph.boxes.select.cand.stride(),

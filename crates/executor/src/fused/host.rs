@@ -8,7 +8,7 @@
 //! combination of stages. The driver is built with g++ (C++20) once per source and cached.
 
 use super::{CtaShape, ENTRY};
-use device::{KernelSource, HOST_LAUNCH, HOST_PRELUDE};
+use device::{DeviceError, KernelSource, HOST_LAUNCH, HOST_PRELUDE};
 use mailbox::gpu::LaunchTable;
 use mailbox::layout::Tags;
 use mailbox::{StageKernel, ValidPlacement, DIAG_WORDS};
@@ -31,7 +31,7 @@ pub enum HostError {
     #[error("the fused source: {0}")]
     Source(String),
     #[error("g++ (C++20) is needed to emulate a launch on CPU threads: {0}")]
-    NoCompiler(std::io::Error),
+    NoCompiler(String),
     #[error("g++ failed on the host driver of `{name}`:\n{log}")]
     Compile { name: String, log: String },
     #[error("{what}: {err}")]
@@ -340,36 +340,15 @@ fn compile(
         what: format!("creating {}", dir.display()),
         err,
     })?;
-    // Names of this build's own: two tests may build the same driver at once.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let own = format!("{}-{n}", std::process::id());
-    let cpp = dir.join(format!("driver-{own}.cpp"));
-    write(&cpp, flat.as_bytes())?;
-    let partial = dir.join(format!("driver-{own}.part"));
-    let mut cmd = Command::new("g++");
-    cmd.args(["-std=c++20", "-O1", "-pthread", "-w", "-x", "c++"]);
-    for (k, v) in defines {
-        cmd.arg(format!("-D{k}={v}"));
-    }
-    let out = cmd
-        .arg(&cpp)
-        .arg("-o")
-        .arg(&partial)
-        .output()
-        .map_err(HostError::NoCompiler)?;
-    if !out.status.success() {
-        return Err(HostError::Compile {
-            name: name.to_owned(),
-            log: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    let _ = std::fs::remove_file(&cpp);
-    // Renamed into place only when whole, so a build cut short is never taken for a driver.
-    std::fs::rename(&partial, exe).map_err(|err| HostError::Io {
-        what: format!("moving {} into place", exe.display()),
-        err,
-    })
+    device::host::compile_unit(name, flat, defines, exe)
+        .map(|_| ())
+        .map_err(|e| match e {
+            DeviceError::Compile { log, .. } => HostError::Compile {
+                name: name.to_owned(),
+                log,
+            },
+            other => HostError::NoCompiler(other.to_string()),
+        })
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -39,7 +39,7 @@ mod model_weights;
 mod state;
 mod step;
 
-pub use model_weights::{LayerWeights, MlpBlock, OwnedIndexerWeights, ReferenceModel};
+pub use model_weights::{LayerWeights, MlpBlock, ReferenceModel};
 pub use state::DecodeState;
 pub use step::{LayerProgress, Row, StepOutput};
 

@@ -1,46 +1,12 @@
 //! Every weight a reference step reads, loaded once from a [`WeightSource`].
 
-use indexer::reference::IndexerWeights;
+use indexer::reference::OwnedIndexerWeights;
 use mla::reference::MlaWeights;
 use model::weights::{layer_tensor_name, Matrix, WeightSource};
 use model::{IndexerKind, LayerPlan, MlpKind, ModelConfig};
 use moe::reference::{MlpWeights, MoeWeights};
 
 use super::Result;
-
-/// A full layer's indexer weights, owned (the indexer reference borrows them).
-#[derive(Debug, Clone)]
-pub struct OwnedIndexerWeights {
-    pub wq_b: Vec<f32>,
-    pub wk: Vec<f32>,
-    pub k_norm_weight: Vec<f32>,
-    pub k_norm_bias: Vec<f32>,
-    pub weights_proj: Vec<f32>,
-}
-
-impl OwnedIndexerWeights {
-    fn load(source: &dyn WeightSource, cfg: &ModelConfig, layer: usize) -> Result<Self> {
-        let name = |suffix: &str| layer_tensor_name(layer, &format!("self_attn.indexer.{suffix}"));
-        let (heads, dim, hidden) = (cfg.index_n_heads, cfg.index_head_dim, cfg.hidden_size);
-        Ok(OwnedIndexerWeights {
-            wq_b: source.tensor(&name("wq_b.weight"), &[heads * dim, cfg.q_lora_rank])?,
-            wk: source.tensor(&name("wk.weight"), &[dim, hidden])?,
-            k_norm_weight: source.vector(&name("k_norm.weight"), dim)?,
-            k_norm_bias: source.vector(&name("k_norm.bias"), dim)?,
-            weights_proj: source.tensor(&name("weights_proj.weight"), &[heads, hidden])?,
-        })
-    }
-
-    pub fn view(&self) -> IndexerWeights<'_> {
-        IndexerWeights {
-            wq_b: &self.wq_b,
-            wk: &self.wk,
-            k_norm_weight: &self.k_norm_weight,
-            k_norm_bias: &self.k_norm_bias,
-            weights_proj: &self.weights_proj,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub enum MlpBlock {

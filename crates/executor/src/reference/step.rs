@@ -279,8 +279,7 @@ impl ReferenceModel {
         let dims = IndexerDims::new(cfg)?;
         match (layer.plan.indexer, &layer.indexer) {
             (IndexerKind::Full, Some(w)) => {
-                let top = TopK::new(cfg.index_topk as u32)
-                    .map_err(|e| ReferenceError::Select(e.to_string()))?;
+                let top = TopK::of(cfg).map_err(|e| ReferenceError::Select(e.to_string()))?;
                 let mut lists = Vec::with_capacity(rows.len());
                 let mut scores = Vec::with_capacity(rows.len());
                 for ((row, proj), x_hat) in rows.iter().zip(projections).zip(x_hat) {

@@ -4,8 +4,9 @@
 //! the seed (values by `model::weights::SyntheticRule` over made-up names), so two runs agree.
 
 use device::{Buffer, Device};
-use indexer::layout::{pages_through, CacheLayout, PAGE_TOKENS};
+use indexer::layout::CacheLayout;
 use indexer::reference::IndexerDims;
+use model::paging::{pages_through, PAGE_TOKENS};
 use model::weights::SyntheticRule;
 use model::{IndexerKind, ModelConfig};
 

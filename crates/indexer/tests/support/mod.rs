@@ -4,9 +4,7 @@
 
 use device::{Buffer, Device, Stream};
 use indexer::gpu::{inv_freq, Grid, IndexerKernels, KernelConfig, PlanBuffers, StageBuffers};
-use indexer::layout::{
-    pages_through, CacheLayout, IndexerBoxes, Limits, PageTable, Row, ScorePlan, MAX_RUNS,
-};
+use indexer::layout::{CacheLayout, IndexerBoxes, Limits, Row, ScorePlan, MAX_RUNS};
 use indexer::reference::{
     key_from_projection, key_score, query_heads_from_projection, row_query, IndexerDims, RowQuery,
     ScaledVector, VectorFormat,
@@ -14,6 +12,7 @@ use indexer::reference::{
 use mailbox::layout::{tag_of, ScratchLayout, Tags};
 use mailbox::Stall;
 use model::numerics::{bf16_round, e4m3_decode, ue8m0_scale};
+use model::paging::{pages_through, PageTable};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -96,7 +95,10 @@ impl Scene {
     }
 
     fn slot(&self, request: usize, t: u32) -> (usize, usize) {
-        let (page, slot) = self.table.slot(request, t).expect("token inside the table");
+        let (page, slot) = self
+            .table
+            .locate(request, t)
+            .expect("token inside the table");
         (
             self.cache.key_offset(page, slot) as usize,
             self.cache.scale_offset(page, slot) as usize,
