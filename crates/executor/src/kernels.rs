@@ -31,6 +31,7 @@ pub fn registry() -> Vec<RegisteredSource> {
         .chain(register("crates/indexer", indexer::gpu::sources()))
         .chain(register("crates/mla", mla::gpu::sources()))
         .chain(register("crates/linear", linear::gpu::sources()))
+        .chain(register("crates/moe", moe::gpu::sources()))
         .chain(register("crates/executor", fused_sources()))
         .chain(register(
             "crates/executor",
@@ -42,9 +43,10 @@ pub fn registry() -> Vec<RegisteredSource> {
         .collect()
 }
 
-/// The fused launches in their production builds: GLM-5's front half (indexer and select) and
-/// attention half (linear and MLA, 8 heads at TP8, FP8 records) in the sm_90a CTA shape (gfx950's
-/// shape differs only in its LDS, which the host passes at launch).
+/// The fused launches in their production builds: GLM-5's front half (indexer and select), its
+/// attention half (linear and MLA, 8 heads at TP8, FP8 records) and its MoE half (linear and MoE
+/// stages) in the sm_90a CTA shape (gfx950's shape differs only in its LDS, which the host
+/// passes at launch).
 fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
     let top = select::layout::TopK::new(cfg.index_topk as u32).expect("GLM-5's k is valid");
@@ -67,6 +69,8 @@ fn fused_sources() -> Vec<KernelSource> {
             mailbox::gpu::Variant::default(),
         )
         .expect("the attention half's stages fit one CTA shape"),
+        crate::fused::moe::moe_source(shape, mailbox::gpu::Variant::default())
+            .expect("the MoE half's stages fit one CTA shape"),
     ]
 }
 

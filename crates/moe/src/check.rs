@@ -11,8 +11,8 @@
 //!   step apart when the device's fp32 sums differ from the reference's in the last bits.
 
 use crate::layout::MoeShape;
-use crate::problem::{bf16_value, MoeProblem};
 use crate::layout::Route;
+use crate::problem::{bf16_value, MoeProblem};
 use crate::reference::{choose, moe_with_routes, scores, weigh, MlpWeights};
 use crate::Result;
 use model::numerics::bf16_round;
@@ -159,11 +159,9 @@ pub fn check_routes(
             want.clone()
         } else {
             let last = biased(want[k - 1].expert);
-            if let Some(&e) = mine
-                .iter()
-                .chain(&theirs)
-                .find(|&&e| mine.contains(&e) != theirs.contains(&e) && (biased(e) - last).abs() > TIE_MARGIN)
-            {
+            if let Some(&e) = mine.iter().chain(&theirs).find(|&&e| {
+                mine.contains(&e) != theirs.contains(&e) && (biased(e) - last).abs() > TIE_MARGIN
+            }) {
                 return Err(format!(
                     "{}: row {r} chose {mine:?}, the reference {theirs:?}; expert {e}'s biased score {} is {} from the last chosen one's",
                     p.name,
@@ -268,4 +266,13 @@ pub fn check(
     let out: Vec<f32> = dev.out.iter().map(|&b| bf16_value(b)).collect();
     check_output(p, oracle, &routes, &out, &mut m)?;
     Ok(m)
+}
+
+/// The scale block whose value is furthest (by ratio) from block 0's, for the swapped-scales
+/// control; `None` when all are equal.
+pub fn most_different_scale(scales: &[f32]) -> Option<usize> {
+    let ratio = |i: usize| (scales[i] / scales[0]).ln().abs();
+    (1..scales.len())
+        .filter(|&i| scales[i] != scales[0] && ratio(i).is_finite())
+        .max_by(|&a, &b| ratio(a).total_cmp(&ratio(b)))
 }

@@ -39,7 +39,6 @@ pub fn dispatch(routes: &[Vec<Route>], experts: usize) -> Result<Vec<Vec<(usize,
 
 // ---- the MoE launch: tasks, boxes, placement ----------------------------------------------------
 
-
 /// `MOE_KIND_ROUTE`: the router's choice, published to the slots.
 pub const KIND_ROUTE: u32 = Task::kind_of(Stage::Moe, 1);
 /// `MOE_KIND_COMBINE`: a column range of residual + shared + the routed experts' weighted sum.
@@ -121,7 +120,10 @@ impl MoeShape {
             if k == 0 || k % model::WEIGHT_BLOCK != 0 {
                 return Err(invalid(
                     "moe launch",
-                    format!("{what} {k} is not a positive multiple of {}", model::WEIGHT_BLOCK),
+                    format!(
+                        "{what} {k} is not a positive multiple of {}",
+                        model::WEIGHT_BLOCK
+                    ),
                 ));
             }
         }

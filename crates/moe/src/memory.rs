@@ -105,7 +105,10 @@ impl Builder {
     }
 
     fn put_packed(&mut self, w: &PackedWeight) -> (Span, Span) {
-        (self.put(&w.bytes), self.put(bytemuck::cast_slice(&w.scales)))
+        (
+            self.put(&w.bytes),
+            self.put(bytemuck::cast_slice(&w.scales)),
+        )
     }
 }
 
@@ -245,7 +248,14 @@ impl MoeMemory {
             ),
         ];
         let gate_up = LinExpert {
-            m: matrix(sp.gate_up, sp.x, sp.act, s.hidden, s.inter, fp8 | FLAG_SWIGLU),
+            m: matrix(
+                sp.gate_up,
+                sp.x,
+                sp.act,
+                s.hidden,
+                s.inter,
+                fp8 | FLAG_SWIGLU,
+            ),
             w_stride: sp.expert_bytes[0].0,
             scales_stride: sp.expert_bytes[0].1 / 4,
             x_slot: 0,
@@ -314,7 +324,9 @@ impl Builder {
         strides: [(usize, usize); 2],
     ) -> Result<()> {
         let e = p.shape.experts;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(e);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(e);
         let per = e.div_ceil(threads);
         let results: Vec<Result<Vec<(usize, PackedWeight, PackedWeight)>>> =
             std::thread::scope(|scope| {
@@ -340,10 +352,9 @@ impl Builder {
             });
         for chunk in results {
             for (ex, gu, dn) in chunk? {
-                for ((w, s), (sw, ss), packed) in [
-                    (banks[0], strides[0], &gu),
-                    (banks[1], strides[1], &dn),
-                ] {
+                for ((w, s), (sw, ss), packed) in
+                    [(banks[0], strides[0], &gu), (banks[1], strides[1], &dn)]
+                {
                     let at = w.offset as usize + ex * sw;
                     self.bytes[at..at + packed.bytes.len()].copy_from_slice(&packed.bytes);
                     let at = s.offset as usize + ex * ss;

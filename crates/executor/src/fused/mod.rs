@@ -6,6 +6,7 @@ pub mod front;
 pub mod front_gpu;
 pub mod graph;
 pub mod host;
+pub mod moe;
 pub mod shape;
 pub mod source;
 
