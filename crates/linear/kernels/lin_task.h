@@ -66,34 +66,46 @@ MONO_DEV void lin_publish(const Team& team, const mbx_task& task, const mbx_ctx&
   }
 }
 
+// The matrix of an expert task, in shared memory (a copy in registers would hold 20 of them
+// through the whole tile), or null: the slot is unused (or the bank is not the launch's).
+// Every thread polls the slot's box; false only when that wait gave up.
 template <class Team>
-MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
-  if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
-  const lin_matrix& m = a.mats[task.args[0]];
-  const u32 first = task.args[1], count = task.args[2];
-  if (!lin_tiles(team, m, first, count, smem, [&] { return lin_wait_inputs(team, task, c); })) return false;
-  lin_publish(team, task, c, count);
-  return true;
-}
-
-template <class Team>
-MONO_DEV bool lin_expert_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
+MONO_DEV bool lin_expert_matrix(const Team& team, const mbx_task& task, const mbx_ctx& c, const lin_args& a,
+                                const lin_matrix** out) {
+  __shared__ lin_matrix chosen;
+  *out = nullptr;
   const u32 bank = task.args[0] & 0xffffu, slot = task.args[0] >> 16;
   if (bank >= a.n_experts || task.n_inputs == 0 || task.in[0].len != 1) return true;  // the host builds no such task
   const lin_expert& b = a.experts[bank];
   u32 e = LIN_NO_EXPERT;
   if (!team.all(mbx_poll(c, task.in[0].first, &e))) return false;
-  const u32 first = task.args[1], count = task.args[2];
-  if (e < b.n_experts) {
-    lin_matrix m = b.m;
-    m.w += e * b.w_stride;
-    m.scales += e * b.scales_stride;
-    m.x += slot * b.x_slot;
-    m.y = (u8*)m.y + slot * b.y_slot * ((m.flags & LIN_OUT_F32) ? 4u : 2u);
-    m.row_scale += slot * b.row_scale_slot;
-    if (!lin_tiles(team, m, first, count, smem, [&] { return lin_wait_inputs(team, task, c); })) return false;
+  if (e >= b.n_experts) return true;
+  if (team.leader()) {
+    chosen = b.m;
+    chosen.w += e * b.w_stride;
+    chosen.scales += e * b.scales_stride;
+    chosen.x += slot * b.x_slot;
+    chosen.y = (u8*)chosen.y + slot * b.y_slot * ((chosen.flags & LIN_OUT_F32) ? 4u : 2u);
+    chosen.row_scale += slot * b.row_scale_slot;
   }
+  team.sync();
+  *out = &chosen;
+  return true;
+}
+
+// Both kinds, through one call of the tile (one inlined copy of it in the kernel).
+template <class Team>
+MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
+  const lin_matrix* m = nullptr;
+  if (mbx_own_kind(task.kind) == LIN_KIND_TILES) {
+    if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
+    m = a.mats + task.args[0];
+  } else if (!lin_expert_matrix(team, task, c, a, &m)) {
+    return false;
+  }
+  const u32 first = task.args[1], count = task.args[2];
   // An unused slot's task writes nothing, so it publishes without waiting.
+  if (m && !lin_tiles(team, *m, first, count, smem, [&] { return lin_wait_inputs(team, task, c); })) return false;
   lin_publish(team, task, c, count);
   return true;
 }
@@ -102,9 +114,8 @@ template <class Team>
 MONO_DEV bool lin_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
   switch (mbx_own_kind(task.kind)) {
     case LIN_KIND_TILES:
-      return lin_task(team, task, c, a, smem);
     case LIN_KIND_EXPERT_TILES:
-      return lin_expert_task(team, task, c, a, smem);
+      return lin_task(team, task, c, a, smem);
     default:
       return true;
   }
