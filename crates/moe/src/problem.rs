@@ -171,8 +171,9 @@ impl MoeProblem {
             (0..rows * cols)
                 .map(|i| {
                     let (r, c) = (i / cols, i % cols);
-                    // Blocks differ in magnitude, so their scales differ.
-                    let block = 1.0 + ((r / 128 + 3 * (c / 128) + source) % 5) as f32;
+                    // Neighbouring blocks differ in magnitude by powers of two, so their scales
+                    // differ (power-of-two scales included).
+                    let block = (1 << ((r / 128 + 3 * (c / 128) + source) % 4)) as f32;
                     d.next() * block * scale
                 })
                 .collect()
