@@ -128,7 +128,7 @@ fn main() -> Result<(), Error> {
         let g = MoeGraph::new(&cfg, rows, WeightFormat::Fp8, build, &MoeStart::default())?;
         let p = MoeProblem::new(g.shape, Routing::new(&cfg), Pattern::Random, 1)?;
         let mem = MoeMemory::new(&p, None)?;
-        let lds = lds_bytes(&g.shape, shape.threads)?;
+        let lds = kernel.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
         let first = DeviceMoe::new(&bench.dev, &kernel, &p, &mem, &g.plan, lds)?;
         first.launch(&bench.stream, &kernel, Tags::new(1)?, 0)?;
         bench.stream.sync()?;

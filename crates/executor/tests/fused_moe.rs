@@ -81,3 +81,45 @@ fn the_source_switches_over_both_stages() {
         assert!(text.contains(needle), "{needle}");
     }
 }
+
+/// The MoE part after a part that produces its input rows (two tasks a line each, standing in for
+/// the attention half): one checked launch, its tasks waiting on the producers where they read x,
+/// the hand-off rules holding, its output ready on the combine's boxes.
+#[test]
+fn the_moe_part_composes_after_its_producer() {
+    use executor::fused::graph::{Handoff, LaunchGraph};
+    use executor::fused::moe::{check_moe_handoff, moe_part};
+    use moe::layout::MoeShape;
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let shape = MoeShape::new(&cfg, 8, 4, WeightFormat::Fp8).unwrap();
+    let mut g = LaunchGraph::new(132).unwrap();
+    let done = g.completion("attn_done", 2).unwrap();
+    let rows = g.arena("hidden", 2 * 4 * 6144).unwrap();
+    for i in 0..2 {
+        let (rank, cta) = (g.rank(), g.next_cta());
+        let kind = Task::kind_of(mailbox::Stage::Synthetic, 1);
+        let t = Task::new(kind, rank, done.line(i).unwrap(), &[], [0; 3]).unwrap();
+        g.push(cta, t).unwrap();
+    }
+    let x = Handoff {
+        data: rows,
+        ready: done.all(),
+    };
+    let (out, part) = moe_part(&mut g, &shape, x, x).unwrap();
+    assert_eq!(out.ready, part.plan.combine);
+    assert_eq!(part.first_matrix, 0);
+    let launch = g.finish().unwrap();
+    check_moe_handoff(&part.plan, launch.placement.placement()).unwrap();
+    let readers = launch
+        .placement
+        .placement()
+        .tasks()
+        .filter(|(_, t)| t.inputs().contains(&done.all()))
+        .count();
+    // The router's tasks, the shared gate/up's and every slot's gate/up read x.
+    let expected = part.plan.router.len / 16
+        + part.plan.shared_gate_up.len / 16
+        + part.plan.gate_up.iter().map(|r| r.len / 16).sum::<u32>();
+    assert_eq!(readers as u32, expected);
+    assert!(launch.arena.get("moe_out").is_some());
+}

@@ -17,7 +17,9 @@ use moe::problem::{MoeProblem, Pattern};
 use moe::reference::Routing;
 
 fn run(dev: &Device, kernel: &MoeKernel, g: &MoeGraph, p: &MoeProblem) -> DeviceResult {
-    let lds = lds_bytes(&g.shape, kernel.threads()).unwrap();
+    let lds = kernel
+        .lds_budget(dev, lds_bytes(&g.shape, kernel.threads()).unwrap())
+        .unwrap();
     let mem = MoeMemory::new(p, None).unwrap();
     let d = DeviceMoe::new(dev, kernel, p, &mem, &g.plan, lds).unwrap();
     d.launch(dev.stream(), kernel, Tags::new(1).unwrap(), 0)

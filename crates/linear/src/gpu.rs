@@ -381,8 +381,9 @@ impl DevicePlan {
         .with_trace(&self.table, trace)?;
         let args = LinArgs {
             mats: self.mats.device_ptr(),
+            experts: 0,
             n_mats: self.mats.len() as u32,
-            pad: 0,
+            n_experts: 0,
         };
         kernel.launch(stream, &table, &args, self.lds)
     }

@@ -3,7 +3,9 @@
 // experts LIN_KIND_EXPERT_TILES tasks reading their expert from the route task's slot boxes.
 // Kinds: (MBX_STAGE_MOE << 8) | MOE_KIND_*.
 //
-// MOE_KIND_ROUTE: waits on task.in (the router's logits tasks), then for every row: s = sigmoid,
+// MOE_KIND_ROUTE: waits on task.in (the router's logits tasks: the router is split along k into
+// router_splits matrices, whose fp32 partial logits it adds in split order), then for every row:
+// s = sigmoid,
 // s + bias for the choice only, group-limited routing (n_group / topk_group: groups ranked by the
 // sum of their two best biased scores), top_k by biased score (ties to the lower expert), weights
 // s / (sum of the chosen s, in rank order, + 1e-20 when normalised) * scaling. The step's chosen
@@ -26,7 +28,7 @@
 
 // The stage's kernel argument (src/gpu.rs `MoeArgs`, 128 bytes).
 struct moe_args {
-  const float* logits;   // [rows, experts] fp32
+  const float* logits;   // [router_splits, rows, experts] fp32 partial logits
   const float* bias;     // [experts] e_score_correction_bias
   u32* row_slots;        // [rows, top_k]: the slot of each of the row's experts, ascending expert
   u32* row_experts;      // [rows, top_k]
@@ -45,7 +47,8 @@ struct moe_args {
   u32 topk_group;
   u32 flags;
   float scaling;
-  u32 pad[3];
+  u32 router_splits;
+  u32 pad[2];
 };
 
 // Host twin: the logistic sigmoid of model::numerics, which never overflows.
@@ -70,12 +73,15 @@ MONO_DEV bool moe_route(const Team& team, const mbx_task& task, mbx_ctx& c, cons
   u32* used = sel + R * K;               // [E] chosen by some row
   u32* slot_of = used + E;               // [E]
   u32* slot_expert = slot_of + E;        // [slots]
+  u32* used_below = slot_expert + a.slots;  // [E / 32 + 1]: chosen experts below each 32
   for (u32 i = team.thread(); i < E; i += Team::size) used[i] = 0;
   for (u32 i = team.thread(); i < a.slots; i += Team::size) slot_expert[i] = LIN_NO_EXPERT;
   for (u32 i = team.thread(); i < a.slots * R; i += Team::size) a.slot_scale[i] = 0.f;
   if (!lin_wait_inputs(team, task, c)) return false;
   for (u32 i = team.thread(); i < R * E; i += Team::size) {
-    const float v = moe_sigmoid(a.logits[i]);
+    float logit = a.logits[i];
+    for (u32 p = 1; p < a.router_splits; ++p) logit += a.logits[(u64)p * R * E + i];
+    const float v = moe_sigmoid(logit);
     s[i] = v;
     b[i] = v + a.bias[i % E];
   }
@@ -116,10 +122,25 @@ MONO_DEV bool moe_route(const Team& team, const mbx_task& task, mbx_ctx& c, cons
     }
   }
   team.sync();
+  // Slot of a chosen expert: the chosen experts below it (counts of each 32 first, in order).
+  const u32 words = (E + 31) / 32;
+  for (u32 w = team.thread(); w < words; w += Team::size) {
+    u32 n = 0;
+    for (u32 h = 32 * w; h < E && h < 32 * w + 32; ++h) n += used[h];
+    used_below[w] = n;
+  }
+  team.sync();
+  if (team.leader())
+    for (u32 w = 0, below = 0; w < words; ++w) {
+      const u32 n = used_below[w];
+      used_below[w] = below;
+      below += n;
+    }
+  team.sync();
   for (u32 e = team.thread(); e < E; e += Team::size) {
     if (!used[e]) continue;
-    u32 below = 0;
-    for (u32 h = 0; h < e; ++h) below += used[h];
+    u32 below = used_below[e / 32];
+    for (u32 h = e / 32 * 32; h < e; ++h) below += used[h];
     slot_of[e] = below;
     if (below < a.slots) slot_expert[below] = e;
   }

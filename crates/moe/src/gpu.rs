@@ -26,6 +26,8 @@ pub enum GpuError {
     Placement(#[from] mailbox::PlacementError),
     #[error("the launch stopped: {0}")]
     Stalled(String),
+    #[error("{0}")]
+    Shape(String),
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
@@ -88,6 +90,20 @@ impl MoeKernel {
 
     pub fn threads(&self) -> u32 {
         self.threads
+    }
+
+    /// Dynamic shared memory a launch gives each CTA: all the device allows beside the kernel's
+    /// static words, at least `need` (`layout::lds_bytes`). The linear tile streams through what
+    /// lies beyond its partial sums and x rows, so more keeps more bytes in flight.
+    pub fn lds_budget(&self, dev: &Device, need: u32) -> Result<u32> {
+        let fixed = self.kernel.resources()?.shared_bytes;
+        let budget = dev.info().max_shared_per_block.saturating_sub(fixed);
+        if budget < need {
+            return Err(GpuError::Shape(format!(
+                "the launch needs {need} bytes of shared memory a CTA; the device gives {budget}"
+            )));
+        }
+        Ok(budget)
     }
 
     /// The largest grid whose CTAs are all resident with `lds` bytes of shared memory each.

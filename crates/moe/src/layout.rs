@@ -48,10 +48,14 @@ pub const FLAG_NORM_TOPK: u32 = 1;
 /// Columns a combine task takes at most.
 pub const COMBINE_COLUMNS: u32 = 256;
 
-/// The matrices of a launch's `lin_args.mats`, and its expert banks (`lin_args.experts`).
-pub const MAT_ROUTER: u32 = 0;
-pub const MAT_SHARED_GATE_UP: u32 = 1;
-pub const MAT_SHARED_DOWN: u32 = 2;
+/// The matrices of a launch's `lin_args.mats` (the router's k-splits from `MAT_ROUTER` on), and
+/// its expert banks (`lin_args.experts`).
+pub const MAT_SHARED_GATE_UP: u32 = 0;
+pub const MAT_SHARED_DOWN: u32 = 1;
+pub const MAT_ROUTER: u32 = 2;
+/// The router is split along k into at most this many matrices, so that its 16 tiles of 256
+/// experts spread over more CTAs: the routed experts cannot start before it ends.
+pub const MAX_ROUTER_SPLITS: usize = 4;
 pub const BANK_GATE_UP: u32 = 0;
 pub const BANK_DOWN: u32 = 1;
 
@@ -135,6 +139,17 @@ impl MoeShape {
         (self.rows * self.top_k).min(self.experts)
     }
 
+    /// Splits of the router along k: the most, up to [`MAX_ROUTER_SPLITS`], that cut hidden into
+    /// whole k-blocks.
+    pub fn router_splits(&self) -> usize {
+        let blocks = self.hidden / model::WEIGHT_BLOCK;
+        (1..=MAX_ROUTER_SPLITS.min(blocks))
+            .rev()
+            .find(|s| blocks % s == 0)
+            .unwrap_or(1)
+    }
+
+    /// Tiles of each of the router's splits.
     pub fn router_tiles(&self) -> u32 {
         self.experts.div_ceil(TILE_ROWS) as u32
     }
@@ -153,17 +168,21 @@ impl MoeShape {
 pub fn lds_bytes(shape: &MoeShape, threads: u32) -> std::result::Result<u32, LinLayoutError> {
     let lin = |k| linear::layout::lds_bytes(threads, k, shape.rows);
     let (r, e) = (shape.rows, shape.experts);
-    let route = 4 * (2 * r * e + r * shape.n_group + r * shape.top_k + 2 * e + shape.slots());
+    let route =
+        4 * (2 * r * e + r * shape.n_group + r * shape.top_k + 2 * e + shape.slots() + e / 32 + 1);
     Ok(lin(shape.hidden)?.max(lin(shape.inter)?).max(route as u32))
 }
 
 /// Where a launch's MoE tasks start: the first free box (a line boundary), the first free rank,
-/// and the boxes that say the input rows (and the residual) are ready (none in a launch of its own).
+/// the index of its first matrix in the launch's list (its matrices are `first_matrix + MAT_*`),
+/// and the boxes that say the input rows and the residual are ready (none in a launch of its own).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MoeStart {
     pub first_box: u32,
     pub first_order: u32,
+    pub first_matrix: u32,
     pub input: Vec<BoxRange>,
+    pub residual: Vec<BoxRange>,
 }
 
 /// The placed tasks of one MoE launch and the boxes each group of them writes.
@@ -224,26 +243,29 @@ impl Cursor {
     }
 }
 
-/// The MoE launch's task graph placed over `ctas` CTAs, in one global order: the router's logits
-/// (a linear matrix over as many CTAs as it has tiles), the route task, the shared expert's gate/up
-/// and down (which wait on the input alone, so they run beside the router), every slot's gate/up,
-/// every slot's down, then the combine tasks. Tasks go to CTAs in turn from CTA 0; the shared
-/// expert and each slot's matrices split over about `ctas / (slots + 1)` CTAs each.
+/// The MoE launch's task graph placed over `ctas` CTAs, in one global order: the router's partial
+/// logits (its k-splits, each a linear matrix of a task a tile), the route task, the shared
+/// expert's gate/up and down (which wait on the input alone, so they run beside the router, over a
+/// quarter of the CTAs each), every slot's gate/up, every slot's down, then the combine tasks.
+/// Tasks go to CTAs in turn from CTA 0; each slot's matrices split over about `ctas / (slots + 1)`
+/// CTAs.
 pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
     shape.check()?;
     if ctas == 0 {
         return Err(invalid("moe launch", "no CTAs to place on"));
     }
-    if start.first_box % BOXES_PER_LINE != 0 || start.input.len() > 1 {
+    if start.first_box % BOXES_PER_LINE != 0 || start.input.len() > 1 || start.residual.len() > 1 {
         return Err(invalid(
             "moe launch",
             format!(
-                "boxes from {} with {} input ranges: a line boundary and at most one range",
+                "boxes from {} with {} input and {} residual ranges: a line boundary and at most one range each",
                 start.first_box,
-                start.input.len()
+                start.input.len(),
+                start.residual.len()
             ),
         ));
     }
+    let mat = |m: u32| start.first_matrix + m;
     let slots = shape.slots() as u32;
     let mut c = Cursor {
         lists: vec![Vec::new(); ctas as usize],
@@ -252,25 +274,40 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
         next_box: start.first_box,
     };
     let input = &start.input[..];
-    let router = c.matrix(KIND_TILES, MAT_ROUTER, shape.router_tiles(), ctas, input)?;
+    let first_router = c.next_box;
+    let splits = shape.router_splits() as u32;
+    for s in 0..splits {
+        let parts = ctas / splits;
+        c.matrix(
+            KIND_TILES,
+            mat(MAT_ROUTER + s),
+            shape.router_tiles(),
+            parts.max(1),
+            input,
+        )?;
+    }
+    let router = BoxRange::new(first_router, c.next_box - first_router);
     let slot_lines = slots.div_ceil(BOXES_PER_LINE);
     let slot_boxes = BoxRange::new(c.next_box, slots);
     c.push(KIND_ROUTE, &[router], [0; 3], slot_lines)?;
-    let parts = (ctas / (slots + 1)).max(1);
+    // The shared expert over a quarter of the CTAs for each of its matrices, so that it is done
+    // about when the route is; the slots split the grid between them.
+    let shared_parts = (ctas / 4).max(1);
     let shared_gate_up = c.matrix(
         KIND_TILES,
-        MAT_SHARED_GATE_UP,
+        mat(MAT_SHARED_GATE_UP),
         shape.gate_up_tiles(),
-        parts,
+        shared_parts,
         input,
     )?;
     let shared_down = c.matrix(
         KIND_TILES,
-        MAT_SHARED_DOWN,
+        mat(MAT_SHARED_DOWN),
         shape.down_tiles(),
-        parts,
+        shared_parts,
         &[shared_gate_up],
     )?;
+    let parts = (ctas / (slots + 1)).max(1);
     let too_many = || invalid("moe launch", format!("{slots} slots"));
     let mut gate_up = Vec::new();
     for j in 0..slots {
@@ -302,11 +339,12 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
     let columns = shape.hidden as u32;
     let combines = columns.div_ceil(COMBINE_COLUMNS).min(ctas);
     for r in split_tiles(columns, combines) {
-        let inputs = [
+        let mut inputs = vec![
             BoxRange::new(slot_boxes.first, slot_lines * BOXES_PER_LINE),
             shared_down,
             down,
         ];
+        inputs.extend(start.residual.iter().copied());
         c.push(KIND_COMBINE, &inputs, [r.first, r.count, 0], 1)?;
     }
     let combine = BoxRange::new(first_combine, c.next_box - first_combine);

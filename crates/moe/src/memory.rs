@@ -33,7 +33,8 @@ pub struct MoeArgs {
     pub topk_group: u32,
     pub flags: u32,
     pub scaling: f32,
-    pub pad: [u32; 3],
+    pub router_splits: u32,
+    pub pad: [u32; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<MoeArgs>() == 128);
@@ -48,7 +49,8 @@ pub struct Span {
 /// Where everything lies in the arena.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Spans {
-    pub router: Span,
+    /// The router's k-splits.
+    pub router: Vec<Span>,
     pub bias: Span,
     pub shared_gate_up: (Span, Span),
     pub shared_down: (Span, Span),
@@ -122,12 +124,12 @@ impl MoeMemory {
     pub fn new(p: &MoeProblem, alter: Option<Alter>) -> Result<Self> {
         let s = p.shape;
         let mut b = Builder { bytes: Vec::new() };
-        let router = b.put(&p.packed_router()?.bytes);
+        let router: Vec<Span> = p.packed_router()?.iter().map(|w| b.put(&w.bytes)).collect();
         let bias = b.put(bytemuck::cast_slice(&p.bias));
         let (shared_gu, shared_dn) = p.expert(None)?.packed()?;
         let shared_gate_up = b.put_packed(&shared_gu);
         let shared_down = b.put_packed(&shared_dn);
-        let fixed_weight_bytes = router.bytes
+        let fixed_weight_bytes = router.iter().map(|s| s.bytes).sum::<u64>()
             + shared_gate_up.0.bytes
             + shared_gate_up.1.bytes
             + shared_down.0.bytes
@@ -146,7 +148,7 @@ impl MoeMemory {
             b.bytes[span.offset as usize..].fill(0xff);
             span
         };
-        let logits = poisoned(&mut b, 4 * rows * e);
+        let logits = poisoned(&mut b, 4 * s.router_splits() * rows * e);
         let shared_act = poisoned(&mut b, 2 * rows * s.inter);
         let shared_out = poisoned(&mut b, 2 * rows * s.hidden);
         let act = poisoned(&mut b, 2 * slots * rows * s.inter);
@@ -221,15 +223,7 @@ impl MoeMemory {
             }
         };
         let none = Span::default();
-        let mats = vec![
-            matrix(
-                (sp.router, none),
-                sp.x,
-                sp.logits,
-                s.hidden,
-                s.experts,
-                FLAG_OUT_F32,
-            ),
+        let mut mats = vec![
             matrix(
                 sp.shared_gate_up,
                 sp.x,
@@ -247,6 +241,15 @@ impl MoeMemory {
                 fp8,
             ),
         ];
+        // Split s of the router: columns s k .. (s + 1) k of x, partial logits block s.
+        let k = s.hidden / s.router_splits();
+        for (i, &w) in sp.router.iter().enumerate() {
+            let mut m = matrix((w, none), sp.x, sp.logits, k, s.experts, FLAG_OUT_F32);
+            m.x += (2 * i * k) as u64;
+            m.x_stride = s.hidden as u32;
+            m.y += (4 * i * s.rows * s.experts) as u64;
+            mats.push(m);
+        }
         let gate_up = LinExpert {
             m: matrix(
                 sp.gate_up,
@@ -308,7 +311,8 @@ impl MoeMemory {
                 0
             },
             scaling: p.routing.scaling,
-            pad: [0; 3],
+            router_splits: s.router_splits() as u32,
+            pad: [0; 2],
         };
         (mats, vec![gate_up, down], args)
     }

@@ -203,14 +203,29 @@ impl MoeProblem {
         })
     }
 
-    /// The router packed for the linear task (bf16, fp32 logits).
-    pub fn packed_router(&self) -> Result<PackedWeight> {
-        let source = SourceWeight::Bf16 {
-            rows: self.shape.experts,
-            cols: self.shape.hidden,
-            bits: &self.router,
-        };
-        Ok(pack(Pairing::Plain, &[source])?)
+    /// The router packed for the linear task (bf16, fp32 logits), one matrix a k-split
+    /// (`MoeShape::router_splits`).
+    pub fn packed_router(&self) -> Result<Vec<PackedWeight>> {
+        let (e, h) = (self.shape.experts, self.shape.hidden);
+        let splits = self.shape.router_splits();
+        let k = h / splits;
+        (0..splits)
+            .map(|s| {
+                let bits: Vec<u16> = (0..e)
+                    .flat_map(|row| {
+                        self.router[row * h + s * k..row * h + (s + 1) * k]
+                            .iter()
+                            .copied()
+                    })
+                    .collect();
+                let source = SourceWeight::Bf16 {
+                    rows: e,
+                    cols: k,
+                    bits: &bits,
+                };
+                Ok(pack(Pairing::Plain, &[source])?)
+            })
+            .collect()
     }
 
     /// The input rows as values.

@@ -33,7 +33,9 @@ fn run(
     alter: Option<Alter>,
 ) -> (DeviceResult, DeviceResult) {
     let plan = place(&p.shape, dev.info().multiprocessors, &MoeStart::default()).unwrap();
-    let lds = lds_bytes(&p.shape, THREADS).unwrap();
+    let lds = kernel
+        .lds_budget(dev, lds_bytes(&p.shape, THREADS).unwrap())
+        .unwrap();
     let mem = MoeMemory::new(p, alter).unwrap();
     let d = DeviceMoe::new(dev, kernel, p, &mem, &plan, lds).unwrap();
     let stream = dev.stream();
