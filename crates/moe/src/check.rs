@@ -108,9 +108,8 @@ impl Oracle {
     /// The layer's output rows, bf16(residual + moe), for `routes`.
     pub fn output(&mut self, p: &MoeProblem, routes: &[Vec<Route>]) -> Result<Vec<Vec<f32>>> {
         for r in routes.iter().flatten() {
-            if !self.experts.contains_key(&r.expert) {
-                self.experts
-                    .insert(r.expert, p.expert(Some(r.expert))?.weights()?);
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.experts.entry(r.expert) {
+                slot.insert(p.expert(Some(r.expert))?.weights()?);
             }
         }
         let experts = &self.experts;

@@ -116,7 +116,7 @@ impl MoeProblem {
                 format!("{rows} rows of {k} disjoint experts out of {e}"),
             ));
         }
-        let mut d = Draw(seed ^ 0x5EED_0F_0E);
+        let mut d = Draw(seed ^ 0x5EED_0F0E);
         let scale = 2.0 / (h as f32).sqrt();
         let mut router: Vec<f32> = (0..e * h).map(|_| d.next() * scale).collect();
         let mut bias: Vec<f32> = (0..e).map(|_| d.next() / 32.0).collect();
@@ -164,7 +164,7 @@ impl MoeProblem {
     /// Expert `e`'s matrices (`None`: the shared expert).
     pub fn expert(&self, e: Option<usize>) -> Result<ExpertSource> {
         let id = e.map_or(self.shape.experts as u64, |e| e as u64);
-        let mut d = Draw(self.seed.wrapping_mul(0x1000_0001) ^ (id << 20) ^ 0xE4_9E47);
+        let mut d = Draw(self.seed.wrapping_mul(0x1000_0001) ^ (id << 20) ^ 0x00E4_9E47);
         let (h, n) = (self.shape.hidden, self.shape.inter);
         let mut draw = |rows: usize, cols: usize, source: usize| -> Vec<f32> {
             let scale = 1.0 / (cols as f32).sqrt();
