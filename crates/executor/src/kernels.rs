@@ -32,6 +32,7 @@ pub fn registry() -> Vec<RegisteredSource> {
         .chain(register("crates/mla", mla::gpu::sources()))
         .chain(register("crates/linear", linear::gpu::sources()))
         .chain(register("crates/head", head::gpu::sources()))
+        .chain(register("crates/moe", moe::gpu::sources()))
         .chain(register("crates/executor", fused_sources()))
         .chain(register(
             "crates/executor",
@@ -44,9 +45,9 @@ pub fn registry() -> Vec<RegisteredSource> {
 }
 
 /// The fused launches in their production builds: GLM-5's front half (indexer and select), its
-/// attention half (linear and MLA, 8 heads at TP8, FP8 records) and the head's parts (linear and
-/// head) in the sm_90a CTA shape (gfx950's shape differs only in its LDS, which the host passes
-/// at launch).
+/// attention half (linear and MLA, 8 heads at TP8, FP8 records), its MoE half (linear and MoE
+/// stages) and the head's parts (linear and head) in the sm_90a CTA shape (gfx950's shape
+/// differs only in its LDS, which the host passes at launch).
 fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
     let top = select::layout::TopK::of(&cfg).expect("GLM-5's k is valid");
@@ -71,6 +72,8 @@ fn fused_sources() -> Vec<KernelSource> {
         .expect("the attention half's stages fit one CTA shape"),
         crate::fused::head::head_source(shape, mailbox::gpu::Variant::default())
             .expect("the head's stages fit one CTA shape"),
+        crate::fused::moe::moe_source(shape, mailbox::gpu::Variant::default())
+            .expect("the MoE half's stages fit one CTA shape"),
     ]
 }
 

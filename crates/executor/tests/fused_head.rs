@@ -125,7 +125,8 @@ impl Bound {
         let lin = LinArgs {
             mats: put_list(&mut image, &self.mats),
             n_mats: self.mats.len() as u32,
-            pad: 0,
+            experts: 0,
+            n_experts: 0,
         };
         let head = HeadArgs {
             embeds: put_list(&mut image, &self.d.embeds),

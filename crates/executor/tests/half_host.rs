@@ -117,8 +117,9 @@ fn launch(
     let mats = plan.matrices(placed.arena, &placed.weights);
     let lin = LinArgs {
         mats: image.put(bytemuck::cast_slice(&mats)),
+        experts: 0,
         n_mats: mats.len() as u32,
-        pad: 0,
+        n_experts: 0,
     };
     let args = plan.mla_args(
         placed.arena,

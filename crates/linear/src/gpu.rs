@@ -57,13 +57,32 @@ pub struct LinMatrix {
 
 const _: () = assert!(std::mem::size_of::<LinMatrix>() == 80);
 
-/// The stage's kernel argument, `struct lin_args`.
+/// A bank of same-shaped experts, `struct lin_expert`: `m` is expert 0 of slot 0; expert e's
+/// weight lies `e * w_stride` bytes further (scales `e * scales_stride` floats), slot j's x, y and
+/// row scales `j *` their strides (elements) further.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LinExpert {
+    pub m: LinMatrix,
+    pub w_stride: u64,
+    pub scales_stride: u64,
+    pub x_slot: u64,
+    pub y_slot: u64,
+    pub row_scale_slot: u64,
+    pub n_experts: u32,
+    pub pad: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<LinExpert>() == 128);
+
+/// The stage's kernel argument, `struct lin_args`: the matrices and the expert banks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinArgs {
     pub mats: u64,
+    pub experts: u64,
     pub n_mats: u32,
-    pub pad: u32,
+    pub n_experts: u32,
 }
 
 /// The flags of a problem's matrix.
@@ -99,8 +118,8 @@ pub fn sources() -> Vec<KernelSource> {
     vec![source(512, Variant::default())]
 }
 
-/// What the fused kernel's generator takes from this stage: `lin_task.h`, `lin_args` and
-/// `lin_decode` (no shape defines: every size is in the launch's matrix list).
+/// The linear stage as the fused kernel's generator takes it (`lin_task.h`, `lin_args`,
+/// `lin_decode`; the tile `ops/linear.h` comes with the workspace's ops layer).
 pub fn stage_kernel() -> mailbox::StageKernel {
     mailbox::StageKernel {
         stage: mailbox::Stage::Linear,
@@ -333,8 +352,9 @@ impl DevicePlan {
         )?;
         let args = LinArgs {
             mats: mats.device_ptr(),
+            experts: 0,
             n_mats: mats.len() as u32,
-            pad: 0,
+            n_experts: 0,
         };
         kernel.launch(stream, &table, &args, self.lds)
     }
@@ -361,8 +381,9 @@ impl DevicePlan {
         .with_trace(&self.table, trace)?;
         let args = LinArgs {
             mats: self.mats.device_ptr(),
+            experts: 0,
             n_mats: self.mats.len() as u32,
-            pad: 0,
+            n_experts: 0,
         };
         kernel.launch(stream, &table, &args, self.lds)
     }

@@ -9,6 +9,17 @@ use model::WEIGHT_BLOCK;
 
 /// `LIN_KIND_TILES`: a range of one matrix's tiles.
 pub const KIND_TILES: u32 = Task::kind_of(Stage::Linear, 1);
+/// `LIN_KIND_EXPERT_TILES`: a range of tiles of the expert a slot's box names.
+pub const KIND_EXPERT_TILES: u32 = Task::kind_of(Stage::Linear, 2);
+/// A slot box's value when no expert fills the slot (`LIN_NO_EXPERT`).
+pub const NO_EXPERT: u32 = u32::MAX;
+/// Slots an expert task addresses at most (the high half of its args[0]).
+pub const MAX_SLOTS: u32 = 1 << 16;
+
+/// args[0] of an expert task: its bank and slot.
+pub fn expert_arg(bank: u32, slot: u32) -> Option<u32> {
+    (bank < 1 << 16 && slot < MAX_SLOTS).then_some(bank | slot << 16)
+}
 /// Rows of x a launch multiplies at most (`LIN_MAX_ROWS`).
 pub const MAX_ROWS: usize = 16;
 /// Threads of a group that streams together (`LIN_GROUP`).

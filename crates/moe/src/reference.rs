@@ -87,6 +87,10 @@ pub struct Routing {
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub scaling: f32,
+    /// Group-limited routing: experts in `n_group` equal groups, the `topk_group` groups with the
+    /// largest sum of their two best biased scores kept (1 and 1: no limit).
+    pub n_group: usize,
+    pub topk_group: usize,
 }
 
 impl Routing {
@@ -95,48 +99,107 @@ impl Routing {
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
             scaling: cfg.routed_scaling_factor as f32,
+            n_group: cfg.n_group,
+            topk_group: cfg.topk_group,
         }
+    }
+
+    /// Fails unless `experts` split into the groups and the kept groups hold top_k experts.
+    pub fn check(&self, experts: usize) -> Result<()> {
+        let groups_ok = self.n_group > 0
+            && experts % self.n_group == 0
+            && (1..=self.n_group).contains(&self.topk_group)
+            && (self.n_group == 1 || experts / self.n_group >= 2);
+        if !groups_ok
+            || self.top_k == 0
+            || self.top_k > experts / self.n_group.max(1) * self.topk_group
+        {
+            return Err(invalid(
+                "routing",
+                format!(
+                    "top {} of {experts} experts in {} groups keeping {}",
+                    self.top_k, self.n_group, self.topk_group
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
-/// Spec §2.9 steps 1–5: fp32 logits, s = sigmoid, selection by s + bias (ties to the lower expert
-/// index; group-limited routing with one group is a no-op), weights s / (Σ s + 1e-20) · scaling.
-pub fn route(router: &RouterWeights, routing: &Routing, x: &[f32]) -> Result<Vec<Route>> {
-    let experts = router.gate.rows();
-    if routing.top_k == 0 || routing.top_k > experts || router.bias.len() != experts {
-        return Err(invalid(
-            "router",
-            format!(
-                "top {} of {experts} experts with {} biases",
-                routing.top_k,
-                router.bias.len()
-            ),
-        ));
-    }
-    let scores: Vec<f32> = router
+/// Spec §2.9 steps 1–2: s = sigmoid of the fp32 logits.
+pub fn scores(router: &RouterWeights, x: &[f32]) -> Result<Vec<f32>> {
+    Ok(router
         .gate
         .matvec(x)?
         .into_iter()
         .map(model::numerics::sigmoid)
-        .collect();
-    let mut order: Vec<usize> = (0..experts).collect();
-    let biased = |e: usize| scores[e] + router.bias[e];
+        .collect())
+}
+
+/// Spec §2.9 steps 3–4: the chosen experts in rank order (biased score descending, ties to the
+/// lower index), within the `topk_group` groups of the largest top-2 sums of biased scores.
+pub fn choose(scores: &[f32], bias: &[f32], routing: &Routing) -> Result<Vec<usize>> {
+    let experts = scores.len();
+    routing.check(experts)?;
+    if bias.len() != experts {
+        return Err(invalid(
+            "router",
+            format!("{} biases for {experts} experts", bias.len()),
+        ));
+    }
+    let biased: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+    let per_group = experts / routing.n_group;
+    let mut kept = vec![true; routing.n_group];
+    if routing.n_group > 1 {
+        let group_score = |g: usize| {
+            let mut v: Vec<f32> = biased[g * per_group..(g + 1) * per_group].to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v[0] + v[1]
+        };
+        let mut groups: Vec<usize> = (0..routing.n_group).collect();
+        groups.sort_by(|&a, &b| group_score(b).total_cmp(&group_score(a)));
+        kept = vec![false; routing.n_group];
+        for &g in &groups[..routing.topk_group] {
+            kept[g] = true;
+        }
+    }
+    let mut order: Vec<usize> = (0..experts).filter(|&e| kept[e / per_group]).collect();
     // Stable sort: equal biased scores keep ascending expert order.
-    order.sort_by(|&a, &b| biased(b).total_cmp(&biased(a)));
+    order.sort_by(|&a, &b| biased[b].total_cmp(&biased[a]));
     order.truncate(routing.top_k);
-    let total: f32 = order.iter().map(|&e| scores[e]).sum();
+    Ok(order)
+}
+
+/// Spec §2.9 step 5 for `chosen` in rank order: s / (Σ s, summed in that order, + 1e-20) ·
+/// scaling, from the scores without the bias.
+pub fn weigh(scores: &[f32], chosen: &[usize], routing: &Routing) -> Vec<Route> {
+    let total: f32 = chosen.iter().map(|&e| scores[e]).sum();
     let denominator = if routing.norm_topk_prob {
         total + 1e-20
     } else {
         1.0
     };
-    Ok(order
-        .into_iter()
-        .map(|e| Route {
+    chosen
+        .iter()
+        .map(|&e| Route {
             expert: e,
             weight: scores[e] / denominator * routing.scaling,
         })
-        .collect())
+        .collect()
+}
+
+/// Spec §2.9 steps 1–5: fp32 logits, s = sigmoid, selection by s + bias (ties to the lower expert
+/// index; group-limited as `routing` says), weights s / (Σ s + 1e-20) · scaling.
+pub fn route(router: &RouterWeights, routing: &Routing, x: &[f32]) -> Result<Vec<Route>> {
+    if routing.top_k == 0 || routing.top_k > router.gate.rows() {
+        return Err(invalid(
+            "router",
+            format!("top {} of {} experts", routing.top_k, router.gate.rows()),
+        ));
+    }
+    let s = scores(router, x)?;
+    let chosen = choose(&s, &router.bias, routing)?;
+    Ok(weigh(&s, &chosen, routing))
 }
 
 /// One MoE layer's weights.
@@ -193,11 +256,37 @@ pub fn moe(
         .iter()
         .map(|x| route(&w.router, routing, x))
         .collect::<Result<Vec<_>>>()?;
-    let hidden = w.router.gate.cols();
+    let rows = moe_with_routes(
+        &w.shared,
+        &|e| w.experts.get(e),
+        w.experts.len(),
+        &routes,
+        xs,
+        bf16_activations,
+    )?;
+    Ok(MoeOutput { rows, routes })
+}
+
+/// Spec §2.9 steps 6–7 for given routes: the routed experts (`expert(e)`, of `experts`) summed
+/// in ascending index order into a running sum, then the shared expert, as [`moe`] does.
+pub fn moe_with_routes<'a>(
+    shared: &MlpWeights,
+    expert: &dyn Fn(usize) -> Option<&'a MlpWeights>,
+    experts: usize,
+    routes: &[Vec<Route>],
+    xs: &[Vec<f32>],
+    bf16_activations: bool,
+) -> Result<Vec<Vec<f32>>> {
+    let hidden = xs.first().map_or(0, Vec::len);
     let mut rows = vec![vec![0f32; hidden]; xs.len()];
-    for (expert, served) in dispatch(&routes, w.experts.len())?.iter().enumerate() {
+    for (e, served) in dispatch(routes, experts)?.iter().enumerate() {
+        if served.is_empty() {
+            continue;
+        }
+        let weights =
+            expert(e).ok_or_else(|| invalid("moe", format!("expert {e} has no weights")))?;
         for &(row, slot) in served {
-            let y = mlp(&w.experts[expert], &xs[row], bf16_activations)?;
+            let y = mlp(weights, &xs[row], bf16_activations)?;
             let weight = routes[row][slot].weight;
             for (acc, v) in rows[row].iter_mut().zip(y) {
                 *acc = store(*acc + store(v * weight, bf16_activations), bf16_activations);
@@ -205,9 +294,9 @@ pub fn moe(
         }
     }
     for (row, x) in rows.iter_mut().zip(xs) {
-        for (acc, v) in row.iter_mut().zip(mlp(&w.shared, x, bf16_activations)?) {
+        for (acc, v) in row.iter_mut().zip(mlp(shared, x, bf16_activations)?) {
             *acc = store(*acc + v, bf16_activations);
         }
     }
-    Ok(MoeOutput { rows, routes })
+    Ok(rows)
 }

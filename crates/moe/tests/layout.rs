@@ -34,3 +34,94 @@ fn an_expert_out_of_range_is_an_error() {
     let message = dispatch(&routes, 16).unwrap_err().to_string();
     assert!(message.contains("expert 16 of 16"), "{message}");
 }
+
+mod launch {
+    use linear::layout::{KIND_EXPERT_TILES, KIND_TILES};
+    use mailbox::Limits;
+    use model::WeightFormat;
+    use moe::layout::{
+        place, MoeShape, MoeStart, BANK_DOWN, KIND_COMBINE, KIND_ROUTE, MAT_ROUTER,
+        MAT_SHARED_DOWN, MAT_SHARED_GATE_UP,
+    };
+    use proptest::prelude::*;
+
+    fn shape(rows: usize, experts: usize, top_k: usize, blocks: usize) -> MoeShape {
+        MoeShape {
+            rows,
+            hidden: 128 * blocks,
+            inter: 128,
+            experts,
+            top_k,
+            n_group: 1,
+            topk_group: 1,
+            format: WeightFormat::Fp8,
+        }
+    }
+
+    proptest! {
+        /// Every tile of every matrix (the router's splits, the shared expert, each slot's gate/up
+        /// and down) and every output column is some task's exactly once; the placement keeps the
+        /// rule; one route task; each slot's tasks name their own slot and wait on its box.
+        #[test]
+        fn every_tile_and_column_once(
+            rows in 1usize..=16,
+            experts in prop::sample::select(vec![8usize, 16, 64, 256]),
+            top_k in 1usize..=8,
+            blocks in 1usize..=8,
+            ctas in 1u32..=140,
+        ) {
+            prop_assume!(top_k <= experts);
+            let s = shape(rows, experts, top_k, blocks);
+            let plan = place(&s, ctas, &MoeStart::default()).unwrap();
+            let valid = plan.placement.clone().check(Limits {
+                max_resident: ctas,
+                scratch_boxes: plan.end_box,
+            });
+            prop_assert!(valid.is_ok(), "{:?}", valid.err());
+            let slots = s.slots() as u32;
+            let splits = s.router_splits() as u32;
+            let mut seen = std::collections::HashMap::new();
+            let mut columns = vec![0u32; s.hidden];
+            let mut routes = 0;
+            for (_, t) in plan.placement.tasks() {
+                if t.kind == KIND_TILES || t.kind == KIND_EXPERT_TILES {
+                    for tile in t.args[1]..t.args[1] + t.args[2] {
+                        *seen.entry(((t.kind, t.args[0]), tile)).or_insert(0) += 1;
+                    }
+                    if t.kind == KIND_EXPERT_TILES {
+                        let slot = t.args[0] >> 16;
+                        prop_assert!(slot < slots);
+                        prop_assert_eq!(t.inputs()[0].first, plan.slots.first + slot);
+                    }
+                } else if t.kind == KIND_ROUTE {
+                    routes += 1;
+                } else if t.kind == KIND_COMBINE {
+                    for c in t.args[0]..t.args[0] + t.args[1] {
+                        columns[c as usize] += 1;
+                    }
+                } else {
+                    prop_assert!(false, "unknown kind {}", t.kind);
+                }
+            }
+            prop_assert_eq!(routes, 1);
+            prop_assert!(columns.iter().all(|&n| n == 1));
+            let mut expect: Vec<((u32, u32), u32)> = Vec::new();
+            for m in 0..splits {
+                expect.push(((KIND_TILES, MAT_ROUTER + m), s.router_tiles()));
+            }
+            expect.push(((KIND_TILES, MAT_SHARED_GATE_UP), s.gate_up_tiles()));
+            expect.push(((KIND_TILES, MAT_SHARED_DOWN), s.down_tiles()));
+            for j in 0..slots {
+                expect.push(((KIND_EXPERT_TILES, j << 16), s.gate_up_tiles()));
+                expect.push(((KIND_EXPERT_TILES, BANK_DOWN | j << 16), s.down_tiles()));
+            }
+            let total: u32 = expect.iter().map(|(_, n)| n).sum();
+            prop_assert_eq!(seen.len() as u32, total);
+            for (key, tiles) in expect {
+                for tile in 0..tiles {
+                    prop_assert_eq!(seen.get(&(key, tile)).copied(), Some(1), "{:?} tile {}", key, tile);
+                }
+            }
+        }
+    }
+}

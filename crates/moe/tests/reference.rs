@@ -38,6 +38,8 @@ fn router_selects_by_biased_score_and_weights_by_plain_score() {
         top_k: 2,
         norm_topk_prob: true,
         scaling: 2.5,
+        n_group: 1,
+        topk_group: 1,
     };
     let routes = route(&router, &routing, &[0.0, 1.0, 2.0, 3.0]).unwrap();
     assert_eq!(

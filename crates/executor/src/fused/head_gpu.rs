@@ -179,7 +179,8 @@ impl HeadLaunch {
         let lin = LinArgs {
             mats: mats.device_ptr(),
             n_mats: planned.matrices,
-            pad: 0,
+            experts: 0,
+            n_experts: 0,
         };
         Ok(HeadLaunch {
             table: DeviceTable::upload(dev, &planned.placement)?,

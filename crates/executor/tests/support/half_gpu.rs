@@ -139,8 +139,9 @@ impl GpuHalf {
         let mats = dev.upload(&mats)?;
         let lin = LinArgs {
             mats: mats.device_ptr(),
+            experts: 0,
             n_mats: mats.len() as u32,
-            pad: 0,
+            n_experts: 0,
         };
         let mla = plan.mla_args(
             placed.arena,

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   auto* epoch = (u32*)device_alloc(4);
   auto* diag = (u32*)device_alloc(4 * MBX_DIAG_WORDS);
   const mbx_launch l = {tasks, offsets, scratch, epoch, diag, nullptr, ctas, 1, 0, 0};
-  const lin_args a = {mats, n_mats, 0};
+  const lin_args a = {mats, nullptr, n_mats, 0};
   const int status = emu_launch(ctas, MONO_CTA_THREADS, [&] { linear_tasks(l, a); });
   if (diag[0]) fprintf(stderr, "stall: task %u box %u cta %u\n", diag[1], diag[2], diag[3]);
   FILE* o = fopen(argv[2], "wb");

@@ -1,0 +1,182 @@
+//! One MoE layer of a GLM-5.2 TP-8 rank (256 experts, FP8 slices 6144 -> 2 x 256 -> 6144, the bf16
+//! router, the shared expert) as one fused launch on the H200, at 1 and 4 rows: graph replays of
+//! 16 launches, the launches rotating over enough copies of the weights that every launch reads
+//! them cold from HBM (and a 256 MB memset before each replay, untimed), each graph starting with
+//! the copies' epoch nodes; median of 10 replays per launch. Beside it, in the same run: a copy
+//! kernel (`copy_16b`, 4 CTAs of 512 a SM) moving the same bytes (half read, half written) as
+//! graph replays of 16 launches, and the floor (the bytes over the measured copy bandwidth). The
+//! bytes are the weights one step must read: the router, the shared expert and the distinct
+//! experts the step's rows chose (their count is printed), scales included. Figures also go to
+//! device::report records. Prints "skipped" without a GPU.
+//! `cargo bench -p executor --bench moe`
+
+use device::report::{Figure, Reporter};
+use device::{Args, Buffer, Device, Launch, Stream};
+use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
+use executor::fused::{CtaShape, ENTRY};
+use mailbox::gpu::{EpochNode, Variant};
+use mailbox::Tags;
+use model::{ModelConfig, WeightFormat};
+use moe::gpu::{DeviceMoe, MoeKernel};
+use moe::layout::{lds_bytes, MoeStart};
+use moe::memory::MoeMemory;
+use moe::problem::{MoeProblem, Pattern};
+use moe::reference::Routing;
+
+type Error = Box<dyn std::error::Error>;
+
+const LAUNCHES: usize = 16;
+const TIMED: usize = 10;
+const COLD_BYTES: usize = 128 << 20;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Bench {
+    dev: Device,
+    stream: Stream,
+    flush: Buffer<u8>,
+    copy: device::Kernel,
+    _copy_module: device::Module,
+}
+
+impl Bench {
+    /// Microseconds a launch: median over replays of a graph of LAUNCHES launches from `issue`.
+    fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
+        let s = &self.stream;
+        s.begin_capture()?;
+        for i in 0..LAUNCHES {
+            issue(i)?;
+        }
+        let graph = s.end_capture()?;
+        graph.upload(s)?;
+        let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
+        let mut times = Vec::new();
+        for i in 0..=TIMED {
+            s.memset(self.flush.device_ptr(), i as u8, self.flush.bytes())?;
+            t0.record(s)?;
+            graph.launch(s)?;
+            t1.record(s)?;
+            t1.sync()?;
+            if i > 0 {
+                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / LAUNCHES as f64);
+            }
+        }
+        Ok(median(times))
+    }
+
+    /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.
+    fn copy_us(&self, bytes: usize) -> Result<f64, Error> {
+        let words = bytes / 32;
+        let copies = COLD_BYTES.div_ceil(words * 16).clamp(1, LAUNCHES);
+        let src = self.dev.alloc_zeroed::<[u32; 4]>(words * copies)?;
+        let dst = self.dev.alloc_zeroed::<[u32; 4]>(words)?;
+        let launch = Launch::new(self.dev.info().multiprocessors * 4, 512);
+        self.graph_us(&|i| {
+            let a = Args::new()
+                .u64(src.device_ptr() + ((i % copies) * words * 16) as u64)
+                .buf(&dst)
+                .u64(words as u64);
+            Ok(self.stream.launch(&self.copy, launch, &a)?)
+        })
+    }
+}
+
+fn main() -> Result<(), Error> {
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}");
+            return Ok(());
+        }
+    };
+    let reporter = Reporter::from_env(&dev.info().name);
+    let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
+    let copy_module = dev.build(&device::probes::copy_source())?;
+    let shape = CtaShape::for_device(dev.info()).ok_or("no fused CTA shape for this device")?;
+    let kernel = MoeKernel::from_source(
+        &dev,
+        &moe_source(shape, Variant::default())?,
+        ENTRY,
+        shape.threads,
+    )?;
+    let epoch = EpochNode::build(&dev, Variant::default())?;
+    let bench = Bench {
+        stream: dev.new_stream()?,
+        flush: dev.alloc_zeroed::<u8>(256 << 20)?,
+        copy: copy_module.kernel("copy_16b")?,
+        _copy_module: copy_module,
+        dev,
+    };
+    println!(
+        "{}: copy bandwidth {:.2} TB/s (read + written); us a launch, graph replays, weights cold",
+        bench.dev.info().name,
+        bandwidth / 1e12
+    );
+    println!(
+        "{:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "rows", "experts", "MB", "floor", "copy", "fused", "x copy", "x floor"
+    );
+    let cfg = ModelConfig::preset("glm-5.2")?;
+    let build = MoeBuild {
+        ctas: bench.dev.info().multiprocessors,
+        tp: 8,
+    };
+    for rows in [1, 4] {
+        let g = MoeGraph::new(&cfg, rows, WeightFormat::Fp8, build, &MoeStart::default())?;
+        let p = MoeProblem::new(g.shape, Routing::new(&cfg), Pattern::Random, 1)?;
+        let mem = MoeMemory::new(&p, None)?;
+        let lds = kernel.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
+        let first = DeviceMoe::new(&bench.dev, &kernel, &p, &mem, &g.plan, lds)?;
+        first.launch(&bench.stream, &kernel, Tags::new(1)?, 0)?;
+        bench.stream.sync()?;
+        let mut distinct = first.read(&mem)?.row_experts;
+        distinct.sort_unstable();
+        distinct.dedup();
+        let per_expert: u64 = mem.spans.expert_bytes.iter().map(|(w, s)| w + s).sum();
+        let bytes = mem.fixed_weight_bytes + distinct.len() as u64 * per_expert;
+        let copies = COLD_BYTES.div_ceil(bytes as usize).clamp(1, LAUNCHES);
+        let mut sets = vec![first];
+        for _ in 1..copies {
+            sets.push(DeviceMoe::new(&bench.dev, &kernel, &p, &mem, &g.plan, lds)?);
+        }
+        let tags = Tags::new(LAUNCHES as u32)?;
+        let us = bench.graph_us(&|i| {
+            if i == 0 {
+                for d in &sets {
+                    epoch.enqueue(&bench.stream, &d.epoch, &d.scratch, tags)?;
+                }
+            }
+            Ok(sets[i % copies].launch(&bench.stream, &kernel, tags, i as u32)?)
+        })?;
+        let copy = bench.copy_us(bytes as usize)?;
+        let floor = bytes as f64 / bandwidth * 1e6;
+        println!(
+            "{rows:<6} {:>8} {:>9.2} {floor:>9.2} {copy:>9.2} {us:>9.2} {:>8.3} {:>8.3}",
+            distinct.len(),
+            bytes as f64 / 1e6,
+            us / copy,
+            us / floor
+        );
+        let case = format!(
+            "GLM-5.2 TP8 x {rows} row{}",
+            if rows == 1 { "" } else { "s" }
+        );
+        reporter.write(
+            &Figure::new("MoE layer, fused launch", &case, "fused launch", us, "us")
+                .floor(
+                    floor,
+                    "weights read (router, shared, chosen experts) / copy bandwidth",
+                )
+                .baseline(copy, "copy_16b of the same bytes, same graph replays")
+                .note(&format!(
+                    "{} distinct experts, {:.2} MB",
+                    distinct.len(),
+                    bytes as f64 / 1e6
+                )),
+        )?;
+    }
+    Ok(())
+}
