@@ -13,10 +13,10 @@ pub const KIND_TILES: u32 = Task::kind_of(Stage::Linear, 1);
 pub const KIND_EXPERT_TILES: u32 = Task::kind_of(Stage::Linear, 2);
 /// A slot box's value when no expert fills the slot (`LIN_NO_EXPERT`).
 pub const NO_EXPERT: u32 = u32::MAX;
-/// Slots an expert task addresses at most (the high half of its args[0]).
+/// Slots an expert task addresses at most (the high half of its `args[0]`).
 pub const MAX_SLOTS: u32 = 1 << 16;
 
-/// args[0] of an expert task: its bank and slot.
+/// `args[0]` of an expert task: its bank and slot.
 pub fn expert_arg(bank: u32, slot: u32) -> Option<u32> {
     (bank < 1 << 16 && slot < MAX_SLOTS).then_some(bank | slot << 16)
 }
