@@ -5,9 +5,10 @@
 // emu_device_alloc and runs launches with emu_launch.
 //
 // A launch is watched by its progress rather than by a fixed time: every block, wave or named
-// barrier that completes, in any CTA, counts. A launch that counts nothing while its CTAs spend
-// `stall_seconds` of CPU time (threads spinning in polls that never end), or while every thread
-// of them sleeps for `stall_seconds` (threads parked at barriers that never fill), is killed.
+// barrier that completes, in any CTA, counts, and so does a CTA that ends. A launch that counts
+// nothing while its CTAs spend `stall_seconds` of CPU time (threads spinning in polls that never
+// end), or while every thread of them sleeps for `stall_seconds` (threads parked at barriers that
+// never fill), is killed.
 // Neither counts the time a loaded machine leaves the threads waiting to run, so a busy machine
 // slows a launch without failing it.
 #pragma once
@@ -147,6 +148,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
   u64 ticks_then = emu_usage_of(ctas).ticks;
   time_t asleep_since = 0;
   size_t running = ctas.size();
+  bool finished = false;
   for (u32 polls = 1; running > 0; ++polls) {
     for (pid_t& p : ctas) {
       int st;
@@ -154,12 +156,16 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) status = EMU_CTA_FAILED;
       p = 0;
       --running;
+      finished = true;
     }
     usleep(2000);
     if (running == 0 || polls % 50 != 0) continue;  // the threads' state every 0.1 s
     const emu_usage u = emu_usage_of(ctas);
     const u64 now = __atomic_load_n(emu_progress, __ATOMIC_RELAXED);
-    if (now != seen) {
+    // A CTA that ends is progress too (a kernel may pass no barrier at all), and the CPU time
+    // of the CTAs still running starts again from what they have spent.
+    if (now != seen || finished) {
+      finished = false;
       seen = now, ticks_then = u.ticks, asleep_since = 0;
       continue;
     }
