@@ -4,6 +4,7 @@
 #include "prelude.h"
 #include "mailbox.h"
 #include "ops/team.h"
+#include "ops/rope.h"
 
 // ---- shape defines: the host sets every one (src/gpu.rs KernelConfig::source) ------------------------
 // IDX_PAGE_TOKENS: the caches' page (model::paging::PAGE_TOKENS).
@@ -141,44 +142,6 @@ MONO_DEV u64 idx_scale_offset(u32 page, u32 slot) {
   return (u64)page * IDX_PAGE_BYTES + IDX_PAGE_KEY_BYTES + slot * 4u;
 }
 
-// ---- sin and cos in f64 ------------------------------------------------------------------------------
-// Without libm: Cody-Waite reduction by pi/2 (the first 33 bits of pi/2, so k * PIO2_1 is exact for
-// k < 2^20, angles to about 1.6e6 rad), then Taylor polynomials on |r| <= pi/4 whose first omitted
-// term is below 2^-55. The reference takes f64 sin_cos of the same f64 angle, so the two agree to
-// an ulp or two of f64, far below the f32 the rotation returns.
-MONO_DEV void idx_sincos(double x, double* s, double* c) {
-  const double pio2_1 = 1.57079632673412561417e+00;
-  const double pio2_1t = 6.07710050650619224932e-11;
-  const i64 k = (i64)(x * 0.63661977236758134308 + 0.5);  // x >= 0: angles are position * frequency
-  const double kd = (double)k;
-  const double r = (x - kd * pio2_1) - kd * pio2_1t;
-  const double r2 = r * r;
-  double sp = 1.0 / 355687428096000.0;  // 1/17!
-  sp = sp * -r2 + 1.0 / 1307674368000.0;
-  sp = sp * -r2 + 1.0 / 6227020800.0;
-  sp = sp * -r2 + 1.0 / 39916800.0;
-  sp = sp * -r2 + 1.0 / 362880.0;
-  sp = sp * -r2 + 1.0 / 5040.0;
-  sp = sp * -r2 + 1.0 / 120.0;
-  sp = sp * -r2 + 1.0 / 6.0;
-  const double sin_r = r - r * r2 * sp;
-  double cp = 1.0 / 20922789888000.0;  // 1/16!
-  cp = cp * -r2 + 1.0 / 87178291200.0;
-  cp = cp * -r2 + 1.0 / 479001600.0;
-  cp = cp * -r2 + 1.0 / 3628800.0;
-  cp = cp * -r2 + 1.0 / 40320.0;
-  cp = cp * -r2 + 1.0 / 720.0;
-  cp = cp * -r2 + 1.0 / 24.0;
-  cp = cp * -r2 + 0.5;
-  const double cos_r = 1.0 - r2 * cp;
-  switch (k & 3) {
-    case 0: *s = sin_r; *c = cos_r; break;
-    case 1: *s = cos_r; *c = -sin_r; break;
-    case 2: *s = -sin_r; *c = -cos_r; break;
-    default: *s = -cos_r; *c = sin_r; break;
-  }
-}
-
 // `v` as a value the compiler can neither move nor share: what is computed from it is computed
 // where it is used. A loop-invariant value (a lane number, from the thread register alone; a base
 // address) and all that follows from it are otherwise computed once, before the loop, and held
@@ -219,7 +182,7 @@ MONO_DEV void idx_rope(float (&v)[IDX_LANE_DIMS], u32 lane, u32 position, const 
     const bool first = d < IDX_ROPE_DIM / 2;
 #endif
     double s, c;
-    idx_sincos((double)position * inv_freq[pair], &s, &c);
+    mono_sincos_f64((double)position * inv_freq[pair], &s, &c);
     const double self = v[i], other = partner[i];
     // First of a pair: x cos - y sin; second: y cos + x sin.
     v[i] = (float)(first ? self * c - other * s : self * c + other * s);
