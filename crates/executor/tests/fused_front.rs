@@ -13,6 +13,7 @@ use executor::fused::front::{
     front_source, FrontBuild, FrontError, FrontGraph, FrontRequest, READER_KIND,
 };
 use executor::fused::{CtaShape, ENTRY};
+use indexer::gpu::KernelConfig;
 use indexer::layout::RunDesc;
 use indexer::reference::{key_score, IndexerDims, RowQuery, ScaledVector};
 use mailbox::emulator::{self, EmuConfig, Scratch, TaskFailed};
@@ -417,6 +418,36 @@ fn emulated_front_half_selects_the_reference_slots() {
     }
 }
 
+/// The tiny preset as it is (8 heads x 64, k = 16, select's registers kind): it plans on the host
+/// backend's 8 CTAs and on a H200's 132, and its lists are the reference's, rows of fewer keys
+/// than k among them.
+#[test]
+fn the_tiny_preset_plans_and_selects_the_reference_slots() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let shapes: [Shape; 3] = [&[(299, 1)], &[(997, 3)], &[(5, 1), (39, 2)]];
+    for (i, shape) in shapes.iter().enumerate() {
+        for ctas in [8, 132] {
+            let (requests, cache_pages) = batch(shape, 21 + i as u64);
+            let graph = FrontGraph::new(&cfg, &requests, build(ctas, cache_pages))
+                .unwrap_or_else(|e| panic!("{shape:?} on {ctas} CTAs: {e}"));
+            assert_eq!(graph.top.k(), 16);
+            let inputs = Inputs::new(&cfg, &requests, 200 + i as u64);
+            let got = emulate(
+                &graph,
+                graph.placement.placement(),
+                &inputs,
+                Slow::default(),
+            )
+            .unwrap_or_else(|e| panic!("{shape:?} on {ctas} CTAs: {e}"));
+            assert_eq!(
+                got,
+                reference_lists(&graph, &inputs),
+                "{shape:?} on {ctas} CTAs"
+            );
+        }
+    }
+}
+
 /// The first select task that reads more than one run and sits on another CTA than the last of
 /// them, with that run: drop the run from its wait.
 fn drop_last_run(graph: &FrontGraph) -> (Placement, u32) {
@@ -618,25 +649,43 @@ fn bad_batches_are_refused_before_anything_runs() {
     );
 }
 
+/// The front half builds for both targets as `FrontKernel::build` builds it for each
+/// (`KernelConfig::production`: on sm_90a, wgmma at GLM-5's shape, the source of the kernel
+/// table's row), at GLM-5's and the tiny preset's shapes; on sm_90a within the fused shape's 128
+/// registers, without spills.
 #[test]
 fn the_fused_front_half_builds_for_both_targets() {
-    let cfg = ModelConfig::preset("glm-5").unwrap();
-    let top = TopK::of(&cfg).unwrap();
     for target in ["sm_90a", "gfx950"] {
         let shape = CtaShape::for_target(target).unwrap();
-        let source =
-            front_source(shape, indexer::gpu::stage_kernel(), top, Default::default()).unwrap();
+        let mut builds = Vec::new();
+        for preset in ["glm-5", "tiny"] {
+            let cfg = ModelConfig::preset(preset).unwrap();
+            let top = TopK::of(&cfg).unwrap();
+            let stage = KernelConfig::production(&cfg, target)
+                .unwrap()
+                .stage_kernel();
+            builds.push((preset, stage, top));
+        }
         let Some(compiler) = optional_compiler(target).unwrap() else {
             continue;
         };
-        let compiled = compiler
-            .compile(&source)
-            .unwrap_or_else(|e| panic!("{target}: {e}"));
-        let entry = compiled
-            .resources
-            .iter()
-            .find(|r| r.kernel == ENTRY)
-            .unwrap_or_else(|| panic!("{target}: no {ENTRY} in {:?}", compiled.resources));
-        println!("{target}: {entry:?}");
+        for (preset, stage, top) in builds {
+            let source = front_source(shape, stage, top, Default::default()).unwrap();
+            let compiled = compiler
+                .compile(&source)
+                .unwrap_or_else(|e| panic!("{target}, {preset}: {e}"));
+            let entry = compiled
+                .resources
+                .iter()
+                .find(|r| r.kernel == ENTRY)
+                .unwrap_or_else(|| panic!("{target}: no {ENTRY} in {:?}", compiled.resources));
+            if target == "sm_90a" {
+                assert!(
+                    entry.registers <= 128 && entry.spills == 0,
+                    "{preset}: {entry:?}"
+                );
+            }
+            println!("{target}, {preset}: {entry:?}");
+        }
     }
 }

@@ -22,7 +22,10 @@ use mailbox::gpu::{DebugBound, Variant};
 use model::ModelConfig;
 use select::gpu::{Batch, Method, Selector, Shape};
 use select::reference::{select_rows, RowPages, Rows};
-use support::{check_runs_done, check_scores, CacheKind, Inputs, Request, Scene, Stage};
+use support::{
+    check_rows, check_runs_done, check_scores, check_stored, published, CacheKind, Inputs,
+    Launched, Request, Scene, Stage,
+};
 
 /// Debug waits: a wait that never ends gives up and reports instead of hanging the test.
 fn variant() -> Variant {
@@ -388,4 +391,128 @@ fn list_readers_see_this_launchs_lists_and_skipped_waits_are_caught() {
         );
         println!("{name}: readers that wait copy this launch's lists; skipped waits caught");
     }
+}
+
+/// The tiny preset's cases: ties (four keys repeated), a request of several rows, short rows
+/// (6 keys, fewer than k = 16) beside a longer request. At most 3 rows: the host backend's
+/// launch of 8 CTAs (`MONO_HOST_CTAS=8`) takes a key and a query CTA a row beside the scorers.
+fn tiny_cases() -> Vec<(&'static str, Vec<Request>, CacheKind)> {
+    vec![
+        ("1 row of 300 keys, ties", vec![r(1, 299)], CacheKind::Ties),
+        ("3 rows of 1000 keys", vec![r(3, 999)], CacheKind::Random),
+        (
+            "short rows (6 keys) and 2 rows of 41",
+            vec![r(1, 5), r(2, 40)],
+            CacheKind::Random,
+        ),
+    ]
+}
+
+/// How the inputs of a tiny launch are spoiled on their way to the device (the negative control).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spoil {
+    None,
+    /// Every row's gate of head 3 is zero on the device: the head is dropped from the scores.
+    DropHead3,
+}
+
+/// The tiny preset's front half (8 heads x 64 on the mma path with bf16 queries, k = 16) on the
+/// device in hand, over `cases`: the published keys and queries against the indexer's reference
+/// (with the kernel's reference options, [`KernelConfig::options`]), the scores against the
+/// reference over the launch's own quantised keys and queries, the cached new keys against the
+/// published ones, and the lists against the reference radix select of the scores. One line a
+/// case, or the first failure.
+fn tiny_front(
+    dev: &Device,
+    cases: &[(&'static str, Vec<Request>, CacheKind)],
+    spoil: Spoil,
+) -> Result<Vec<String>, String> {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let kernel = FrontKernel::build(dev, &cfg, variant(), None).map_err(|e| e.to_string())?;
+    let config = kernel.indexer();
+    let dims = config.dims;
+    let stream = dev.stream();
+    let mut lines = Vec::new();
+    for (i, (name, requests, kind)) in cases.iter().enumerate() {
+        let scene = Scene::new(dims, requests.clone(), *kind, 60 + i as u64);
+        let cache_pages = (scene.bytes.len() as u64 / scene.cache.page_bytes()) as u32;
+        let rows: u32 = requests.iter().map(|q| q.rows).sum();
+        let inputs = Inputs::random(&dims, rows as usize, 70 + i as u64);
+        let step = Step::new(dev, &scene, &inputs);
+        if spoil == Spoil::DropHead3 {
+            let mut gates = inputs.gates.clone();
+            gates
+                .iter_mut()
+                .skip(3)
+                .step_by(dims.heads)
+                .for_each(|g| *g = 0.0);
+            step.gates.write(&gates).unwrap();
+        }
+        let graph = FrontGraph::new(
+            &cfg,
+            &front_requests(&scene),
+            kernel.build_info(cache_pages),
+        )
+        .map_err(|e| format!("{name}: {e}"))?;
+        let launch = FrontLaunch::new(dev, &kernel, graph, &step.inputs()).unwrap();
+        launch.enqueue(&kernel, stream).unwrap();
+        stream.sync().unwrap();
+        let lists = launch.read(&kernel).map_err(|e| format!("{name}: {e}"))?;
+        let graph = &launch.graph;
+        let words = launch.scratch().download().unwrap();
+        let (queries, keys) = published(&config, &graph.boxes.indexer, &words, rows);
+        let launched = Launched {
+            plan: graph.plan.clone(),
+            tag: 0,
+            run_tags: Vec::new(),
+            scores: launch.scores.download().unwrap(),
+            queries,
+            keys,
+        };
+        check_rows(&config, &launched, &inputs).map_err(|e| format!("{name}: {e}"))?;
+        let stats = check_scores(&scene, &launched).map_err(|e| format!("{name}: {e}"))?;
+        check_stored(&scene, &launched, &step.cache.download().unwrap())
+            .map_err(|e| format!("{name}: {e}"))?;
+        let want = reference_lists(graph, &launched.scores);
+        if let Some(at) = first_difference(&lists, &want) {
+            return Err(format!(
+                "{name}: list entry {at} is {}, the reference select's {}",
+                lists[at], want[at]
+            ));
+        }
+        lines.push(format!(
+            "{name}: {} rows, {} runs, select {:?}: keys, queries and scores match the reference (worst {:.2e} of the row's largest), lists the reference select",
+            graph.lens.len(),
+            graph.plan.runs.len(),
+            graph.select_kind,
+            stats.worst
+        ));
+    }
+    Ok(lines)
+}
+
+/// Also run on CPU threads in CI:
+/// `MONO_BACKEND=host MONO_HOST_CTAS=8 cargo test --release -p executor --test gpu_front -- --ignored tiny`
+#[test]
+#[ignore = "needs a GPU"]
+fn tiny_front_half_matches_the_reference() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let dev = Device::open(0).expect("a GPU");
+    let config = KernelConfig::production(&cfg, &dev.info().arch).unwrap();
+    assert!(!config.wgmma(), "the tiny preset scores on the mma path");
+    assert_eq!(
+        config.options(),
+        IndexerOptions::kernels(&cfg),
+        "the reference's options are the kernel's: bf16 queries, FP8 keys, the Hadamard rotation"
+    );
+    let cases = tiny_cases();
+    for line in tiny_front(&dev, &cases, Spoil::None).unwrap_or_else(|e| panic!("{e}")) {
+        println!("{line}");
+    }
+    let spoiled = tiny_front(&dev, &cases[..1], Spoil::DropHead3);
+    assert!(
+        spoiled.is_err(),
+        "head 3's gate dropped on the device; the check missed it"
+    );
+    println!("head 3's gate dropped: caught ({})", spoiled.unwrap_err());
 }

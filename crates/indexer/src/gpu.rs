@@ -35,6 +35,14 @@ pub const HEADERS: [(&str, &str); 7] = [
 /// thread (`__launch_bounds__(512, 1)`). The scorer runs two runs a CTA in it, each on 256 threads
 /// as the two CTAs a SM of its own shape did (PERF.md, "The fused shape").
 pub const CTA_THREADS: u32 = 512;
+/// The one shape the wgmma scorer is written for (heads, head dim): GLM-5's indexer.
+const WGMMA_SHAPE: (usize, usize) = (32, 128);
+/// Head dims the kernels build for (`IDX_LANE_DIMS` 2 or 4 of kernels/idx_common.h; the mma
+/// path's k-groups, `IDX_HEAD_DIM % 64` in kernels/idx_tile.h).
+const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Heads the mma path builds for: a group's rows times its head tiles of 16 (NVIDIA) are at most
+/// a run team's waves (kernels/idx_score.h).
+const MMA_MAX_HEADS: usize = 32;
 /// Pages a run's team takes at once, one a warpgroup under wgmma (`IDX_BATCH_PAGES`).
 const BATCH_PAGES: u32 = 2;
 /// Pages of each warpgroup in the wgmma scorer's LDS ring by default: one scored, two in flight
@@ -121,6 +129,24 @@ impl KernelConfig {
         })
     }
 
+    /// The production scorer of `cfg`'s indexer on `target` (a compile target: `sm_90a`,
+    /// `gfx950`, or `host`, the host backend's): at GLM-5's shape (32 heads x 128) on sm_90a, FP8
+    /// queries on wgmma ([`IndexerOptions::deepseek`]); at any other shape or target, bf16 queries
+    /// on the mma path ([`IndexerOptions::kernels`]: mma.sync, MFMA, or the host's mma stand-in).
+    /// An error names a shape neither builds for ([`KernelConfig::check`]).
+    pub fn production(cfg: &ModelConfig, target: &str) -> Result<Self> {
+        let dims = IndexerDims::new(cfg)?;
+        let wgmma = target == "sm_90a" && (dims.heads, dims.head_dim) == WGMMA_SHAPE;
+        let opts = if wgmma {
+            IndexerOptions::deepseek(cfg)
+        } else {
+            IndexerOptions::kernels(cfg)
+        };
+        let config = KernelConfig::new(dims, &opts)?;
+        config.check()?;
+        Ok(config)
+    }
+
     /// Whether this configuration scores on wgmma (FP8 queries).
     pub fn wgmma(&self) -> bool {
         self.query == VectorFormat::Fp8
@@ -137,7 +163,8 @@ impl KernelConfig {
         }
     }
 
-    /// The wgmma scorer's shape limits, as an error before any compile.
+    /// The scorers' shape limits (the wgmma scorer's ring and shape, the head dims and head counts
+    /// every scorer builds for), as an error before any compile.
     pub fn check(&self) -> Result<()> {
         let d = &self.dims;
         let most = TASK_PAGES / BATCH_PAGES;
@@ -151,12 +178,32 @@ impl KernelConfig {
                 ),
             ));
         }
-        if self.wgmma() && (d.heads != 32 || d.head_dim != 128) {
+        if self.wgmma() && (d.heads, d.head_dim) != WGMMA_SHAPE {
             return Err(shape(
                 "wgmma scoring",
                 format!(
                     "it takes FP8 queries of 32 heads x 128; asked for {} heads x {}",
                     d.heads, d.head_dim
+                ),
+            ));
+        }
+        if !MMA_HEAD_DIMS.contains(&d.head_dim) {
+            return Err(shape(
+                "indexer kernels",
+                format!(
+                    "a head is 64 or 128 dims (a wave holds it at 2 or 4 a lane, the mma path's \
+                     k-groups read whole 16-byte chunks); asked for {}",
+                    d.head_dim
+                ),
+            ));
+        }
+        if d.heads > MMA_MAX_HEADS {
+            return Err(shape(
+                "indexer kernels",
+                format!(
+                    "at most {MMA_MAX_HEADS} heads (on mma.sync each of a group's {MAX_GROUP_ROWS} \
+                     rows takes a wave per 16 heads, of a run team's 8); asked for {}",
+                    d.heads
                 ),
             ));
         }

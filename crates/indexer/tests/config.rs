@@ -1,4 +1,5 @@
-//! The wgmma scorer's config checks: what it refuses before any compile, and the LDS it asks for.
+//! The scorers' config checks: which scorer each target builds, what they refuse before any
+//! compile, and the LDS the wgmma scorer asks for.
 
 use indexer::gpu::{KernelConfig, RING};
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
@@ -100,4 +101,43 @@ fn run_tasks_carry_their_group_request_and_first_pages() {
         }
     }
     assert!(plan.runs.iter().any(|r| r.n_pages < TASK_PAGES));
+}
+
+/// Each target's production scorer: wgmma with FP8 queries only at GLM-5's shape on sm_90a, the
+/// mma path with bf16 queries (the reference's `IndexerOptions::kernels`) everywhere else; shapes
+/// no scorer builds for are refused, naming what was asked.
+#[test]
+fn production_picks_each_targets_scorer_and_refuses_other_shapes() {
+    let glm5 = ModelConfig::preset("glm-5").unwrap();
+    let tiny = ModelConfig::preset("tiny").unwrap();
+    assert!(KernelConfig::production(&glm5, "sm_90a").unwrap().wgmma());
+    for (cfg, target) in [
+        (&glm5, "gfx950"),
+        (&glm5, "host"),
+        (&tiny, "sm_90a"),
+        (&tiny, "host"),
+    ] {
+        let config = KernelConfig::production(cfg, target).unwrap();
+        assert!(!config.wgmma(), "{target}");
+        assert_eq!(config.options(), IndexerOptions::kernels(cfg), "{target}");
+    }
+    let with = |heads: usize, head_dim: usize| {
+        let mut cfg = tiny.clone();
+        cfg.index_n_heads = heads;
+        cfg.index_head_dim = head_dim;
+        cfg.qk_rope_head_dim = head_dim.min(32);
+        KernelConfig::production(&cfg, "sm_90a").map(|c| c.wgmma())
+    };
+    for (heads, head_dim) in [(1, 64), (4, 64), (16, 128), (32, 64), (32, 128)] {
+        assert!(with(heads, head_dim).is_ok(), "{heads} x {head_dim}");
+    }
+    let wide = with(8, 256).unwrap_err().to_string();
+    assert!(wide.contains("64 or 128") && wide.contains("256"), "{wide}");
+    let narrow = with(8, 32).unwrap_err().to_string();
+    assert!(narrow.contains("asked for 32"), "{narrow}");
+    let many = with(64, 128).unwrap_err().to_string();
+    assert!(
+        many.contains("at most 32 heads") && many.contains("64"),
+        "{many}"
+    );
 }

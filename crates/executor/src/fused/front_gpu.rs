@@ -11,7 +11,7 @@ use crate::step::LaunchSlot;
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
 use indexer::gpu::{inv_freq, Grid, KernelConfig, PlanBuffers, StageArgs, StageBuffers};
 use indexer::layout::CacheLayout;
-use indexer::reference::{IndexerDims, IndexerOptions};
+use indexer::reference::IndexerDims;
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::Tags;
 use mailbox::trace::{self, Trace, TraceError};
@@ -87,7 +87,7 @@ pub struct FrontKernel {
     _module: Module,
     shape: CtaShape,
     ctas: u32,
-    dims: IndexerDims,
+    config: KernelConfig,
     top: TopK,
     variant: Variant,
     readers: bool,
@@ -95,8 +95,10 @@ pub struct FrontKernel {
 }
 
 impl FrontKernel {
-    /// Builds the kernel for `cfg`'s indexer (FP8 queries on wgmma) and k, and checks that one CTA
-    /// of the fused shape is resident on every SM at once.
+    /// Builds the kernel for `cfg`'s indexer (the device's production scorer,
+    /// [`KernelConfig::production`]: FP8 queries on wgmma at GLM-5's shape on sm_90a, bf16 queries
+    /// on the mma path at other shapes and targets) and k, and checks that one CTA of the fused
+    /// shape is resident on every SM at once.
     pub fn build(
         dev: &Device,
         cfg: &ModelConfig,
@@ -127,9 +129,7 @@ impl FrontKernel {
         let shape = CtaShape::for_device(dev.info()).ok_or_else(|| {
             FrontGpuError::Shape(format!("no fused CTA shape for {}", dev.info().arch))
         })?;
-        let dims = IndexerDims::new(cfg)?;
-        let config = KernelConfig::new(dims, &IndexerOptions::deepseek(cfg))?;
-        config.check()?;
+        let config = KernelConfig::production(cfg, &dev.info().arch)?;
         let top = TopK::of(cfg)
             .and_then(TopK::for_kernels)
             .map_err(|_| FrontError::BadTopK(cfg.index_topk))?;
@@ -182,7 +182,7 @@ impl FrontKernel {
             _module: module,
             shape,
             ctas,
-            dims,
+            config,
             top,
             variant,
             readers,
@@ -204,7 +204,13 @@ impl FrontKernel {
     }
 
     pub fn dims(&self) -> IndexerDims {
-        self.dims
+        self.config.dims
+    }
+
+    /// The indexer's build: its scorer, and the reference options of the numbers it computes
+    /// ([`KernelConfig::options`]).
+    pub fn indexer(&self) -> KernelConfig {
+        self.config
     }
 }
 
@@ -280,7 +286,7 @@ impl<'a> FrontLaunch<'a> {
                 slot.scratch.len()
             )));
         }
-        let dims = kernel.dims;
+        let dims = kernel.config.dims;
         let cache = CacheLayout::new(dims.head_dim as u32)?;
         let cache_pages = (inputs.cache.len() as u64 / cache.page_bytes()) as u32;
         if let Some(&page) = graph.pages.flat().iter().find(|&&p| p >= cache_pages) {
@@ -435,6 +441,12 @@ impl<'a> FrontLaunch<'a> {
         }
         stream.launch(&kernel.kernel, launch, &args)?;
         Ok(())
+    }
+
+    /// The launch's mailbox scratch: the boxes of [`FrontGraph::boxes`], where the key and query
+    /// tasks publish each row's key and query.
+    pub fn scratch(&self) -> &Buffer<u64> {
+        &self.scratch
     }
 
     /// What the list readers copied, `[rows][k]`; `None` from a kernel without readers.

@@ -34,10 +34,11 @@ const SM90_SHARED: u32 = 227 * 1024;
 const GFX950_SHARED: u32 = 160 * 1024;
 
 impl CtaShape {
-    /// The shape for a compile target (`sm_90a` or `gfx950`).
+    /// The shape for a compile target (`sm_90a` or `gfx950`), or the host backend's (`host`: CPU
+    /// threads that run the NVIDIA source's paths, so sm_90a's shape).
     pub fn for_target(target: &str) -> Option<CtaShape> {
         match target {
-            "sm_90a" => Some(CtaShape {
+            "sm_90a" | "host" => Some(CtaShape {
                 threads: 512,
                 shared_bytes: SM90_SHARED,
             }),

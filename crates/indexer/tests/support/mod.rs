@@ -402,47 +402,7 @@ impl Stage {
             return Err(format!("{count} waits gave up; first: {stall}").into());
         }
         let words = self.scratch.download()?;
-        let value = |b: u32| words[b as usize] as u32;
-        let d = &self.config.dims;
-        let mut queries = Vec::new();
-        let mut keys = Vec::new();
-        for row in 0..plan.rows.len() as u32 {
-            let q_box = |w| {
-                self.boxes
-                    .query
-                    .box_index(row, w)
-                    .expect("row in the boxes")
-            };
-            // bf16 pairs, or E4M3 fours; then the weights.
-            let (words, q): (u32, Vec<f32>) = if self.config.query == VectorFormat::Fp8 {
-                let words = (d.heads * d.head_dim / 4) as u32;
-                let q = (0..words)
-                    .flat_map(|w| value(q_box(w)).to_le_bytes())
-                    .map(e4m3_decode)
-                    .collect();
-                (words, q)
-            } else {
-                let words = (d.heads * d.head_dim / 2) as u32;
-                let q = (0..words)
-                    .flat_map(|w| {
-                        let v = value(q_box(w));
-                        [bf16_value(v as u16), bf16_value((v >> 16) as u16)]
-                    })
-                    .collect();
-                (words, q)
-            };
-            let weights = (0..d.heads as u32)
-                .map(|h| f32::from_bits(value(q_box(words + h))))
-                .collect();
-            queries.push(RowQuery { q, weights });
-            let k_box = |w| self.boxes.key.box_index(row, w).expect("row in the boxes");
-            let values = (0..d.head_dim as u32 / 4)
-                .flat_map(|w| value(k_box(w)).to_le_bytes())
-                .map(e4m3_decode)
-                .collect();
-            let scale = f32::from_bits(value(k_box(d.head_dim as u32 / 4)));
-            keys.push(ScaledVector { values, scale });
-        }
+        let (queries, keys) = published(&self.config, &self.boxes, &words, plan.rows.len() as u32);
         let run_tags = (0..plan.runs.len() as u32)
             .map(|r| {
                 tag_of(words[self.boxes.run.box_index(r, 0).expect("run in the boxes") as usize])
@@ -464,6 +424,54 @@ impl Stage {
             .debug
             .map_or(u64::MAX, |d| u64::from(d.poll_limit))
     }
+}
+
+/// What the key and query tasks published for rows `0..rows` in a launch's scratch `words`: per
+/// row its query (bf16 values or decoded E4M3 codes, then the head weights) and its key (decoded
+/// codes, scale).
+pub fn published(
+    config: &KernelConfig,
+    boxes: &IndexerBoxes,
+    words: &[u64],
+    rows: u32,
+) -> (Vec<RowQuery>, Vec<ScaledVector>) {
+    let value = |b: u32| words[b as usize] as u32;
+    let d = &config.dims;
+    let mut queries = Vec::new();
+    let mut keys = Vec::new();
+    for row in 0..rows {
+        let q_box = |w| boxes.query.box_index(row, w).expect("row in the boxes");
+        // bf16 pairs, or E4M3 fours; then the weights.
+        let (value_words, q): (u32, Vec<f32>) = if config.query == VectorFormat::Fp8 {
+            let words = (d.heads * d.head_dim / 4) as u32;
+            let q = (0..words)
+                .flat_map(|w| value(q_box(w)).to_le_bytes())
+                .map(e4m3_decode)
+                .collect();
+            (words, q)
+        } else {
+            let words = (d.heads * d.head_dim / 2) as u32;
+            let q = (0..words)
+                .flat_map(|w| {
+                    let v = value(q_box(w));
+                    [bf16_value(v as u16), bf16_value((v >> 16) as u16)]
+                })
+                .collect();
+            (words, q)
+        };
+        let weights = (0..d.heads as u32)
+            .map(|h| f32::from_bits(value(q_box(value_words + h))))
+            .collect();
+        queries.push(RowQuery { q, weights });
+        let k_box = |w| boxes.key.box_index(row, w).expect("row in the boxes");
+        let values = (0..d.head_dim as u32 / 4)
+            .flat_map(|w| value(k_box(w)).to_le_bytes())
+            .map(e4m3_decode)
+            .collect();
+        let scale = f32::from_bits(value(k_box(d.head_dim as u32 / 4)));
+        keys.push(ScaledVector { values, scale });
+    }
+    (queries, keys)
 }
 
 /// Every run's completion box holds the launch's tag (the scores it vouches for are checked by
