@@ -6,7 +6,10 @@
 //! wait read the previous launch's scores, and the check catches it. The lists' hand-off: list
 //! readers in the same launch (the attention tasks' stand-in), waiting on each row's list box, copy
 //! this launch's lists; built to skip that wait they copy the previous launch's, and the check
-//! catches it.
+//! catches it. At the tiny preset (8 heads x 64, bf16 queries on the mma path, k = 16): the
+//! published keys and queries, the scores and the lists against the indexer's and select's
+//! references, with ties and rows shorter than k; negative control: a head's gate dropped on the
+//! device is caught. CI runs that one on CPU threads (`MONO_BACKEND=host MONO_HOST_CTAS=8`).
 //!
 //! `cargo test -p executor --release --test gpu_front -- --ignored --nocapture --test-threads 1`
 
