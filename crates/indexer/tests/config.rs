@@ -141,3 +141,16 @@ fn production_picks_each_targets_scorer_and_refuses_other_shapes() {
         "{many}"
     );
 }
+
+/// At GLM-5's shape on sm_90a the production build is the wgmma one: DeepSeek's options (FP8
+/// queries) at the default ring, its source and defines exactly those.
+#[test]
+fn glm5_on_sm90a_keeps_its_wgmma_build() {
+    let glm5 = ModelConfig::preset("glm-5").unwrap();
+    let dims = IndexerDims::new(&glm5).unwrap();
+    let before = KernelConfig::new(dims, &IndexerOptions::deepseek(&glm5)).unwrap();
+    let now = KernelConfig::production(&glm5, "sm_90a").unwrap();
+    assert_eq!(now, before);
+    assert_eq!(now.source().text(), before.source().text());
+    assert_eq!(now.source().defines(), before.source().defines());
+}
