@@ -534,7 +534,8 @@ pub fn reader_stage() -> StageKernel {
 }
 
 /// The front half's fused kernel for a CTA `shape`, the indexer's stage (its configuration's
-/// `stage_kernel`, or the production one of `indexer::gpu::stage_kernel`) and k: select's
+/// `stage_kernel`: a target's production one from `indexer::gpu::KernelConfig::production` at any
+/// preset's shape, or the kernel table's of `indexer::gpu::stage_kernel`) and k: select's
 /// production build (every kind, slices of up to [`SLICE_ROOM`] keys, registers rows of up to
 /// [`REGISTERS_ROW`]), one switch over the decoders, the mailbox's `variant`.
 pub fn front_source(
