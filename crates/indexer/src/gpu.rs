@@ -288,13 +288,23 @@ impl KernelConfig {
 /// scorer (`IDX_WGMMA` set to `MONO_NVIDIA`, as [`sources`]).
 pub fn stage_kernel() -> mailbox::StageKernel {
     let cfg = ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
-    let dims = IndexerDims::new(&cfg).expect("GLM-5's indexer dims");
-    let wgmma = KernelConfig::new(dims, &IndexerOptions::deepseek(&cfg)).expect("FP8 q and k");
-    let mut stage = wgmma.stage_kernel();
-    stage
-        .defines
-        .insert("IDX_WGMMA".into(), "MONO_NVIDIA".into());
-    stage
+    stage_kernel_for(&cfg).expect("GLM-5's indexer builds")
+}
+
+/// The stage for the fused kernel at `cfg`'s indexer shape, one source for every target, each
+/// running its production scorer ([`KernelConfig::production`] of that target says which, and
+/// the numbers it computes): at GLM-5's shape `IDX_WGMMA` is `MONO_NVIDIA` (wgmma with FP8
+/// queries on sm_90a, the mma path with bf16 queries on gfx950 and the host backend); at any
+/// other shape the mma path on every target.
+pub fn stage_kernel_for(cfg: &ModelConfig) -> Result<mailbox::StageKernel> {
+    let config = KernelConfig::production(cfg, "sm_90a")?;
+    let mut stage = config.stage_kernel();
+    if config.wgmma() {
+        stage
+            .defines
+            .insert("IDX_WGMMA".into(), "MONO_NVIDIA".into());
+    }
+    Ok(stage)
 }
 
 /// `indexer.hip` with every header it includes, and no defines.

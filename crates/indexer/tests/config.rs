@@ -143,7 +143,8 @@ fn production_picks_each_targets_scorer_and_refuses_other_shapes() {
 }
 
 /// At GLM-5's shape on sm_90a the production build is the wgmma one: DeepSeek's options (FP8
-/// queries) at the default ring, its source and defines exactly those.
+/// queries) at the default ring, its source and defines exactly those; the fused kernel's stage
+/// for every target sets `IDX_WGMMA` to `MONO_NVIDIA` there, and the mma path at tiny's shape.
 #[test]
 fn glm5_on_sm90a_keeps_its_wgmma_build() {
     let glm5 = ModelConfig::preset("glm-5").unwrap();
@@ -153,4 +154,17 @@ fn glm5_on_sm90a_keeps_its_wgmma_build() {
     assert_eq!(now, before);
     assert_eq!(now.source().text(), before.source().text());
     assert_eq!(now.source().defines(), before.source().defines());
+    let mut stage = before.stage_kernel();
+    stage
+        .defines
+        .insert("IDX_WGMMA".into(), "MONO_NVIDIA".into());
+    assert_eq!(indexer::gpu::stage_kernel().defines, stage.defines);
+    let tiny = ModelConfig::preset("tiny").unwrap();
+    let mma = KernelConfig::production(&tiny, "sm_90a")
+        .unwrap()
+        .stage_kernel();
+    assert_eq!(
+        indexer::gpu::stage_kernel_for(&tiny).unwrap().defines,
+        mma.defines
+    );
 }
