@@ -233,6 +233,47 @@ MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v));
 
 MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 
+#if MONO_NVIDIA
+// The dynamic shared memory this CTA was launched with.
+MONO_DEV u32 lin_dynamic_lds() {
+  u32 v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
+#endif
+
+// LIN_STAMPS=1 (measurement builds only, NVIDIA): the leader notes SM clock readings at the
+// task's milestones (LIN_STAMP_*) in lin_stamps; the stage's task writes them out
+// (lin_task.h, beside the task's trace record).
+#ifndef LIN_STAMPS
+#define LIN_STAMPS 0
+#endif
+#define LIN_STAMP_TILE 0u     // the matrix descriptor read, the first loads issued
+#define LIN_STAMP_READY 1u    // the input wait over
+#define LIN_STAMP_X 2u        // x (and a staged residual) in LDS
+#define LIN_STAMP_FIRST 3u    // the first batch multiplied (register path) / its slot landed (ring)
+#define LIN_STAMP_LAST 4u     // the last batch multiplied / its slot landed
+#define LIN_STAMP_STORED 5u   // the last round's epilogue stored
+#define LIN_STAMP_PUBLISHED 6u
+#define LIN_STAMP_WORDS 8u
+#if LIN_STAMPS && MONO_NVIDIA
+__shared__ u64 lin_stamps[LIN_STAMP_WORDS];
+// The clock once `dep` is known (so a stamp is not hoisted above the load it follows).
+MONO_DEV u64 lin_clock_after(u32 dep) {
+  u64 t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "r"(dep));
+  return t;
+}
+#define LIN_STAMP(team, j, dep) \
+  do {                          \
+    if ((team).leader()) lin_stamps[j] = lin_clock_after(dep); \
+  } while (0)
+#else
+#define LIN_STAMP(team, j, dep) \
+  do {                          \
+  } while (0)
+#endif
+
 // LIN_WEIGHTS_L1=0 (measurement builds only): the register path's weight loads skip L1
 // (ld.global.nc.L1::no_allocate). A CTA that takes all of the SM's shared memory leaves it about
 // 29 KB of L1, less than the 64 KB of weight loads its groups keep in flight.
@@ -300,9 +341,11 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 
 // The end of round r: each group's sums to LDS, then the team adds the G parts of each output in
 // group order and applies the epilogue. Starts and ends with a team barrier.
+// `res`: the range's residual staged in LDS (rows of `span` columns from column first * 16), or
+// null: read from global memory.
 template <u32 RT, class Team>
 MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
-                            lin_acc<RT>& acc, float* parts) {
+                            lin_acc<RT>& acc, float* parts, const u16* res = nullptr, u32 span = 0) {
   constexpr u32 RS = 8 * RT;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
   lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
@@ -328,11 +371,42 @@ MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_pla
       v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
     } else {
       if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
+      if (m.flags & LIN_RESIDUAL) {
+        const u16 rv = res ? res[row * span + col - first * LIN_TILE_ROWS] : m.residual[at];
+        v = mono_bf16_to_f32(rv) + lin_bf16(v);
+      }
     }
     ((u16*)m.y)[at] = mono_f32_to_bf16(v);
   }
   team.sync();
+}
+
+// LIN_REGS_AHEAD (measurement builds until timed: PERF.md): 0: a batch's FP8 scales are read when
+// it is multiplied, and the second batch is issued once the input is ready; 1: the scales are read
+// with the batch's weights; 2: also the second batch issued before the input wait.
+#ifndef LIN_REGS_AHEAD
+#define LIN_REGS_AHEAD 2
+#endif
+// LIN_RESIDUAL_LDS (measurement builds until timed): 1: the register path stages a residual
+// epilogue's inputs in LDS with x (one round trip after the wait), so no round's epilogue reads
+// global memory; 0: each round's epilogue reads them (prefetched to L2).
+#ifndef LIN_RESIDUAL_LDS
+#define LIN_RESIDUAL_LDS 1
+#endif
+#define LIN_RES_LOADS 4u
+
+// The batch after (r, i) of group `grp`: false when there is none.
+MONO_DEV bool lin_next_batch(const lin_plan& p, u32 grp, u32 r, u32 i, u32* nr, u32* ni, u32* tile, u32* unit) {
+  *nr = r, *ni = i + 1;
+  if (lin_batch(p, grp, *nr, *ni, tile, unit)) return true;
+  *nr = r + 1, *ni = 0;
+  return lin_batch(p, grp, *nr, *ni, tile, unit);
+}
+
+// The FP8 scales of batch (tile, unit) (tile counted from the matrix's first).
+MONO_DEV void lin_load_scales(const lin_matrix& m, u32 units, u32 tile, u32 unit, float* s0, float* s1) {
+  const float* sc = m.scales + ((u64)tile * units + unit) * 2;
+  *s0 = sc[0], *s1 = sc[1];
 }
 
 // Through registers: each group keeps its next batch's loads in flight while it multiplies the
@@ -343,47 +417,91 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
                              u16* xs, u32 xstride, Ready ready) {
   constexpr u32 L = LIN_LOADS;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
+  constexpr bool scales_ahead = FP8 && LIN_REGS_AHEAD >= 1;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
+  LIN_STAMP(team, LIN_STAMP_TILE, p.units);
 
   mono_u32x4 cur[L], nxt[L];
-  u32 cr = 0, ci = 0, ctile = 0, cunit = 0;
-  bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit);
-  if (have) lin_load(cur, m, p.units, first + ctile, cunit, lane);
+  float cs0 = 0.f, cs1 = 0.f, ns0 = 0.f, ns1 = 0.f;
+  u32 cr = 0, ci = 0, ctile = 0, cunit = 0, nr = 0, ni = 0, ntile = 0, nunit = 0;
+  bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit), nhave = false;
+  if (have) {
+    lin_load(cur, m, p.units, first + ctile, cunit, lane);
+    if (scales_ahead) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
+  }
+  // Whether nxt already holds (or is loading) the batch after cur.
+  bool ahead = LIN_REGS_AHEAD >= 2 && have;
+  if (ahead) {
+    nhave = lin_next_batch(p, grp, cr, ci, &nr, &ni, &ntile, &nunit);
+    if (nhave) {
+      lin_load(nxt, m, p.units, first + ntile, nunit, lane);
+      if (scales_ahead) lin_load_scales(m, p.units, first + ntile, nunit, &ns0, &ns1);
+    }
+  }
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) return false;
+  LIN_STAMP(team, LIN_STAMP_READY, 0u);
+  // A residual epilogue's inputs, when they are few: their loads go out with x's.
+  const u16* res = nullptr;
+  u32 span = 0;
+#if LIN_RESIDUAL_LDS && MONO_NVIDIA && defined(MONO_CTA_THREADS)
+  u16 rv[LIN_RES_LOADS];
+  u16* rs = xs + m.rows * xstride;
+  {
+    const u32 c0 = first * LIN_TILE_ROWS, c1 = lin_min(m.n, (first + p.count) * LIN_TILE_ROWS);
+    span = c1 > c0 ? c1 - c0 : 0u;
+    const u32 used = (u32)((u8*)(rs + m.rows * span) - (u8*)parts);
+    const bool stage = (m.flags & LIN_RESIDUAL) && !(m.flags & (LIN_SWIGLU | LIN_OUT_F32)) && span > 0 &&
+                       m.rows * span <= LIN_RES_LOADS * Team::size && used <= lin_dynamic_lds();
+    if (stage) {
+      res = rs;
+#pragma unroll
+      for (u32 b = 0; b < LIN_RES_LOADS; ++b) {
+        const u32 i = team.thread() + b * Team::size;
+        if (i < m.rows * span) rv[b] = m.residual[(u64)(i / span) * m.y_stride + c0 + i % span];
+      }
+    }
+  }
+#endif
   lin_stage_x(team, m, xs, xstride);
+#if LIN_RESIDUAL_LDS && MONO_NVIDIA && defined(MONO_CTA_THREADS)
+  if (res) {
+#pragma unroll
+    for (u32 b = 0; b < LIN_RES_LOADS; ++b) {
+      const u32 i = team.thread() + b * Team::size;
+      if (i < m.rows * span) rs[i] = rv[b];
+    }
+  }
+#endif
   team.sync();
+  LIN_STAMP(team, LIN_STAMP_X, 0u);
 
   for (u32 r = 0; r < p.rounds; ++r) {
     lin_acc<RT> acc;
     acc.zero();
     while (have && cr == r) {
-      u32 nr = cr, ni = ci + 1, ntile = 0, nunit = 0;
-      bool nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
-      if (!nhave) {
-        nr = cr + 1, ni = 0;
-        nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
+      if (!ahead) {
+        nhave = lin_next_batch(p, grp, cr, ci, &nr, &ni, &ntile, &nunit);
+        if (nhave) {
+          lin_load(nxt, m, p.units, first + ntile, nunit, lane);
+          if (scales_ahead) lin_load_scales(m, p.units, first + ntile, nunit, &ns0, &ns1);
+        }
       }
-      if (nhave) lin_load(nxt, m, p.units, first + ntile, nunit, lane);
-      float s0 = 0.f, s1 = 0.f;
-      if (FP8) {
-        const float* sc = m.scales + ((u64)(first + ctile) * p.units + cunit) * 2;
-        s0 = sc[0], s1 = sc[1];
-      }
-      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, s0, s1, lane);
+      ahead = false;
+      if (FP8 && !scales_ahead) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
+      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, cs0, cs1, lane);
+      if (cr == 0 && ci == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
 #pragma unroll
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
+      cs0 = ns0, cs1 = ns1;
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
-    lin_round_end<RT>(team, m, p, r, first, acc, parts);
+    if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
+    lin_round_end<RT>(team, m, p, r, first, acc, parts, res, span);
   }
+  LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
 }
-
-// LIN_NO_RING=1 (measurement builds only): every team streams through registers.
-#ifndef LIN_NO_RING
-#define LIN_NO_RING 0
-#endif
 
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
 // ---- through an LDS ring filled by the copy engine (NVIDIA) ----------------------------------------
@@ -394,45 +512,19 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 // counts its bytes. Every slot is filled before the task waits on its input, so a task of up to
 // `slots` steps has all its weight bytes in flight at once; thereafter the slot of step s - 1 is
 // refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; a
-// round's end already is one).
-#ifndef LIN_RING_MAX
+// round's end already is one. (Fewer slots, a slot or none before the wait, or smaller copies
+// were no faster on the H200: PERF.md.)
 #define LIN_RING_MAX 8u
-#endif
 #define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
-// Slots filled before the input wait (the rest once x is staged, so that x's reads need not queue
-// behind the task's whole weight in HBM), and the fewest steps a range takes to go through the
-// ring at all. On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
+// The fewest steps a range takes to go through the ring at all (tests set 1 to run the ring on
+// small matrices). On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
 // after a task's first slot took 2.4 us): a long range streams at the HBM's rate when every SM
 // does so (lm_head: 1.05 x the copy kernel, against 1.16 x through registers), but a range of a
 // few steps finishes sooner through registers, whose loads many warps keep in flight (q_a: 3
 // steps a CTA, 11.3 against 13.3 us a launch). PERF.md has the figures.
-#ifndef LIN_RING_EARLY
-#define LIN_RING_EARLY LIN_RING_MAX
-#endif
 #ifndef LIN_RING_MIN_STEPS
 #define LIN_RING_MIN_STEPS 8u
 #endif
-// The longest single bulk copy; a longer run goes as several.
-#ifndef LIN_RING_PIECE
-#define LIN_RING_PIECE (1u << 20)
-#endif
-// LIN_STAMPS=1 (measurement builds only): the leader overwrites the first 32 bytes of the task's
-// columns of y row 0 with four SM clock readings: the descriptor read, x staged, the first and
-// the last slot landed (the bench places them against the task's trace record).
-#ifndef LIN_STAMPS
-#define LIN_STAMPS 0
-#endif
-MONO_DEV u64 lin_clock_after(u32 dep) {
-  u64 t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "r"(dep));
-  return t;
-}
-
-MONO_DEV u32 lin_dynamic_lds() {
-  u32 v;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
-  return v;
-}
 
 // Where the ring lies, as offsets from the LDS base.
 struct lin_ring {
@@ -476,37 +568,30 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
     for (u32 q = 0; q < tiles; ++q) {
       const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
       const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
-      for (u32 at = 0; at < len; at += LIN_RING_PIECE)
-        mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
+      mono_copy_bulk(dst, m.w + unit * LIN_UNIT_BYTES, len, bar);
       if (g.lds_scales)
         mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
     }
   };
 
-#if LIN_STAMPS
-  u64 stamp[4] = {lin_clock_after(p.units), 0, 0, 0};
-#endif
-  const u32 early = lin_min(g.slots, LIN_RING_EARLY);
+  LIN_STAMP(team, LIN_STAMP_TILE, p.units);
   // The previous task's plain stores to this LDS come before the copy engine's writes.
   mono_fence_lds_async();
   team.sync();
   if (team.leader()) {
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_init(base + g.bar + 8u * j);
-    for (u32 s = 0; s < early; ++s) issue(s);
+    for (u32 s = 0; s < g.slots; ++s) issue(s);
   }
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) {
     // The copies still land in this LDS: let them before the CTA stops.
-    for (u32 j = 0; j < early; ++j) mono_lds_barrier_wait(base + g.bar + 8u * j, 0);
+    for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_wait(base + g.bar + 8u * j, 0);
     return false;
   }
+  LIN_STAMP(team, LIN_STAMP_READY, 0u);
   lin_stage_x(team, m, xs, xstride);
-  if (team.leader())
-    for (u32 s = early; s < g.slots; ++s) issue(s);
   team.sync();
-#if LIN_STAMPS
-  stamp[1] = mono_clock_cycles();
-#endif
+  LIN_STAMP(team, LIN_STAMP_X, 0u);
 
   lin_acc<RT> acc;
   acc.zero();
@@ -517,10 +602,8 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       if (team.leader()) issue(s - 1 + g.slots);
     }
     mono_lds_barrier_wait(base + g.bar + 8u * slot, (s / g.slots) & 1u);
-#if LIN_STAMPS
-    if (s == 0) stamp[2] = mono_clock_cycles();
-    if (s + 1 == g.steps) stamp[3] = mono_clock_cycles();
-#endif
+    if (s == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
+    if (s + 1 == g.steps) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
     u32 tile = 0, unit = 0;
     if (lin_batch(p, grp, r, i, &tile, &unit)) {
       const mono_u32x4* src = (const mono_u32x4*)(smem + g.w + slot * slot_bytes + grp * LIN_UNIT_BYTES) + lane;
@@ -544,14 +627,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
   // plain LDS.
   if (team.leader())
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_inval(base + g.bar + 8u * j);
-#if LIN_STAMPS
-  if (team.leader()) {
-    const bool f32 = m.flags & LIN_OUT_F32;
-    const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
-    u64* out = (u64*)((u8*)m.y + (u64)first * cols * (f32 ? 4u : 2u));
-    for (u32 j = 0; j < 4 && 8 * (j + 1) <= p.count * cols * (f32 ? 4u : 2u); ++j) out[j] = stamp[j];
-  }
-#endif
+  LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
 }
 #endif
@@ -571,7 +647,7 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
   u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
   const u32 xstride = lin_x_stride(m.k);
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
-  if (Team::size == MONO_CTA_THREADS && !LIN_NO_RING) {
+  if (Team::size == MONO_CTA_THREADS) {
     const u32 used = lin_partial_floats(groups, RT) * 4u + m.rows * xstride * 2u;
     const lin_ring g = lin_ring_of<groups>(m, p, FP8, used);
     if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, ready);

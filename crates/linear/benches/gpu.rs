@@ -26,7 +26,7 @@ use linear::layout::{lds_bytes, place_weighted, LaunchPlan, MatrixPlan};
 use linear::shapes::{rank_matrices, RankMatrix};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::trace::{self, CycleClock, TimeBase, Timeline};
-use mailbox::Tags;
+use mailbox::{TaskTable, Tags};
 use model::weights::packed::PackedWeight;
 
 type Error = Box<dyn std::error::Error>;
@@ -37,6 +37,9 @@ const COLD_BYTES: usize = 128 << 20;
 const TABLE: &str = "linear (GLM-5.2 TP8 rank's matrices)";
 const WHAT: &str = "linear task, graph replays, weights cold in L2";
 const COPY: &str = "copy kernel moving the same bytes, same launch mode";
+/// `LIN_STAMP_WORDS` (`kernels/ops/linear.h`), and the most tasks a traced launch stamps.
+const STAMP_WORDS: usize = 8;
+const MAX_TASKS: usize = 4096;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -50,12 +53,20 @@ struct Part<'a> {
     after: Option<usize>,
 }
 
+/// One build of the kernel (`LIN_BENCH_VARIANTS`): its name, plain and traced.
+struct Build {
+    name: String,
+    kernel: LinearKernel,
+    traced: LinearKernel,
+}
+
 struct Bench {
     dev: Device,
     stream: Stream,
     flush: Buffer<u8>,
-    kernel: LinearKernel,
-    traced: LinearKernel,
+    builds: Vec<Build>,
+    /// `LIN_STAMP_BUF` of the traced builds: LIN_STAMP_WORDS a task, by its order.
+    stamps: Buffer<u64>,
     lds: u32,
     copy: device::Kernel,
     _copy_module: device::Module,
@@ -136,11 +147,12 @@ impl Bench {
         Ok(bufs)
     }
 
-    /// One launch of `parts`, weights in enough copies to be cold: us a launch and bytes.
-    fn linear_us(&self, parts: &[Part]) -> Result<(f64, usize), Error> {
+    /// One launch of `parts` by `kernel`, weights in enough copies to be cold: us a launch and
+    /// bytes.
+    fn linear_us(&self, kernel: &LinearKernel, parts: &[Part]) -> Result<(f64, usize), Error> {
         let bytes: usize = parts.iter().map(|p| weight_bytes(p.packed)).sum();
         let copies = COLD_BYTES.div_ceil(bytes).clamp(1, LAUNCHES);
-        self.check_lds(parts)?;
+        self.check_lds(kernel, parts)?;
         let mut sets: Vec<(Vec<DeviceProblem>, Buffer<LinMatrix>)> = Vec::new();
         for _ in 0..copies {
             let bufs = self.upload(parts)?;
@@ -162,7 +174,7 @@ impl Bench {
         }
         let plan = self.plan(parts)?;
         let first: Vec<LinMatrix> = sets[0].0.iter().map(|b| b.matrix).collect();
-        let on_device = DevicePlan::new(&self.dev, &self.kernel, &plan, &first, self.lds)?;
+        let on_device = DevicePlan::new(&self.dev, kernel, &plan, &first, self.lds)?;
         let waits = parts.iter().any(|p| p.after.is_some());
         let tags = Tags::new(LAUNCHES as u32)?;
         let us = self.graph_us(&|i| {
@@ -171,14 +183,14 @@ impl Bench {
                     .enqueue(&self.stream, &on_device.epoch, &on_device.scratch, tags)?;
             }
             let mats = &sets[i % copies].1;
-            Ok(on_device.launch_with(&self.stream, &self.kernel, tags, i as u32, mats)?)
+            Ok(on_device.launch_with(&self.stream, kernel, tags, i as u32, mats)?)
         })?;
         Ok((us, bytes))
     }
 
-    fn check_lds(&self, parts: &[Part]) -> Result<(), Error> {
+    fn check_lds(&self, kernel: &LinearKernel, parts: &[Part]) -> Result<(), Error> {
         for p in parts {
-            let need = lds_bytes(self.kernel.threads(), p.problem.k, p.problem.rows)?;
+            let need = lds_bytes(kernel.threads(), p.problem.k, p.problem.rows)?;
             if need > self.lds {
                 return Err(format!(
                     "{}: {need} bytes of LDS, {} given",
@@ -190,12 +202,17 @@ impl Bench {
         Ok(())
     }
 
-    /// The timeline of one launch (the L2 flushed first), summarised in one line.
-    fn timeline(&self, name: &str, parts: &[Part]) -> Result<String, Error> {
+    /// The timeline of one launch by `traced` (the L2 flushed first), summarised in one line.
+    fn timeline(
+        &self,
+        traced: &LinearKernel,
+        name: &str,
+        parts: &[Part],
+    ) -> Result<String, Error> {
         let bufs = self.upload(parts)?;
         let plan = self.plan(parts)?;
         let mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
-        let on_device = DevicePlan::new(&self.dev, &self.traced, &plan, &mats, self.lds)?;
+        let on_device = DevicePlan::new(&self.dev, traced, &plan, &mats, self.lds)?;
         let buffer = on_device.table.trace_buffer(&self.dev)?;
         let tags = Tags::new(1)?;
         for _ in 0..2 {
@@ -203,7 +220,9 @@ impl Bench {
                 .enqueue(&self.stream, &on_device.epoch, &on_device.scratch, tags)?;
             self.stream
                 .memset(self.flush.device_ptr(), 1, self.flush.bytes())?;
-            on_device.launch_traced(&self.stream, &self.traced, tags, 0, &buffer)?;
+            self.stream
+                .memset(self.stamps.device_ptr(), 0, self.stamps.bytes())?;
+            on_device.launch_traced(&self.stream, traced, tags, 0, &buffer)?;
             self.stream.sync()?;
         }
         let decoded = trace::decode(&plan.placement.table(), &buffer.download()?)?;
@@ -221,7 +240,9 @@ impl Bench {
             parts[task.args[0] as usize].after.is_some()
         };
         if stamps() {
-            text_stamps(&decoded, &plan, parts, &bufs, self.dev.info().clock_khz)?;
+            let words = self.stamps.download()?;
+            let table = plan.placement.table();
+            text_stamps(&line, &table, parts, &words, self.dev.info().clock_khz);
         }
         let runs: Vec<f64> = line.bars.iter().map(|b| b.end_us - b.start_us).collect();
         let longest = runs.iter().copied().fold(0.0, f64::max);
@@ -259,49 +280,75 @@ impl Bench {
         Ok(text)
     }
 
+    /// The case by every build, beside one copy baseline; only the `default` build (no defines
+    /// of its own) writes records.
     fn line(&self, name: &str, rows: usize, parts: &[Part]) -> Result<(), Error> {
         if !wanted(name) {
             return Ok(());
         }
-        let (us, bytes) = self.linear_us(parts)?;
+        let bytes: usize = parts.iter().map(|p| weight_bytes(p.packed)).sum();
         let copy = self.copy_us(bytes)?;
         let floor = bytes as f64 / self.bandwidth * 1e6;
-        let timeline = self.timeline(name, parts)?;
-        println!(
-            "{name:<28} {rows:>4} {:>9.2} {floor:>9.2} {copy:>9.2} {us:>9.2} {:>8.3} {:>8.3}",
-            bytes as f64 / 1e6,
-            us / copy,
-            us / floor
-        );
-        println!("    timeline: {timeline}");
-        let case = format!(
-            "{name}, {rows} row{}, {:.2} MB",
-            if rows == 1 { "" } else { "s" },
-            bytes as f64 / 1e6
-        );
-        let how = format!(
-            "weight bytes over the copy bandwidth measured in the same call ({:.2} TB/s)",
-            self.bandwidth / 1e12
-        );
-        self.report.write(
-            &Figure::new(TABLE, &case, WHAT, us, "us")
-                .floor(floor, &how)
-                .baseline(copy, COPY)
-                .note(&format!(
-                    "{:.2} x the copy; one traced launch: {timeline}",
-                    us / copy
-                )),
-        )?;
+        for build in &self.builds {
+            let (us, _) = self.linear_us(&build.kernel, parts)?;
+            let timeline = self.timeline(&build.traced, name, parts)?;
+            println!(
+                "{:<40} {rows:>4} {:>9.2} {floor:>9.2} {copy:>9.2} {us:>9.2} {:>8.3} {:>8.3}",
+                format!("{name} [{}]", build.name),
+                bytes as f64 / 1e6,
+                us / copy,
+                us / floor
+            );
+            println!("    timeline: {timeline}");
+            if build.name != "default" {
+                continue;
+            }
+            let case = format!(
+                "{name}, {rows} row{}, {:.2} MB",
+                if rows == 1 { "" } else { "s" },
+                bytes as f64 / 1e6
+            );
+            let how = format!(
+                "weight bytes over the copy bandwidth measured in the same call ({:.2} TB/s)",
+                self.bandwidth / 1e12
+            );
+            self.report.write(
+                &Figure::new(TABLE, &case, WHAT, us, "us")
+                    .floor(floor, &how)
+                    .baseline(copy, COPY)
+                    .note(&format!(
+                        "{:.2} x the copy; one traced launch: {timeline}",
+                        us / copy
+                    )),
+            )?;
+        }
         Ok(())
     }
 }
 
 /// `LIN_BENCH_DEFINES` (`NAME=VALUE,...`): defines every kernel of the run is built with (the
-/// tile's measurement knobs, `kernels/ops/linear.h`).
+/// tile's and the task's measurement knobs, `kernels/ops/linear.h`, `kernels/lin_task.h`).
 fn defines() -> Vec<(String, i64)> {
-    std::env::var("LIN_BENCH_DEFINES")
-        .unwrap_or_default()
-        .split(',')
+    parse_defines(&std::env::var("LIN_BENCH_DEFINES").unwrap_or_default())
+}
+
+/// `LIN_BENCH_VARIANTS` (`NAME:DEFINES;NAME:DEFINES...`, DEFINES as `LIN_BENCH_DEFINES`): the
+/// builds each case runs on, beside one copy baseline. Without it, one build named `default`.
+fn variants() -> Vec<(String, Vec<(String, i64)>)> {
+    match std::env::var("LIN_BENCH_VARIANTS") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(';')
+            .map(|b| {
+                let (name, defs) = b.split_once(':').unwrap_or((b, ""));
+                (name.trim().to_string(), parse_defines(defs))
+            })
+            .collect(),
+        _ => vec![("default".into(), Vec::new())],
+    }
+}
+
+fn parse_defines(list: &str) -> Vec<(String, i64)> {
+    list.split(',')
         .filter_map(|d| {
             let (name, value) = d.split_once('=')?;
             Some((name.trim().to_string(), value.trim().parse().ok()?))
@@ -320,10 +367,10 @@ fn stamps() -> bool {
     std::env::var("LIN_BENCH_STAMPS").is_ok_and(|v| v == "1")
 }
 
-/// `LIN_BENCH_CASES` (name prefixes, comma-separated): only those cases.
+/// `LIN_BENCH_CASES` (name prefixes, separated by `;`): only those cases.
 fn wanted(name: &str) -> bool {
     std::env::var("LIN_BENCH_CASES")
-        .map_or(true, |v| v.split(',').any(|c| name.starts_with(c.trim())))
+        .map_or(true, |v| v.split(';').any(|c| name.starts_with(c.trim())))
 }
 
 /// Bytes a launch streams for a packed weight: codes (or bf16) and scales.
@@ -352,7 +399,8 @@ fn problem(m: &RankMatrix, rows: usize, seed: u64) -> Result<Problem, Error> {
 /// Matrices and their packed weights, made once for every row count.
 struct Weights {
     matrices: Vec<RankMatrix>,
-    packed: Vec<PackedWeight>,
+    /// None for a matrix no wanted case reads (lm_head, unless asked for).
+    packed: Vec<Option<PackedWeight>>,
     /// Nine gate/ups, nine downs.
     experts: Vec<PackedWeight>,
 }
@@ -362,8 +410,13 @@ impl Weights {
         let matrices = rank_matrices("glm-5.2", 8)?;
         let packed = matrices
             .iter()
-            .map(|m| problem(m, 1, 1)?.packed().map_err(Error::from))
-            .collect::<Result<_, _>>()?;
+            .map(|m| {
+                if m.name == "lm_head" && !wanted(m.name) {
+                    return Ok(None);
+                }
+                Ok(Some(problem(m, 1, 1)?.packed()?))
+            })
+            .collect::<Result<_, Error>>()?;
         let (gu, down) = (&matrices[2], &matrices[3]);
         let mut experts = Vec::new();
         for (m, seed) in (0..9)
@@ -380,9 +433,12 @@ impl Weights {
     }
 
     fn part(&self, i: usize, rows: usize, after: Option<usize>) -> Result<Part<'_>, Error> {
+        let packed = self.packed[i]
+            .as_ref()
+            .ok_or_else(|| format!("{} was not packed", self.matrices[i].name))?;
         Ok(Part {
             problem: problem(&self.matrices[i], rows, 1)?,
-            packed: &self.packed[i],
+            packed,
             after,
         })
     }
@@ -398,25 +454,47 @@ fn main() -> Result<(), Error> {
     };
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
-    let with_defines = |mut src: device::KernelSource| {
-        for (name, value) in defines() {
-            src = src.define(&name, value);
+    let stamps_buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_TASKS)?;
+    let mut sources = Vec::new();
+    for (name, own) in variants() {
+        let with_defines = |mut src: device::KernelSource| {
+            for (d, value) in defines().into_iter().chain(own.iter().cloned()) {
+                src = src.define(&d, value);
+            }
+            src
+        };
+        let plain = with_defines(source(512, Variant::default()));
+        let mut traced = with_defines(trace::traced(source(512, Variant::default())));
+        if stamps() {
+            traced = traced
+                .define("LIN_STAMPS", 1)
+                .define("LIN_STAMP_BUF", stamps_buf.device_ptr());
         }
-        src
-    };
-    let kernel =
-        LinearKernel::build_source(&dev, 512, with_defines(source(512, Variant::default())))?;
-    let mut traced_src = with_defines(trace::traced(source(512, Variant::default())));
-    if stamps() {
-        traced_src = traced_src.define("LIN_STAMPS", 1);
+        sources.push((name, plain, traced));
     }
-    let traced = LinearKernel::build_source(&dev, 512, traced_src)?;
-    let lds = kernel.lds_budget(&dev)?.min(traced.lds_budget(&dev)?);
+    prewarm(
+        &dev,
+        sources.iter().flat_map(|(_, p, t)| [p, t]).collect::<Vec<_>>(),
+    );
+    let mut builds = Vec::new();
+    for (name, plain, traced) in sources {
+        builds.push(Build {
+            name,
+            kernel: LinearKernel::build_source(&dev, 512, plain)?,
+            traced: LinearKernel::build_source(&dev, 512, traced)?,
+        });
+    }
+    let mut lds = u32::MAX;
+    for b in &builds {
+        lds = lds
+            .min(b.kernel.lds_budget(&dev)?)
+            .min(b.traced.lds_budget(&dev)?);
+    }
     let bench = Bench {
         stream: dev.new_stream()?,
         flush: dev.alloc_zeroed::<u8>(256 << 20)?,
-        kernel,
-        traced,
+        builds,
+        stamps: stamps_buf,
         lds,
         copy: copy_module.kernel("copy_16b")?,
         _copy_module: copy_module,
@@ -449,7 +527,7 @@ fn main() -> Result<(), Error> {
             continue;
         }
         for (i, m) in w.matrices.iter().enumerate() {
-            if rows > 4 && m.name == "lm_head" {
+            if (rows > 4 && m.name == "lm_head") || !wanted(m.name) {
                 continue;
             }
             bench.line(m.name, rows, &[w.part(i, rows, None)?])?;
@@ -490,57 +568,86 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// Compiles `sources` at once, a thread each, into the device's module cache (NVIDIA), so that
+/// the builds after it load them: several variants then take about one compile's time. A source
+/// that fails here fails again, with its error, when it is built.
+fn prewarm(dev: &Device, sources: Vec<&device::KernelSource>) {
+    if !dev.info().arch.starts_with("sm_") {
+        return;
+    }
+    let (cache, arch) = (dev.cache().clone(), dev.info().arch.clone());
+    std::thread::scope(|scope| {
+        for src in sources {
+            let (cache, arch) = (cache.clone(), arch.clone());
+            scope.spawn(move || {
+                if let Ok(compiler) = device::Nvrtc::new(&arch) {
+                    let _ = cache.build(src, &compiler);
+                }
+            });
+        }
+    });
+}
+
 /// Whether each matrix of a chain can read its x from the y before it: that y has at least k
 /// columns.
 fn chain_fits(chain: &[Part]) -> bool {
     chain.windows(2).all(|p| p[0].problem.n >= p[1].problem.k)
 }
 
-/// The tile's clock stamps of every task (`LIN_STAMPS`), from its trace start, in us: medians of
-/// the descriptor read, x staged, first and last slot landed, and the end.
-fn text_stamps(
-    decoded: &trace::Trace,
-    plan: &LaunchPlan,
-    parts: &[Part],
-    bufs: &[DeviceProblem],
-    khz: u32,
-) -> Result<(), Error> {
-    let ys: Vec<Vec<u8>> = bufs
-        .iter()
-        .map(|b| b.y.download())
-        .collect::<Result<_, _>>()?;
-    let table = plan.placement.table();
+/// The tile's clock stamps (`LIN_STAMPS`), a line per matrix of the launch: when its tasks
+/// start (the timeline's clock, us from the launch's first task; median and last), then each
+/// milestone's median and longest in us after the task's start (SM clock): the descriptor read
+/// and first loads issued, the input wait over, x staged, the first and the last batch multiplied
+/// (or slot landed), the last epilogue stored, the boxes published, the task's end. A milestone a
+/// task does not reach (0) is left out.
+fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64], khz: u32) {
     let ghz = f64::from(khz) / 1e6;
-    let mut cols: Vec<Vec<f64>> = vec![Vec::new(); 5];
-    for span in &decoded.spans {
-        let task = &table.tasks[span.position as usize];
-        let (m, first) = (task.args[0] as usize, task.args[1] as usize);
-        let p = &parts[m];
-        let per_tile = p.packed.layout.pairing.columns_per_tile();
-        let elt = if p.problem.out_f32() { 4 } else { 2 };
-        let at = first * per_tile * elt;
-        let room = (task.args[2] as usize * per_tile * elt).min(32) / 8;
-        if room < 4 {
+    let names = [
+        "desc",
+        "ready",
+        "x",
+        "first",
+        "last",
+        "stored",
+        "published",
+        "end",
+    ];
+    for (m, p) in parts.iter().enumerate() {
+        let mut starts = Vec::new();
+        let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        for bar in &line.bars {
+            let span = &bar.span;
+            let order = span.order as usize;
+            let task = &table.tasks[span.position as usize];
+            if task.args[0] as usize != m || words.len() < (order + 1) * STAMP_WORDS {
+                continue;
+            }
+            let w = &words[order * STAMP_WORDS..(order + 1) * STAMP_WORDS];
+            starts.push(bar.start_us);
+            let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
+            for (j, col) in cols.iter_mut().enumerate().take(7) {
+                if w[j] != 0 {
+                    col.push(us(w[j]));
+                }
+            }
+            cols[7].push(us(span.end_cycles));
+        }
+        if starts.is_empty() {
             continue;
         }
-        let word =
-            |j: usize| u64::from_le_bytes(ys[m][at + 8 * j..at + 8 * j + 8].try_into().unwrap());
-        let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
-        for (j, col) in cols.iter_mut().take(4).enumerate() {
-            col.push(us(word(j)));
+        let last = starts.iter().copied().fold(0.0, f64::max);
+        let mut text = format!(
+            "    stamps {m} {} ({} tasks): start {:.2} (last {last:.2})",
+            p.problem.name,
+            starts.len(),
+            median(starts)
+        );
+        for (name, col) in names.iter().zip(cols) {
+            if !col.is_empty() {
+                let max = col.iter().copied().fold(0.0, f64::max);
+                text += &format!(", {name} {:.2}/{max:.2}", median(col));
+            }
         }
-        cols[4].push(us(span.end_cycles));
+        println!("{text}");
     }
-    if cols[0].is_empty() {
-        return Ok(());
-    }
-    let med: Vec<String> = cols
-        .into_iter()
-        .map(|c| format!("{:.2}", median(c)))
-        .collect();
-    println!(
-        "    stamps (median us after the task's start): descriptor {}, x staged {}, first slot {}, last slot {}, end {}",
-        med[0], med[1], med[2], med[3], med[4]
-    );
-    Ok(())
 }
