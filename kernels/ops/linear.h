@@ -233,15 +233,6 @@ MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v));
 
 MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 
-#if MONO_NVIDIA
-// The dynamic shared memory this CTA was launched with.
-MONO_DEV u32 lin_dynamic_lds() {
-  u32 v;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
-  return v;
-}
-#endif
-
 // LIN_STAMPS=1 (measurement builds only, NVIDIA): the leader notes SM clock readings at the
 // task's milestones (LIN_STAMP_*) in lin_stamps; the stage's task writes them out
 // (lin_task.h, beside the task's trace record).
@@ -250,7 +241,7 @@ MONO_DEV u32 lin_dynamic_lds() {
 #endif
 #define LIN_STAMP_TILE 0u     // the matrix descriptor read, the first loads issued
 #define LIN_STAMP_READY 1u    // the input wait over
-#define LIN_STAMP_X 2u        // x (and a staged residual) in LDS
+#define LIN_STAMP_X 2u        // x in LDS
 #define LIN_STAMP_FIRST 3u    // the first batch multiplied (register path) / its slot landed (ring)
 #define LIN_STAMP_LAST 4u     // the last batch multiplied / its slot landed
 #define LIN_STAMP_STORED 5u   // the last round's epilogue stored
@@ -341,11 +332,9 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 
 // The end of round r: each group's sums to LDS, then the team adds the G parts of each output in
 // group order and applies the epilogue. Starts and ends with a team barrier.
-// `res`: the range's residual staged in LDS (rows of `span` columns from column first * 16), or
-// null: read from global memory.
 template <u32 RT, class Team>
 MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
-                            lin_acc<RT>& acc, float* parts, const u16* res = nullptr, u32 span = 0) {
+                            lin_acc<RT>& acc, float* parts) {
   constexpr u32 RS = 8 * RT;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
   lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
@@ -371,42 +360,11 @@ MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_pla
       v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
     } else {
       if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-      if (m.flags & LIN_RESIDUAL) {
-        const u16 rv = res ? res[row * span + col - first * LIN_TILE_ROWS] : m.residual[at];
-        v = mono_bf16_to_f32(rv) + lin_bf16(v);
-      }
+      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
     }
     ((u16*)m.y)[at] = mono_f32_to_bf16(v);
   }
   team.sync();
-}
-
-// LIN_REGS_AHEAD (measurement builds until timed: PERF.md): 0: a batch's FP8 scales are read when
-// it is multiplied, and the second batch is issued once the input is ready; 1: the scales are read
-// with the batch's weights; 2: also the second batch issued before the input wait.
-#ifndef LIN_REGS_AHEAD
-#define LIN_REGS_AHEAD 2
-#endif
-// LIN_RESIDUAL_LDS (measurement builds until timed): 1: the register path stages a residual
-// epilogue's inputs in LDS with x (one round trip after the wait), so no round's epilogue reads
-// global memory; 0: each round's epilogue reads them (prefetched to L2).
-#ifndef LIN_RESIDUAL_LDS
-#define LIN_RESIDUAL_LDS 1
-#endif
-#define LIN_RES_LOADS 4u
-
-// The batch after (r, i) of group `grp`: false when there is none.
-MONO_DEV bool lin_next_batch(const lin_plan& p, u32 grp, u32 r, u32 i, u32* nr, u32* ni, u32* tile, u32* unit) {
-  *nr = r, *ni = i + 1;
-  if (lin_batch(p, grp, *nr, *ni, tile, unit)) return true;
-  *nr = r + 1, *ni = 0;
-  return lin_batch(p, grp, *nr, *ni, tile, unit);
-}
-
-// The FP8 scales of batch (tile, unit) (tile counted from the matrix's first).
-MONO_DEV void lin_load_scales(const lin_matrix& m, u32 units, u32 tile, u32 unit, float* s0, float* s1) {
-  const float* sc = m.scales + ((u64)tile * units + unit) * 2;
-  *s0 = sc[0], *s1 = sc[1];
 }
 
 // Through registers: each group keeps its next batch's loads in flight while it multiplies the
@@ -417,62 +375,17 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
                              u16* xs, u32 xstride, Ready ready) {
   constexpr u32 L = LIN_LOADS;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
-  constexpr bool scales_ahead = FP8 && LIN_REGS_AHEAD >= 1;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
   LIN_STAMP(team, LIN_STAMP_TILE, p.units);
 
   mono_u32x4 cur[L], nxt[L];
-  float cs0 = 0.f, cs1 = 0.f, ns0 = 0.f, ns1 = 0.f;
-  u32 cr = 0, ci = 0, ctile = 0, cunit = 0, nr = 0, ni = 0, ntile = 0, nunit = 0;
-  bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit), nhave = false;
-  if (have) {
-    lin_load(cur, m, p.units, first + ctile, cunit, lane);
-    if (scales_ahead) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
-  }
-  // Whether nxt already holds (or is loading) the batch after cur.
-  bool ahead = LIN_REGS_AHEAD >= 2 && have;
-  if (ahead) {
-    nhave = lin_next_batch(p, grp, cr, ci, &nr, &ni, &ntile, &nunit);
-    if (nhave) {
-      lin_load(nxt, m, p.units, first + ntile, nunit, lane);
-      if (scales_ahead) lin_load_scales(m, p.units, first + ntile, nunit, &ns0, &ns1);
-    }
-  }
+  u32 cr = 0, ci = 0, ctile = 0, cunit = 0;
+  bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit);
+  if (have) lin_load(cur, m, p.units, first + ctile, cunit, lane);
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) return false;
   LIN_STAMP(team, LIN_STAMP_READY, 0u);
-  // A residual epilogue's inputs, when they are few: their loads go out with x's.
-  const u16* res = nullptr;
-  u32 span = 0;
-#if LIN_RESIDUAL_LDS && MONO_NVIDIA && defined(MONO_CTA_THREADS)
-  u16 rv[LIN_RES_LOADS];
-  u16* rs = xs + m.rows * xstride;
-  {
-    const u32 c0 = first * LIN_TILE_ROWS, c1 = lin_min(m.n, (first + p.count) * LIN_TILE_ROWS);
-    span = c1 > c0 ? c1 - c0 : 0u;
-    const u32 used = (u32)((u8*)(rs + m.rows * span) - (u8*)parts);
-    const bool stage = (m.flags & LIN_RESIDUAL) && !(m.flags & (LIN_SWIGLU | LIN_OUT_F32)) && span > 0 &&
-                       m.rows * span <= LIN_RES_LOADS * Team::size && used <= lin_dynamic_lds();
-    if (stage) {
-      res = rs;
-#pragma unroll
-      for (u32 b = 0; b < LIN_RES_LOADS; ++b) {
-        const u32 i = team.thread() + b * Team::size;
-        if (i < m.rows * span) rv[b] = m.residual[(u64)(i / span) * m.y_stride + c0 + i % span];
-      }
-    }
-  }
-#endif
   lin_stage_x(team, m, xs, xstride);
-#if LIN_RESIDUAL_LDS && MONO_NVIDIA && defined(MONO_CTA_THREADS)
-  if (res) {
-#pragma unroll
-    for (u32 b = 0; b < LIN_RES_LOADS; ++b) {
-      const u32 i = team.thread() + b * Team::size;
-      if (i < m.rows * span) rs[i] = rv[b];
-    }
-  }
-#endif
   team.sync();
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
@@ -480,24 +393,26 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
     lin_acc<RT> acc;
     acc.zero();
     while (have && cr == r) {
-      if (!ahead) {
-        nhave = lin_next_batch(p, grp, cr, ci, &nr, &ni, &ntile, &nunit);
-        if (nhave) {
-          lin_load(nxt, m, p.units, first + ntile, nunit, lane);
-          if (scales_ahead) lin_load_scales(m, p.units, first + ntile, nunit, &ns0, &ns1);
-        }
+      u32 nr = cr, ni = ci + 1, ntile = 0, nunit = 0;
+      bool nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
+      if (!nhave) {
+        nr = cr + 1, ni = 0;
+        nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
       }
-      ahead = false;
-      if (FP8 && !scales_ahead) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
-      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, cs0, cs1, lane);
+      if (nhave) lin_load(nxt, m, p.units, first + ntile, nunit, lane);
+      float s0 = 0.f, s1 = 0.f;
+      if (FP8) {
+        const float* sc = m.scales + ((u64)(first + ctile) * p.units + cunit) * 2;
+        s0 = sc[0], s1 = sc[1];
+      }
+      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, s0, s1, lane);
       if (cr == 0 && ci == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
 #pragma unroll
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
-      cs0 = ns0, cs1 = ns1;
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
     if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
-    lin_round_end<RT>(team, m, p, r, first, acc, parts, res, span);
+    lin_round_end<RT>(team, m, p, r, first, acc, parts);
   }
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
@@ -512,8 +427,8 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 // counts its bytes. Every slot is filled before the task waits on its input, so a task of up to
 // `slots` steps has all its weight bytes in flight at once; thereafter the slot of step s - 1 is
 // refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; a
-// round's end already is one. (Fewer slots, a slot or none before the wait, or smaller copies
-// were no faster on the H200: PERF.md.)
+// round's end already is one). Fewer slots, fewer of them before the wait, or smaller copies were
+// no faster on the H200 (PERF.md).
 #define LIN_RING_MAX 8u
 #define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
 // The fewest steps a range takes to go through the ring at all (tests set 1 to run the ring on
@@ -525,6 +440,12 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 #ifndef LIN_RING_MIN_STEPS
 #define LIN_RING_MIN_STEPS 8u
 #endif
+
+MONO_DEV u32 lin_dynamic_lds() {
+  u32 v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
 
 // Where the ring lies, as offsets from the LDS base.
 struct lin_ring {

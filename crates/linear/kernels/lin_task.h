@@ -41,95 +41,20 @@ struct lin_args {
   u32 n_experts;
 };
 
-// LIN_WAIT_BATCH (measurement builds until timed: PERF.md): boxes a thread reads at once before it
-// spins on any not yet written, so that a wait on boxes already written costs one round trip, not
-// one a box (a matrix after one of 128 tasks waits on 2048 boxes: 4 a thread at 512 threads).
-// 1: each box waited for before the next is read.
-#ifndef LIN_WAIT_BATCH
-#define LIN_WAIT_BATCH 8u
-#endif
-// LIN_WAIT_SLEEP (measurement builds until timed): nanoseconds a thread sleeps between polls of a
-// box not yet written (NVIDIA), so that a CTA's 512 waiting threads do not keep L2 busy; 0: spins.
-#ifndef LIN_WAIT_SLEEP
-#define LIN_WAIT_SLEEP 0u
-#endif
-
-// Every box of the task's input ranges, read LIN_WAIT_BATCH at a time by each thread, then the
-// team agrees; the acquire makes the data published beside the boxes visible.
+// Every box of the task's input ranges, a thread a box, then the team agrees; the acquire makes
+// the data published beside the boxes visible.
 template <class Team>
 MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c) {
-  constexpr u32 B = LIN_WAIT_BATCH;
   bool ok = true;
   const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  for (u32 r = 0; r < n_in && ok; ++r) {
-    const u32 first = task.in[r].first, len = task.in[r].len;
-    for (u32 base = team.thread(); base < len && ok; base += B * Team::size) {
-      u64 word[B];
-#pragma unroll
-      for (u32 b = 0; b < B; ++b)
-        if (base + b * Team::size < len) word[b] = mbx_load(c.scratch + first + base + b * Team::size);
-#pragma unroll
-      for (u32 b = 0; b < B; ++b) {
-        const u32 i = base + b * Team::size;
-        if (i >= len || !ok || mbx_tag_of(word[b]) == c.tag) continue;
-#if LIN_WAIT_SLEEP && MONO_NVIDIA
-        for (u32 n = 0; n < (1u << 20) && mbx_tag_of(word[b]) != c.tag; ++n) {
-          asm volatile("nanosleep.u32 %0;" ::"r"((u32)LIN_WAIT_SLEEP));
-          word[b] = mbx_load(c.scratch + first + i);
-        }
-#endif
-        u32 v;
-        ok = mbx_poll(c, first + i, &v);
-      }
+  for (u32 r = 0; r < n_in && ok; ++r)
+    for (u32 i = team.thread(); i < task.in[r].len && ok; i += Team::size) {
+      u32 v;
+      ok = mbx_poll(c, task.in[r].first + i, &v);
     }
-  }
   ok = team.all(ok);
   mbx_acquire();
   return ok;
-}
-
-// LIN_PREPARE_NEXT (measurement builds until timed): 1: while a task runs, L2 is asked for the
-// lines the CTA's next task starts by reading, its descriptor (when the task starts) and its
-// matrix's (while the task's publish drains), so that the next task's two dependent reads find
-// them there; 2: also the next task's first batch of weights, every group's. 0: neither.
-#ifndef LIN_PREPARE_NEXT
-#define LIN_PREPARE_NEXT 1
-#endif
-
-MONO_DEV void lin_prefetch_l2(const void* p) {
-#if MONO_NVIDIA
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-
-// The next task's matrix descriptor (and with LIN_PREPARE_NEXT=2 its first weights) asked of L2,
-// by the team's last group while its first group publishes.
-template <class Team>
-MONO_DEV void lin_prepare_next(const Team& team, const mbx_ctx& c, const lin_args& a) {
-  const u32 base = Team::size - LIN_GROUP;
-  if (LIN_PREPARE_NEXT == 0 || c.next == nullptr || team.thread() < base) return;
-  const mbx_task& t = *c.next;
-  if (mbx_stage_of(t.kind) != MBX_STAGE_LINEAR) return;
-  const u32 lane = team.thread() - base;
-  const u8* desc = nullptr;
-  if (mbx_own_kind(t.kind) == LIN_KIND_TILES && t.args[0] < a.n_mats) desc = (const u8*)(a.mats + t.args[0]);
-  if (mbx_own_kind(t.kind) == LIN_KIND_EXPERT_TILES && (t.args[0] & 0xffffu) < a.n_experts)
-    desc = (const u8*)(a.experts + (t.args[0] & 0xffffu));
-  if (desc == nullptr) return;
-  if (lane < 2) lin_prefetch_l2(desc + 64u * lane);
-  if (LIN_PREPARE_NEXT < 2 || mbx_own_kind(t.kind) != LIN_KIND_TILES) return;
-  const lin_matrix& m = a.mats[t.args[0]];
-  constexpr u32 groups = Team::size / LIN_GROUP;
-  const bool fp8 = (m.flags & LIN_FP8) != 0;
-  const lin_plan p = lin_plan_of(groups, m.k / (fp8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2), t.args[2]);
-  // Each lane a group's first batch (LIN_UNIT 2 KB, 16 lines), the lanes past the groups none.
-  u32 tile = 0, unit = 0;
-  if (lane < groups && lin_batch(p, lane, 0, 0, &tile, &unit)) {
-    const u8* w = m.w + ((u64)(t.args[1] + tile) * p.units + unit) * (LIN_LOADS * LIN_GROUP * 16u);
-    for (u32 j = 0; j < LIN_LOADS * LIN_GROUP * 16u / 128u; ++j) lin_prefetch_l2(w + 128u * j);
-  }
 }
 
 // After the task's last store and a team barrier: a release, then every box of task.out.
@@ -184,12 +109,7 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) lin_stamps[j] = 0;
 #endif
   // An unused slot's task writes nothing, so it publishes without waiting.
-  auto ready = [&] {
-    if (LIN_PREPARE_NEXT && c.next && team.leader()) lin_prefetch_l2(c.next);
-    return lin_wait_inputs(team, task, c);
-  };
-  if (m && !lin_tiles(team, *m, first, count, smem, ready)) return false;
-  lin_prepare_next(team, c, a);
+  if (m && !lin_tiles(team, *m, first, count, smem, [&] { return lin_wait_inputs(team, task, c); })) return false;
   lin_publish(team, task, c, count);
 #if LIN_STAMPS && MONO_NVIDIA && defined(LIN_STAMP_BUF)
   // LIN_STAMP_BUF: the device address of the stamps (LIN_STAMP_WORDS a task, by its order).

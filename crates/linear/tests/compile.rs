@@ -51,12 +51,7 @@ fn measurement_builds_for_sm90a() {
         let src = mailbox::trace::traced(source(512, Variant::default()))
             .define("LIN_STAMPS", 1)
             .define("LIN_STAMP_BUF", 1u64 << 40)
-            .define("LIN_WEIGHTS_L1", 0)
-            .define("LIN_WAIT_BATCH", 1)
-            .define("LIN_WAIT_SLEEP", 100)
-            .define("LIN_REGS_AHEAD", 0)
-            .define("LIN_RESIDUAL_LDS", 0)
-            .define("LIN_PREPARE_NEXT", 2);
+            .define("LIN_WEIGHTS_L1", 0);
         let compiled = c.compile(&src).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("sm_90a with stamps: {:?}", compiled.resources);
     }

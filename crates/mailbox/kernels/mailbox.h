@@ -114,8 +114,6 @@ struct mbx_ctx {
   u32 task;      // global order of the running task, for reports
   u32* diag;     // MBX_DIAG_WORDS words zeroed by the host; written only by debug builds
   u32* fail;     // shared flag: a wait of this CTA gave up (debug builds)
-  const mbx_task* next;  // the CTA's next task while one runs (null: the last), for a task that
-                         // prepares its successor's reads (mbx_run_list sets it)
 };
 
 // Block-wide: every thread of the CTA calls it once, before any wait.
@@ -126,7 +124,6 @@ MONO_DEV mbx_ctx mbx_begin(u64* scratch, u32 tag, u32* diag) {
   c.task = 0xffffffffu;
   c.diag = diag;
   c.fail = nullptr;
-  c.next = nullptr;
 #if MBX_DEBUG
   __shared__ u32 fail;
   c.fail = &fail;
@@ -309,7 +306,6 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
     // scratch memory, while uniform loads from the table stay in scalar registers.
     const mbx_task& task = tasks[i];
     c.task = task.order;
-    c.next = i + 1 < end ? &tasks[i + 1] : nullptr;
 #if MBX_TRACE
     const u64 start_ns = stamps ? mono_timer_ns() : 0ull;
     const u64 start_cycles = stamps ? mono_clock_cycles() : 0ull;
