@@ -50,8 +50,7 @@ fn measurement_builds_for_sm90a() {
     if let Some(c) = compiler("sm_90a") {
         let src = mailbox::trace::traced(source(512, Variant::default()))
             .define("LIN_STAMPS", 1)
-            .define("LIN_STAMP_BUF", 1u64 << 40)
-            .define("LIN_WEIGHTS_L1", 0);
+            .define("LIN_STAMP_BUF", 1u64 << 40);
         let compiled = c.compile(&src).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("sm_90a with stamps: {:?}", compiled.resources);
     }
