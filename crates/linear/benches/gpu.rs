@@ -15,7 +15,9 @@
 //! in-launch span (first task start to last end), the tasks' median and longest run, and when
 //! the waiting tasks started and ended. With `MONO_TRACE_DIR` set, the 9-expert launches'
 //! timelines are also written there as Chrome traces. With `MONO_BENCH_JSON` set, each figure is
-//! also a record (`device::report`). Prints "skipped" without a GPU.
+//! also a record (`device::report`). Measurement options (`LIN_BENCH_*`: several builds beside
+//! one copy baseline, the tile's clock stamps, a subset of cases) are documented at their readers
+//! below and in PERF.md. Prints "skipped" without a GPU.
 //! `cargo bench -p linear --bench gpu`
 
 use device::report::{Figure, Reporter};
@@ -26,7 +28,7 @@ use linear::layout::{lds_bytes, place_weighted, LaunchPlan, MatrixPlan};
 use linear::shapes::{rank_matrices, RankMatrix};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::trace::{self, CycleClock, TimeBase, Timeline};
-use mailbox::{TaskTable, Tags};
+use mailbox::{Tags, TaskTable};
 use model::weights::packed::PackedWeight;
 
 type Error = Box<dyn std::error::Error>;
@@ -203,12 +205,7 @@ impl Bench {
     }
 
     /// The timeline of one launch by `traced` (the L2 flushed first), summarised in one line.
-    fn timeline(
-        &self,
-        traced: &LinearKernel,
-        name: &str,
-        parts: &[Part],
-    ) -> Result<String, Error> {
+    fn timeline(&self, traced: &LinearKernel, name: &str, parts: &[Part]) -> Result<String, Error> {
         let bufs = self.upload(parts)?;
         let plan = self.plan(parts)?;
         let mats: Vec<LinMatrix> = bufs.iter().map(|b| b.matrix).collect();
@@ -474,7 +471,10 @@ fn main() -> Result<(), Error> {
     }
     prewarm(
         &dev,
-        sources.iter().flat_map(|(_, p, t)| [p, t]).collect::<Vec<_>>(),
+        sources
+            .iter()
+            .flat_map(|(_, p, t)| [p, t])
+            .collect::<Vec<_>>(),
     );
     let mut builds = Vec::new();
     for (name, plain, traced) in sources {
