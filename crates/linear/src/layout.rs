@@ -194,13 +194,17 @@ fn water_level(load: &[u64], bytes: u64) -> u64 {
     lo
 }
 
-/// Like [`place`], but balancing the bytes each CTA streams, with `tile_bytes[m]` the bytes of a
-/// tile of matrix m. Matrices go in steps: a run of consecutive matrices that wait on nothing, or
-/// on matrices of one earlier step, is one step. A step's tiles, matrix after matrix, are one
-/// stream, cut into contiguous runs that fill the CTAs up to one water level (the least loaded
-/// CTAs take the most); a tile goes to the CTA whose share holds its middle byte. So every CTA
-/// streams at most the launch's mean plus one tile, and takes one task per matrix its run meets:
-/// nine experts' gate/ups and downs become two or three tasks a CTA, not eleven.
+/// Like [`place`], but balancing when each CTA ends, counted in the bytes it streams, with
+/// `tile_bytes[m]` the bytes of a tile of matrix m. Matrices go in steps: a run of consecutive
+/// matrices that wait on nothing, or on matrices of one earlier step, is one step. A CTA begins a
+/// step once its own earlier tasks are done and, if the step waits, once the CTAs holding what it
+/// waits on are done (their bytes so far): a CTA that ran nothing before a matrix it must wait for
+/// gains nothing from having been idle. A step's tiles, matrix after matrix, are one stream, cut
+/// into contiguous runs that fill the CTAs from their beginnings up to one water level (the
+/// earliest take the most); a tile goes to the CTA whose share holds its middle byte. So in every
+/// step no CTA ends later than the latest beginning plus the step's mean plus one tile, and a CTA
+/// takes one task per matrix its run meets: nine experts' gate/ups and downs become two or three
+/// tasks a CTA, not eleven, and a chain's every link is split evenly.
 pub fn place_weighted(
     matrices: &[MatrixPlan],
     tile_bytes: &[u64],
@@ -227,6 +231,15 @@ pub fn place_weighted(
         let bytes: u64 = (start..end)
             .map(|m| u64::from(matrices[m].tiles) * tile_bytes[m])
             .sum();
+        // The step begins on every CTA no sooner than the CTAs it waits on are done.
+        let ready = (start..end)
+            .filter_map(|m| matrices[m].after)
+            .flat_map(|a| runs[a].iter().map(|&(c, _)| load[c as usize]))
+            .max()
+            .unwrap_or(0);
+        for l in &mut load {
+            *l = (*l).max(ready);
+        }
         let fill = water_level(&load, bytes);
         // CTA c's share of the stream is [from[c], from[c + 1]).
         let mut from = vec![0u64; ctas as usize + 1];

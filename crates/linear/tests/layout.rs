@@ -91,17 +91,71 @@ proptest! {
         let bytes: Vec<u64> = shapes.iter().map(|s| s.1).collect();
         let plan = place_weighted(&plans, &bytes, ctas).unwrap();
         keeps_the_rules(&plans, &plan, ctas)?;
-        // No CTA streams more than the mean plus one tile (and a byte of rounding).
-        let mut load = vec![0u64; ctas as usize];
-        for (m, tasks) in plan.tasks.iter().enumerate() {
-            for (cta, range, _) in tasks {
-                load[*cta as usize] += u64::from(range.count) * bytes[m];
-            }
+        // Step by step (consecutive matrices of one level), each CTA's end counted in bytes: it
+        // begins once its own tasks and those of the CTAs it waits on are done, and no CTA ends
+        // later than the latest beginning plus the step's mean plus one tile (and a byte of
+        // rounding).
+        let mut level = Vec::new();
+        for p in &plans {
+            level.push(p.after.map_or(0, |a| level[a] + 1));
         }
-        let total: u64 = load.iter().sum();
         let widest = bytes.iter().copied().max().unwrap();
-        let fullest = load.iter().copied().max().unwrap();
-        prop_assert!(fullest * u64::from(ctas) <= total + (widest + 1) * u64::from(ctas), "{fullest} of {total} over {ctas}");
+        let mut end = vec![0u64; ctas as usize];
+        let mut first = 0;
+        while first < plans.len() {
+            let last = (first..plans.len()).find(|&m| level[m] != level[first]).unwrap_or(plans.len());
+            let ready = (first..last)
+                .filter_map(|m| plans[m].after)
+                .flat_map(|a| plan.tasks[a].iter().map(|t| end[t.0 as usize]))
+                .max()
+                .unwrap_or(0);
+            let begin: Vec<u64> = end.iter().map(|&e| e.max(ready)).collect();
+            let mut step = 0u64;
+            end.clone_from(&begin);
+            for (tasks, &b) in plan.tasks[first..last].iter().zip(&bytes[first..last]) {
+                for (cta, range, _) in tasks {
+                    end[*cta as usize] += u64::from(range.count) * b;
+                    step += u64::from(range.count) * b;
+                }
+            }
+            let latest = begin.iter().copied().max().unwrap();
+            let fullest = end.iter().copied().max().unwrap();
+            prop_assert!(
+                (fullest - latest) * u64::from(ctas) <= step + (widest + 1) * u64::from(ctas),
+                "matrices {first}..{last}: {fullest} after {latest}, {step} bytes over {ctas}"
+            );
+            first = last;
+        }
+    }
+}
+
+#[test]
+fn a_chains_links_are_each_split_evenly() {
+    // q_a, o_proj, an expert's gate/up and its down as a rank's shapes make them, each waiting on
+    // the one before it: no CTA may take more than one tile over its even share of a link, also
+    // a CTA that had no task in the link before (it cannot start the next one sooner).
+    let shapes = [
+        (128u32, 96u64 << 10),
+        (384, 32 << 10),
+        (32, 96 << 10),
+        (384, 4 << 10),
+    ];
+    let plans: Vec<MatrixPlan> = (0..shapes.len())
+        .map(|m| MatrixPlan {
+            tiles: shapes[m].0,
+            after: m.checked_sub(1),
+        })
+        .collect();
+    let bytes: Vec<u64> = shapes.iter().map(|s| s.1).collect();
+    let ctas = 132u32;
+    let plan = place_weighted(&plans, &bytes, ctas).unwrap();
+    for (m, tasks) in plan.tasks.iter().enumerate() {
+        let most = tasks.iter().map(|t| t.1.count).max().unwrap();
+        let even = shapes[m].0.div_ceil(ctas);
+        assert!(
+            most <= even + 1,
+            "matrix {m}: {most} tiles on one CTA, {even} even"
+        );
     }
 }
 
