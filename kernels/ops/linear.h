@@ -438,6 +438,7 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 #ifndef LIN_RING_MIN_STEPS
 #define LIN_RING_MIN_STEPS 8u
 #endif
+#define LIN_RING_PIECE (1u << 20)
 
 MONO_DEV u32 lin_dynamic_lds() {
   u32 v;
@@ -487,7 +488,10 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
     for (u32 q = 0; q < tiles; ++q) {
       const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
       const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
-      mono_copy_bulk(dst, m.w + unit * LIN_UNIT_BYTES, len, bar);
+      // In pieces of at most LIN_RING_PIECE (a run is at most 32 KB, so one): the plain single
+      // copy made the fused attention kernel spill about 170 bytes more (nvrtc 13.0).
+      for (u32 at = 0; at < len; at += LIN_RING_PIECE)
+        mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
       if (g.lds_scales)
         mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
     }
