@@ -12,7 +12,9 @@ pub const NUMERICS: (&str, &str) = ("numerics.h", include_str!("../../../kernels
 /// (`ops/copy.h`), wave-scope matrix instructions (`ops/warp_mma.h`: mma.sync, MFMA),
 /// warpgroup-scope ones with their shared-memory descriptors (`ops/warpgroup_mma.h`: wgmma), and
 /// the weight-streaming linear tile (`ops/linear.h`), rope at f64 as the reference turns it
-/// (`ops/rope.h`), the row reductions and RMSNorm that every stage's chain shares (`ops/rows.h`).
+/// (`ops/rope.h`), the row reductions and RMSNorm that every stage's chain shares (`ops/rows.h`),
+/// and the page table as every stage reads it (`ops/paging.h`, the device form of
+/// `model::paging`).
 pub const OPS: &[(&str, &str)] = &[
     ("ops/team.h", include_str!("../../../kernels/ops/team.h")),
     ("ops/copy.h", include_str!("../../../kernels/ops/copy.h")),
@@ -30,6 +32,10 @@ pub const OPS: &[(&str, &str)] = &[
     ),
     ("ops/rope.h", include_str!("../../../kernels/ops/rope.h")),
     ("ops/rows.h", include_str!("../../../kernels/ops/rows.h")),
+    (
+        "ops/paging.h",
+        include_str!("../../../kernels/ops/paging.h"),
+    ),
 ];
 
 /// The host stand-in of the prelude (`kernels/host/prelude.h`) and the CPU-thread launcher

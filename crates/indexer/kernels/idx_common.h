@@ -1,10 +1,12 @@
 // Shapes, descriptors and shared numerics of the indexer kernels. The descriptors mirror
-// src/layout.rs (RequestDesc, GroupDesc, RunDesc, Row) and src/gpu.rs (LaunchArgs): keep them in step.
+// src/layout.rs (GroupDesc, RunDesc) and src/gpu.rs (LaunchArgs): keep them in step. Rows and
+// requests are the page table's device form (ops/paging.h, model::paging), which select reads too.
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
 #include "ops/team.h"
 #include "ops/rope.h"
+#include "ops/paging.h"
 
 // ---- shape defines: the host sets every one (src/gpu.rs KernelConfig::source) ------------------------
 // IDX_PAGE_TOKENS: the caches' page (model::paging::PAGE_TOKENS).
@@ -70,16 +72,8 @@ static_assert(IDX_ROPE_DIM % 2 == 0 && IDX_ROPE_DIM <= IDX_HEAD_DIM, "rope turns
 static_assert(IDX_ROPE_INTERLEAVED || (IDX_ROPE_DIM / 2 >= IDX_LANE_DIMS && (IDX_ROPE_DIM / 2 & (IDX_ROPE_DIM / 2 - 1)) == 0),
               "half-split partners (d XOR ROPE_DIM/2) must sit in other lanes");
 
-struct idx_row {
-  u32 request;
-  u32 position;
-};
-struct idx_request {
-  u32 first_row;
-  u32 n_rows;
-  u32 first_position;
-  u32 page_offset;
-};
+typedef mono_page_row idx_row;
+typedef mono_page_request idx_request;
 struct idx_group {
   u32 request;
   u32 first_row;

@@ -72,25 +72,9 @@ impl CacheLayout {
     }
 }
 
-/// One query row: its request and its position. Row r sees keys 0..=position.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
-pub struct Row {
-    pub request: u32,
-    pub position: u32,
-}
-
-/// A request of the page table. Its rows in this launch (maybe none) are rows first_row.., at
-/// positions first_position.. (consecutive), and their keys are the ones this launch writes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
-pub struct RequestDesc {
-    pub first_row: u32,
-    pub n_rows: u32,
-    pub first_position: u32,
-    /// Where the request's pages start in the page list.
-    pub page_offset: u32,
-}
+/// One query row (its request and its position) and a request of the page table, as the kernels
+/// read them: the page table's device form, shared with select (`model::paging`).
+pub use model::paging::{PageRequest as RequestDesc, PageRow as Row};
 
 /// Rows first_row..first_row + n_rows of one request, scored in one pass.
 #[repr(C)]
@@ -186,12 +170,7 @@ impl ScorePlan {
 /// One descriptor per request of the page table (n_rows 0 for those without rows), after
 /// checking the row rules.
 fn requests_of(rows: &[Row], pages: &PageTable) -> Result<Vec<RequestDesc>> {
-    let mut requests: Vec<RequestDesc> = (0..pages.requests())
-        .map(|r| RequestDesc {
-            page_offset: pages.offset(r),
-            ..RequestDesc::default()
-        })
-        .collect();
+    let mut requests = pages.device_requests();
     for (index, row) in rows.iter().enumerate() {
         let request = row.request as usize;
         let Some(desc) = requests.get_mut(request) else {

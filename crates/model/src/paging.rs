@@ -1,6 +1,7 @@
 //! The paged caches' contract, the one copy the indexer, select and MLA read: the page size, the
 //! page table (each request's physical pages in logical order), the cache slot of a position, and
-//! the shape of the score rows the indexer hands to select.
+//! the shape of the score rows the indexer hands to select, and the form the kernels read
+//! (`kernels/ops/paging.h`: the page list, [`PageRequest`] and [`PageRow`]).
 //!
 //! A cache slot is `page * PAGE_TOKENS + position % PAGE_TOKENS`: the index-key cache's token
 //! (its page and place in the page), what select lists for a row, and the MLA record attention
@@ -8,6 +9,7 @@
 //! table's pages must keep every slot below 2^31.
 
 use crate::error::{bad_arg, Result};
+use bytemuck::{Pod, Zeroable};
 
 /// Tokens of one cache page (DeepGEMM's and SGLang's page size; spec §3.5). Kernels get it as a
 /// define generated from this constant.
@@ -26,6 +28,28 @@ pub fn pages_through(position: u32) -> u32 {
 /// of them, and the entries past its keys are `-inf` (masked).
 pub fn score_stride(keys: u32) -> u32 {
     keys.div_ceil(PAGE_TOKENS).max(1) * PAGE_TOKENS
+}
+
+/// A row of a step as the kernels read it (`mono_page_row`): its request (an index into the page
+/// table) and its position. The row sees keys 0..=position.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct PageRow {
+    pub request: u32,
+    pub position: u32,
+}
+
+/// A request of the page table as the kernels read it (`mono_page_request`). Its rows in a launch
+/// that writes their keys (maybe none) are rows first_row.., at positions first_position..
+/// (consecutive); its pages start at `page_offset` in the page list ([`PageTable::offset`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct PageRequest {
+    pub first_row: u32,
+    pub n_rows: u32,
+    pub first_position: u32,
+    /// Where the request's pages start in the page list.
+    pub page_offset: u32,
 }
 
 /// Physical page of each logical page, per request, flattened as the device reads it.
@@ -86,6 +110,17 @@ impl PageTable {
     /// Request i's first entry in [`PageTable::flat`].
     pub fn offset(&self, request: usize) -> u32 {
         self.offsets[request]
+    }
+
+    /// Every request's entry of the kernels' request list, with its page offset and no rows
+    /// (a launch that writes keys fills in its rows).
+    pub fn device_requests(&self) -> Vec<PageRequest> {
+        (0..self.requests())
+            .map(|r| PageRequest {
+                page_offset: self.offset(r),
+                ..PageRequest::default()
+            })
+            .collect()
     }
 
     /// Every request's pages back to back (the device's page list).

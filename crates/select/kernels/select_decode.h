@@ -22,6 +22,7 @@
 #pragma once
 #include "select_regs.h"
 #include "ops/team.h"
+#include "ops/paging.h"
 
 #define SEL_KIND_ONE_CTA 1u
 #define SEL_KIND_REGISTERS 2u
@@ -29,30 +30,34 @@
 
 // What a select task reads and writes besides its descriptor (src/gpu.rs SelArgs, same order, no
 // padding), passed by value as a kernel argument.
+// The page table is the one the indexer reads (ops/paging.h): row r's entries are cache slots of
+// the pages of its request, rows[r].request.
 struct sel_args {
-  const float* scores;  // [rows][stride]: a row's scores at positions 0 .. its length
-  const i32* pages;     // [rows][pages_stride] page table, or null: entries are positions
-  i32* out;             // [rows][SEL_K] entries: cache slots (or positions), then -1
-  u32* flags;           // [rows][SEL_FLAGS] error words, zeroed by the host
-  u64* trace;           // SEL_TRACE builds: 2 * SEL_TRACE_MARKS words, or null
-  u32 stride;           // a multiple of 4
-  u32 pages_stride;
+  const float* scores;                    // [rows][stride]: a row's scores at positions 0 .. its length
+  const u32* page_list;                   // every request's pages, or null: entries are positions
+  const mono_page_row* page_rows;         // [rows]: each row's request
+  const mono_page_request* page_requests; // each request's page offset
+  i32* out;                               // [rows][SEL_K] entries: cache slots (or positions), then -1
+  u32* flags;                             // [rows][SEL_FLAGS] error words, zeroed by the host
+  u64* trace;                             // SEL_TRACE builds: 2 * SEL_TRACE_MARKS words, or null
+  u32 stride;                             // a multiple of 4
   u32 hist_offset;  // SelectBoxes::hist: row r's boxes from hist_offset + r * SEL_ROW_HIST_BOXES
   u32 cand_offset;  // SelectBoxes::cand: row r's from cand_offset + r * cand_stride
   u32 cand_stride;
   u32 in_stride;  // input ranges are slots of this many boxes, the first written (0 or 1: every box)
   u32 gang_stride;  // SelectBoxes::gang's slots: a gang range is slots of this many boxes, the first written
-  u32 pad;
 };
 #define SEL_ROW_HIST_BOXES (SEL_ROUNDS * SEL_MAX_SLICES * SEL_HIST_BOXES)
 
+// A task makes its row before it waits on its inputs: the row's pages (two loads, which do not
+// depend on the hand-off) are then on their way during the wait.
 MONO_DEV sel_row sel_row_of(const sel_args& a, u32 row, u32 len) {
   sel_row r;
   r.scores = a.scores + (u64)row * a.stride;
   r.len = len;
   r.stride = a.stride;
   r.out = a.out + (u64)row * SEL_K;
-  r.pages = a.pages ? a.pages + (u64)row * a.pages_stride : nullptr;
+  r.pages = a.page_list ? mono_row_pages(a.page_list, a.page_rows, a.page_requests, row) : nullptr;
   r.flags = a.flags + row * SEL_FLAGS;
   return r;
 }

@@ -2,6 +2,7 @@
 // shared-memory atomics, the one-pass placement, and the candidates' tail. Part of select.h.
 #pragma once
 #include "select_rounds.h"
+#include "ops/paging.h"
 
 // ---- placement -----------------------------------------------------------------------------------
 // The row a select task works on.
@@ -10,12 +11,12 @@ struct sel_row {
   u32 len;              // its keys
   u32 stride;           // keys readable from scores: at least len, a multiple of 4
   i32* out;             // its SEL_K entries
-  const i32* pages;     // its page table, or nullptr for positions
+  const u32* pages;     // its request's pages (ops/paging.h), or nullptr for positions
   u32* flags;           // its SEL_FLAGS error words
 };
 
 MONO_DEV i32 sel_entry(const sel_row& r, u32 pos) {
-  return r.pages ? r.pages[pos / SEL_PAGE_TOKENS] * SEL_PAGE_TOKENS + (i32)(pos % SEL_PAGE_TOKENS) : (i32)pos;
+  return r.pages ? mono_page_slot(r.pages, pos, SEL_PAGE_TOKENS) : (i32)pos;
 }
 
 MONO_DEV void sel_flag(const sel_row& r, u32 which) {

@@ -8,12 +8,12 @@ use crate::layout::{
     ONE_CTA_ROOM, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM,
     ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
 };
-use crate::reference::{RowPages, Rows, SelectError};
+use crate::reference::{DevicePages, RowPages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::{ScratchLayout, Tags};
 use mailbox::{Limits, Stall, DIAG_WORDS};
-use model::paging::PAGE_TOKENS;
+use model::paging::{PageRequest, PageRow, PAGE_TOKENS};
 use model::Preset;
 
 pub const SELECT_HIP: (&str, &str) = ("select.hip", include_str!("../kernels/select.hip"));
@@ -343,12 +343,16 @@ impl Selector {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct SelArgs {
     pub scores: u64,
-    pub pages: u64,
+    /// The page table the indexer reads (`kernels/ops/paging.h`): every request's pages
+    /// (`u32`), or 0 for lists of positions; each row's [`PageRow`]; each request's
+    /// [`PageRequest`].
+    pub page_list: u64,
+    pub page_rows: u64,
+    pub page_requests: u64,
     pub out: u64,
     pub flags: u64,
     pub trace: u64,
     pub stride: u32,
-    pub pages_stride: u32,
     pub hist_offset: u32,
     pub cand_offset: u32,
     pub cand_stride: u32,
@@ -358,10 +362,26 @@ pub struct SelArgs {
     /// Boxes of a [`SelectBoxes::gang`] slot: slice 0's gang range is slots of this many boxes,
     /// the first written.
     pub gang_stride: u32,
-    pub pad: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<SelArgs>() == 72);
+const _: () = assert!(std::mem::size_of::<SelArgs>() == 80);
+
+/// The page table's three buffers (`kernels/ops/paging.h`), for a batch uploaded on its own.
+struct PageBuffers {
+    list: Buffer<u32>,
+    rows: Buffer<PageRow>,
+    requests: Buffer<PageRequest>,
+}
+
+impl PageBuffers {
+    fn upload(dev: &Device, form: &DevicePages) -> Result<Self> {
+        Ok(PageBuffers {
+            list: dev.upload(&form.list)?,
+            rows: dev.upload(&form.rows)?,
+            requests: dev.upload(&form.requests)?,
+        })
+    }
+}
 
 /// A batch of rows in device memory, with its task list and everything a select of them needs.
 pub struct Batch {
@@ -369,7 +389,7 @@ pub struct Batch {
     lens: Vec<u32>,
     // Read through `args` only; kept for as long as the batch.
     _scores: Buffer<f32>,
-    _pages: Option<Buffer<i32>>,
+    _pages: Option<PageBuffers>,
     out: Buffer<i32>,
     flags: Buffer<u32>,
     scratch: Buffer<u64>,
@@ -430,30 +450,27 @@ impl Batch {
         })?;
         let table = DeviceTable::upload(dev, &placement)?;
         let scores = dev.upload(&rows.scores[..n * rows.stride])?;
-        let (pages_buf, pages_stride) = match pages {
-            Some(p) => {
-                let (table, stride) = p.device_table(rows.lens)?;
-                (Some(dev.upload(&table)?), stride)
-            }
-            None => (None, 0),
+        let pages_buf = match pages {
+            Some(p) => Some(PageBuffers::upload(dev, &p.device_form(rows.lens)?)?),
+            None => None,
         };
         let out = dev.alloc_zeroed(n * top.k() as usize)?;
         let flags = dev.alloc_zeroed(n * FLAG_NAMES.len())?;
         let trace = dev.alloc_zeroed(2 * TRACE_MARKS)?;
         let args = SelArgs {
             scores: scores.device_ptr(),
-            pages: pages_buf.as_ref().map_or(0, |p| p.device_ptr()),
+            page_list: pages_buf.as_ref().map_or(0, |p| p.list.device_ptr()),
+            page_rows: pages_buf.as_ref().map_or(0, |p| p.rows.device_ptr()),
+            page_requests: pages_buf.as_ref().map_or(0, |p| p.requests.device_ptr()),
             out: out.device_ptr(),
             flags: flags.device_ptr(),
             trace: trace.device_ptr(),
             stride: rows.stride as u32,
-            pages_stride,
             hist_offset: boxes.hist.offset(),
             cand_offset: boxes.cand.offset(),
             cand_stride: boxes.cand.stride(),
             in_stride: 0,
             gang_stride: boxes.gang.stride(),
-            pad: 0,
         };
         Ok(Batch {
             method: sel.method,

@@ -19,7 +19,7 @@
 //!
 //! [`sorted_top_k`] is the second, simpler reference: sort by key descending, position ascending.
 
-use model::paging::{PageTable, PAGE_TOKENS};
+use model::paging::{PageRequest, PageRow, PageTable, PAGE_TOKENS};
 
 use crate::layout::TopK;
 
@@ -284,28 +284,42 @@ impl RowPages<'_> {
         Ok(())
     }
 
-    /// The kernels' form of the tables of rows of `lens` keys (`sel_args::pages` and
-    /// `pages_stride`): `[rows][stride]` page ids, row r's entry p its request's logical page p,
-    /// as far as the longest row reaches (0 past a request's pages: never read), after
-    /// [`RowPages::check`].
-    pub fn device_table(&self, lens: &[u32]) -> Result<(Vec<i32>, u32), SelectError> {
+    /// The page table in the kernels' form for rows of `lens` keys, after [`RowPages::check`]:
+    /// the indexer's form (`kernels/ops/paging.h`), which select reads as `sel_args::page_list`,
+    /// `page_rows` and `page_requests`. A row's position is its last key's; select reads only
+    /// its request.
+    pub fn device_form(&self, lens: &[u32]) -> Result<DevicePages, SelectError> {
         self.check(lens)?;
-        let stride = lens
+        let rows = lens
             .iter()
-            .map(|&len| len.div_ceil(PAGE_TOKENS))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut out = vec![0i32; lens.len() * stride as usize];
-        for (row, line) in out.chunks_exact_mut(stride as usize).enumerate() {
-            let pages = self.table.pages(self.request(row)? as usize);
-            for (entry, &page) in line.iter_mut().zip(pages) {
-                // PageTable keeps page * PAGE_TOKENS below 2^31.
-                *entry = page as i32;
-            }
-        }
-        Ok((out, stride))
+            .enumerate()
+            .map(|(row, &len)| {
+                Ok(PageRow {
+                    request: self.request(row)?,
+                    position: len.saturating_sub(1),
+                })
+            })
+            .collect::<Result<_, SelectError>>()?;
+        Ok(DevicePages {
+            // A buffer is never empty: a table with no pages still has one (never read) entry.
+            list: if self.table.flat().is_empty() {
+                vec![0]
+            } else {
+                self.table.flat().to_vec()
+            },
+            requests: self.table.device_requests(),
+            rows,
+        })
     }
+}
+
+/// The page table as the kernels read it (`kernels/ops/paging.h`): every request's pages back to
+/// back, each request's offset into them, each row's request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevicePages {
+    pub list: Vec<u32>,
+    pub requests: Vec<PageRequest>,
+    pub rows: Vec<PageRow>,
 }
 
 /// Maps a row's list of positions to cache slots (-1 stays -1).
@@ -493,11 +507,22 @@ mod tests {
         ));
         assert!(pages.check(&[128, 64, 1]).is_ok());
         assert!(pages.check(&[129]).is_err());
-        assert_eq!(
-            pages.device_table(&[100, 10, 1]).unwrap(),
-            (vec![7, 2, 5, 0, 7, 2], 2)
-        );
-        assert!(pages.device_table(&[100, 65]).is_err());
+        let form = pages.device_form(&[100, 10, 1]).unwrap();
+        assert_eq!(form.list, vec![7, 2, 5]);
+        let offsets: Vec<u32> = form.requests.iter().map(|q| q.page_offset).collect();
+        assert_eq!(offsets, vec![0, 2]);
+        let requests: Vec<u32> = form.rows.iter().map(|r| r.request).collect();
+        assert_eq!(requests, vec![0, 1, 0]);
+        // The kernels' lookup (ops/paging.h mono_row_pages, mono_page_slot) gives the same slots.
+        for (row, len) in [(0usize, 100u32), (1, 10), (2, 1)] {
+            let first = form.requests[form.rows[row].request as usize].page_offset as usize;
+            for pos in 0..len {
+                let page = form.list[first + (pos / PAGE_TOKENS) as usize];
+                let slot = (page * PAGE_TOKENS + pos % PAGE_TOKENS) as i32;
+                assert_eq!(slot, pages.slot(row, pos).unwrap());
+            }
+        }
+        assert!(pages.device_form(&[100, 65]).is_err());
         let mut list = vec![65, -1];
         to_slots(&mut list, 0, &pages).unwrap();
         assert_eq!(list, vec![2 * 64 + 1, -1]);

@@ -184,14 +184,14 @@ fn planned<'a>(
 fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
     let rows = l.rows;
     let tasks: Vec<Task> = l.lists.iter().flatten().copied().collect();
-    let (table, pages_stride) = match l.pages {
-        Some(p) => p.device_table(rows.lens).map_err(|e| e.to_string())?,
-        None => (Vec::new(), 0),
+    let pages = match l.pages {
+        Some(p) => Some(p.device_form(rows.lens).map_err(|e| e.to_string())?),
+        None => None,
     };
     let mut words = vec![
         rows.count() as u32,
         rows.stride as u32,
-        pages_stride,
+        pages.as_ref().map_or(0, |p| p.list.len() as u32),
         l.lists.len() as u32,
         tasks.len() as u32,
         l.scratch,
@@ -200,6 +200,7 @@ fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
         l.boxes.cand.stride(),
         l.fresh.is_some() as u32,
         l.delay_ms,
+        pages.as_ref().map_or(0, |p| p.requests.len() as u32),
     ];
     let mut end = 0;
     words.push(0);
@@ -221,7 +222,11 @@ fn run(exe: &Path, l: &Launch) -> Result<(Vec<u32>, Vec<i32>), String> {
     if let Some(fresh) = l.fresh {
         words.extend(fresh.iter().map(|s| s.to_bits()));
     }
-    words.extend(table.iter().map(|&v| v as u32));
+    if let Some(p) = &pages {
+        words.extend(&p.list);
+        words.extend(bytemuck::cast_slice::<_, u32>(&p.requests));
+        words.extend(bytemuck::cast_slice::<_, u32>(&p.rows));
+    }
     let (input, output) = (exe.with_extension("input"), exe.with_extension("output"));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     std::fs::write(&input, bytes).unwrap();
@@ -276,18 +281,21 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                     stride,
                     lens,
                 };
-                // A request a row, its pages spread over the cache out of order.
+                // A request a row, in reverse order after a request of no row (so that a row's
+                // request and its pages' offset differ from the row), its pages spread over the
+                // cache out of order.
                 let per_row = (stride as u32).div_ceil(PAGE_TOKENS);
-                let total = lens.len() as u32 * per_row;
-                let table: Vec<Vec<u32>> = (0..lens.len() as u32)
-                    .map(|r| {
+                let n = lens.len() as u32;
+                let total = (n + 1) * per_row;
+                let table: Vec<Vec<u32>> = (0..=n)
+                    .map(|q| {
                         (0..per_row)
-                            .map(|p| ((r * per_row + p) * 37) % total + 5)
+                            .map(|p| ((q * per_row + p) * 37) % total + 5)
                             .collect()
                     })
                     .collect();
                 let table = PageTable::new(&table).unwrap();
-                let requests: Vec<u32> = (0..lens.len() as u32).collect();
+                let requests: Vec<u32> = (0..n).map(|r| n - r).collect();
                 let pages = RowPages {
                     table: &table,
                     requests: &requests,

@@ -11,7 +11,9 @@
 //! written box of each.
 //!
 //! Select's contract here is select's own (`select::reference`): a row of at most k keys lists
-//! them all by position then -1; a -inf score (past the row's position) is never selected.
+//! them all by position then -1; a -inf score (past the row's position) is never selected. Select
+//! maps positions to cache slots through the page table the indexer reads (the plan's rows,
+//! requests and page list, `kernels/ops/paging.h`): one device form for both stages.
 //!
 //! The hand-off from select to the list's readers (the attention tasks) in the same launch: row
 //! `r`'s list is its k cache slots (`page * 64 + slot`, then -1) at `out[r * k..(r + 1) * k]`
@@ -295,7 +297,8 @@ impl FrontGraph {
         Ok(self)
     }
 
-    /// Each row's request: with [`FrontGraph::pages`], the page table as select's rows see it.
+    /// Each row's request (the plan's rows): with [`FrontGraph::pages`], the page table as
+    /// select's rows see it.
     pub fn row_requests(&self) -> Vec<u32> {
         self.plan.rows.iter().map(|r| r.request).collect()
     }

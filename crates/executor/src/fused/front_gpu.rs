@@ -230,12 +230,12 @@ pub struct FrontInputs<'a> {
 /// One step's launch: its graph, task table and buffers. Holds the addresses of `'a`'s inputs.
 pub struct FrontLaunch<'a> {
     pub graph: FrontGraph,
+    /// The indexer's plan, with the page table that the indexer and select both read.
     _plan: PlanBuffers,
     table: DeviceTable,
     pub scores: Buffer<f32>,
     pub out: Buffer<i32>,
     flags: Buffer<u32>,
-    _pages: Buffer<i32>,
     _inv_freq: Buffer<f64>,
     scratch: Arc<Buffer<u64>>,
     epoch: Arc<Buffer<u32>>,
@@ -323,15 +323,15 @@ impl<'a> FrontLaunch<'a> {
         let scores = dev.alloc_zeroed(rows * stride)?;
         let out = dev.alloc_zeroed(rows * graph.top.k() as usize)?;
         let flags = dev.alloc_zeroed(rows * FLAG_NAMES.len())?;
+        // Select maps its rows' positions to cache slots through the indexer's page table (the
+        // plan's rows, requests and page list): check that each row's request has its keys' pages.
         let requests = graph.row_requests();
-        let row_pages = RowPages {
+        RowPages {
             table: &graph.pages,
             requests: &requests,
-        };
-        let (table_rows, pages_stride) = row_pages
-            .device_table(&graph.lens)
-            .map_err(|e| FrontGpuError::Shape(e.to_string()))?;
-        let pages = dev.upload(&table_rows)?;
+        }
+        .check(&graph.lens)
+        .map_err(|e| FrontGpuError::Shape(e.to_string()))?;
         let inv_freq = dev.upload(&inv_freq(&dims))?;
         let (scratch, epoch, tags) = (slot.scratch.clone(), slot.epoch.clone(), slot.tags);
         let diag = dev.alloc_zeroed(DIAG_WORDS)?;
@@ -363,18 +363,18 @@ impl<'a> FrontLaunch<'a> {
         };
         let sel = SelArgs {
             scores: scores.device_ptr(),
-            pages: pages.device_ptr(),
+            page_list: plan.pages.device_ptr(),
+            page_rows: plan.rows.device_ptr(),
+            page_requests: plan.requests.device_ptr(),
             out: out.device_ptr(),
             flags: flags.device_ptr(),
             trace: select_marks.as_ref().map_or(0, |m| m.device_ptr()),
             stride: stride as u32,
-            pages_stride,
             hist_offset: graph.boxes.select.hist.offset(),
             cand_offset: graph.boxes.select.cand.offset(),
             cand_stride: graph.boxes.select.cand.stride(),
             in_stride: graph.boxes.indexer.run.stride(),
             gang_stride: graph.boxes.select.gang.stride(),
-            pad: 0,
         };
         let copies = if kernel.readers {
             Some(dev.alloc_zeroed(rows * graph.top.k() as usize)?)
@@ -394,7 +394,6 @@ impl<'a> FrontLaunch<'a> {
             scores,
             out,
             flags,
-            _pages: pages,
             _inv_freq: inv_freq,
             scratch,
             epoch,

@@ -5,12 +5,13 @@
 // over the stale ones, publishes them and puts its one output box, which the row's select tasks
 // wait on.
 //   driver <input> <output>
-// input (little-endian u32 words): rows, stride, pages_stride (0: no page table), n_ctas, n_tasks,
+// input (little-endian u32 words): rows, stride, n_pages (0: no page table), n_ctas, n_tasks,
 // scratch_boxes, hist_offset, cand_offset, cand_stride, fresh (1: fresh scores follow the stale
-// ones), delay_ms (the producer's); then offsets [n_ctas + 1], tasks [n_tasks][16], lens, scores
-// [rows, stride], the fresh scores when given, the page table [rows, pages_stride]. output: flags
-// [rows, SEL_FLAGS], then the lists [rows, SEL_K]. Exit status: launch.h's (EMU_STALLED: the
-// launch hung).
+// ones), delay_ms (the producer's), n_requests; then offsets [n_ctas + 1], tasks [n_tasks][16],
+// lens, scores [rows, stride], the fresh scores when given, and with a page table its device form
+// (ops/paging.h): the page list [n_pages], the requests [n_requests][4], the rows [rows][2].
+// output: flags [rows, SEL_FLAGS], then the lists [rows, SEL_K]. Exit status: launch.h's
+// (EMU_STALLED: the launch hung).
 #include "select.hip"
 #include "launch.h"
 
@@ -29,10 +30,10 @@ int main(int argc, char** argv) {
   if (argc != 3) return 2;
   FILE* f = fopen(argv[1], "rb");
   if (!f) return 2;
-  u32 h[11];
-  read_words(f, h, 11);
-  const u32 rows = h[0], stride = h[1], pages_stride = h[2], n_ctas = h[3], n_tasks = h[4], scratch_boxes = h[5];
-  const u32 fresh = h[9], delay_ms = h[10];
+  u32 h[12];
+  read_words(f, h, 12);
+  const u32 rows = h[0], stride = h[1], n_pages = h[2], n_ctas = h[3], n_tasks = h[4], scratch_boxes = h[5];
+  const u32 fresh = h[9], delay_ms = h[10], n_requests = h[11];
   u32* offsets = emu_device_alloc<u32>(n_ctas + 1);
   read_words(f, offsets, n_ctas + 1);
   mbx_task* tasks = emu_device_alloc<mbx_task>(n_tasks);
@@ -46,10 +47,16 @@ int main(int argc, char** argv) {
     fresh_scores = emu_device_alloc<float>((size_t)rows * stride);
     read_words(f, fresh_scores, (size_t)rows * stride);
   }
-  i32* pages = nullptr;
-  if (pages_stride) {
-    pages = emu_device_alloc<i32>((size_t)rows * pages_stride);
-    read_words(f, pages, (size_t)rows * pages_stride);
+  u32* page_list = nullptr;
+  mono_page_request* page_requests = nullptr;
+  mono_page_row* page_rows = nullptr;
+  if (n_pages) {
+    page_list = emu_device_alloc<u32>(n_pages);
+    read_words(f, page_list, n_pages);
+    page_requests = emu_device_alloc<mono_page_request>(n_requests);
+    read_words(f, page_requests, (size_t)n_requests * 4);
+    page_rows = emu_device_alloc<mono_page_row>(rows);
+    read_words(f, page_rows, (size_t)rows * 2);
   }
   fclose(f);
   i32* out = emu_device_alloc<i32>((size_t)rows * SEL_K);
@@ -59,7 +66,7 @@ int main(int argc, char** argv) {
   u32* epoch = emu_device_alloc<u32>(1);
   u32* diag = emu_device_alloc<u32>(8);
   const mbx_launch l{tasks, offsets, scratch, epoch, diag, nullptr, n_ctas, 1, 0, 0};
-  const sel_args a{scores, pages, out, flags, nullptr, stride, pages_stride, h[6], h[7], h[8], 0};
+  const sel_args a{scores, page_list, page_rows, page_requests, out, flags, nullptr, stride, h[6], h[7], h[8], 0, 0};
   const int status = emu_launch(n_ctas, MONO_CTA_THREADS, [&] {
     const auto team = mono_cta_team<MONO_CTA_THREADS>();
     mbx_run_launch(l, [&](mbx_ctx& c, const mbx_task& t) {
