@@ -1,13 +1,15 @@
 //! The reference step's own contract: prefill as one step, MTP verify rows and interleaved
 //! requests all give what single-row steps give; rows that break the cache order are refused;
 //! shared layers reuse their source's top-k; each "difference on purpose" switch has an effect;
-//! a config of widths no kernel tiles runs with every format that can hold it, and the others
-//! refuse it naming the option that asked for them.
+//! a config of widths no kernel tiles runs with every format that can hold it (through `mono step`
+//! too, from a folder as Hugging Face writes one), and the others refuse it naming the option that
+//! asked for them.
 
+use executor::reference::cli::{self, Numerics, StepArgs};
 use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput};
 use indexer::reference::IndexerOptions;
 use mla::reference::{CacheStore, MlaOptions};
-use model::weights::Synthetic;
+use model::weights::{write_checkpoint, Synthetic, SINGLE_FILE};
 use model::{CacheFormat, IndexerKind, ModelConfig, WeightFormat};
 
 fn tiny() -> ModelConfig {
@@ -355,6 +357,60 @@ fn an_index_topk_past_the_kernels_bound_runs_the_reference() {
     assert_eq!(last.len(), cfg.index_topk);
     assert_eq!(&last[..5], &[0, 1, 2, 3, 4]);
     assert!(last[5..].iter().all(|&t| t == -1));
+}
+
+/// `mono step --weights DIR` on a folder as Hugging Face leaves one for the odd widths: the
+/// config as transformers saves it, `model.safetensors`, and beside them another safetensors file
+/// whose tensors share the model's names at the tiny preset's shapes (a loader that read it would
+/// fail on them). transformers' numerics run; the engines' refuse the widths naming the switch.
+#[test]
+fn mono_step_runs_an_odd_width_folder_and_names_what_refuses_it() {
+    let (cfg, _) = odd_widths();
+    let dir = std::env::temp_dir().join(format!("mono-odd-widths-{}", std::process::id()));
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    write_checkpoint(
+        &cfg,
+        &Synthetic::new(&cfg, 5, WeightFormat::Bf16).unwrap(),
+        &dir,
+    )
+    .unwrap();
+    write_checkpoint(
+        &tiny(),
+        &Synthetic::new(&tiny(), 5, WeightFormat::Bf16).unwrap(),
+        &other,
+    )
+    .unwrap();
+    std::fs::rename(other.join(SINGLE_FILE), dir.join("outputs.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        include_str!("../../model/tests/fixtures/odd_widths.json"),
+    )
+    .unwrap();
+    let step = |numerics| {
+        cli::run(&StepArgs {
+            preset: "tiny".to_owned(),
+            config: None,
+            weights: Some(dir.clone()),
+            seed: 5,
+            fp8_weights: false,
+            rows: 2,
+            context: 12,
+            numerics,
+        })
+    };
+    let ran = step(Numerics::TransformersFp32);
+    let refused = step(Numerics::Engines);
+    std::fs::remove_dir_all(&dir).ok();
+    ran.unwrap();
+    let refused = refused.unwrap_err();
+    for part in [
+        "`kv_lora_rank` is 48",
+        "FP8 MLA cache",
+        "`--numerics engines`",
+    ] {
+        assert!(refused.contains(part), "{part}: {refused}");
+    }
 }
 
 #[test]
