@@ -47,6 +47,16 @@ struct Build {
     batches: &'static [&'static [u32]],
 }
 
+/// What each build covers (every pattern of `select::cases`, every kind that holds its rows, with
+/// and without a page table). The work is kept to about a minute of a 2-core machine: a launch's
+/// cost grows with its threads (the CTAs' polls yield to each other), so builds use few CTAs.
+/// - wave32: 32-lane waves; rows of no keys, k, k + 1 and of 1 to 3 slices; 5 CTAs for up to
+///   6 tasks, so a CTA's list holds several tasks.
+/// - wave64: 64-lane waves (gfx950's), 128 threads; the registers kind over 3000 keys, 2 slices.
+/// - many-slices: slices of about 64 keys, so the plan's spread rule cuts both rows into gangs of
+///   6 (the most a row gets from 12 CTAs), each gathering every member's histograms and
+///   candidates.
+/// - k2048: GLM-5's k and production slicing: rows of k, k + 1, and 20000 keys in 3 slices.
 const BUILDS: [Build; 4] = [
     Build {
         name: "wave32",
@@ -78,7 +88,7 @@ const BUILDS: [Build; 4] = [
         slice_target: 64,
         slice_keys: 2048,
         reg_keys: 32,
-        ctas: 40,
+        ctas: 12,
         batches: &[&[3000, 1100]],
     },
     Build {
