@@ -83,10 +83,18 @@ impl Scratch {
     }
 }
 
+/// Polls a wait makes at least before it gives up ([`EmuConfig::timeout`]). A waiter yields
+/// between polls, so it polls about once each time the scheduler runs it: a machine too loaded to
+/// run the producer it waits for runs the waiter as seldom, and this many turns are far more than
+/// a producer needs to put its box. Alone, the polls take milliseconds, less than any timeout.
+pub const MIN_POLLS: u64 = 10_000;
+
 #[derive(Clone, Copy, Debug)]
 pub struct EmuConfig {
     pub mode: PollMode,
-    /// How long one wait may take before the launch is declared stuck.
+    /// How long one wait may take before the launch is declared stuck: the wait gives up once
+    /// this time has passed and it has polled [`MIN_POLLS`] times, so a machine too loaded to run
+    /// the producer slows the launch without failing it.
     pub timeout: Duration,
     /// CTAs that run at once (`None`: all). CTAs start in id order as earlier ones finish, as a
     /// GPU dispatches blocks; fewer than the grid shows why the rule wants every CTA resident.
@@ -416,7 +424,7 @@ impl CtaRun<'_> {
         row.resize(range.len as usize, 0);
         let cells = &self.scratch.boxes()[range.first as usize..range.end() as usize];
         let patience = Patience {
-            max_polls: None,
+            max_polls: Some(MIN_POLLS),
             deadline: Some(Instant::now() + self.config.timeout),
             abort: Some(self.abort),
         };

@@ -64,7 +64,10 @@ impl PollMode {
     }
 }
 
-/// How long a waiter keeps polling before it gives up and reports.
+/// How long a waiter keeps polling before it gives up and reports. With a poll count and a
+/// deadline both, it gives up only once both are past: a waiter that a loaded machine keeps off
+/// the CPU polls seldom, so it keeps waiting for a producer that is merely slow to be scheduled,
+/// where a deadline alone would give up on it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Patience<'a> {
     /// Give up after this many failed polls in one wait (the device's `MBX_POLL_LIMIT`).
@@ -92,9 +95,16 @@ impl Patience<'_> {
     };
 
     fn expired(&self, polls: u64) -> bool {
-        self.max_polls.is_some_and(|m| polls >= m)
-            || (polls & 63 == 0 && self.deadline.is_some_and(|d| Instant::now() >= d))
-            || self.abort.is_some_and(|a| a.load(Ordering::Relaxed))
+        if self.abort.is_some_and(|a| a.load(Ordering::Relaxed)) {
+            return true;
+        }
+        if self.max_polls.is_none() && self.deadline.is_none() {
+            return false;
+        }
+        self.max_polls.is_none_or(|m| polls >= m)
+            && self
+                .deadline
+                .is_none_or(|d| polls & 63 == 0 && Instant::now() >= d)
     }
 }
 

@@ -76,7 +76,7 @@ fn wait_all_collects_a_row_written_by_another_thread() {
 }
 
 #[test]
-fn patience_ends_on_deadline_and_on_abort() {
+fn patience_ends_on_deadline_on_both_bounds_and_on_abort() {
     let b = AtomicU64::new(0);
     let start = Instant::now();
     let by_deadline = Patience {
@@ -85,6 +85,23 @@ fn patience_ends_on_deadline_and_on_abort() {
     };
     let e = wait(&b, 1, PollMode::default(), &by_deadline).unwrap_err();
     assert!(start.elapsed() >= Duration::from_millis(50) && e.seen == 0);
+
+    // Both bounds: the wait gives up only once it is past the deadline and has polled that often,
+    // so a waiter a loaded machine runs seldom does not give up on a slow producer.
+    let start = Instant::now();
+    let both = Patience {
+        max_polls: Some(20_000),
+        deadline: Some(start),
+        ..Patience::FOREVER
+    };
+    assert!(wait(&b, 1, PollMode::default(), &both).unwrap_err().polls >= 20_000);
+    let both = Patience {
+        max_polls: Some(1),
+        deadline: Some(start + Duration::from_millis(50)),
+        ..Patience::FOREVER
+    };
+    wait(&b, 1, PollMode::default(), &both).unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(50));
 
     let flag = AtomicBool::new(true);
     let by_abort = Patience {
