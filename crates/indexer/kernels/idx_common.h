@@ -243,6 +243,24 @@ MONO_DEV float idx_quantise(const float (&v)[IDX_LANE_DIMS], u8 (&codes)[IDX_LAN
 }
 
 // ---- a team's waits on many boxes ------------------------------------------------------------------
+// Every box of the task's inputs (a key or query task's: the completion boxes of the projections
+// it reads, made earlier in the same launch), box i of an input by the team's thread i % size, then
+// an acquire in every thread: what was published before the boxes is visible. A task without
+// inputs (projections written before the launch) returns at once.
+template <class Team>
+MONO_DEV bool idx_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c) {
+  if (task.n_inputs == 0) return true;
+  bool ok = true;
+  for (u32 in = 0; in < task.n_inputs; ++in)
+    for (u32 i = team.thread(); i < task.in[in].len && ok; i += Team::size) {
+      u32 value;
+      ok = mbx_poll(c, task.in[in].first + i, &value);
+    }
+  const bool all = team.all(ok);
+  mbx_acquire();
+  return all;
+}
+
 #define IDX_POLL_BATCH 8
 // Boxes of `slots` consecutive slots (`words` boxes each, `stride` apart, from box `first`), box
 // i = slot * words + word by thread i % team size, into dst[i]. Each thread loads BATCH boxes before

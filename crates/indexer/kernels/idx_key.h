@@ -5,10 +5,11 @@
 #include "idx_common.h"
 
 // The key of row task.args[0]. Wave 0 of the team computes it (one HEAD_DIM vector, a wave's
-// worth); the other waves have nothing to do. Waits on nothing.
+// worth); the other waves have nothing to do. Waits on its inputs (the projection's boxes) first.
 template <class Team>
 MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
   (void)smem;
+  if (!idx_wait_inputs(team, task, c)) return false;
   if (idx_unhoisted(team.wave()) != 0) return true;
   const u32 row = task.args[0];
   const u32 lane = idx_unhoisted(team.lane());

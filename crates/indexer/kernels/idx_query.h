@@ -9,10 +9,11 @@
 #define IDX_LANE_PAIRS (IDX_LANE_DIMS >= 2 ? IDX_LANE_DIMS / 2 : 1)
 
 // The query of row task.args[0], a wave a head: wave w of the team does heads w, w + waves, ...
-// Waits on nothing.
+// Waits on its inputs (the boxes of the projections and gates it reads) first.
 template <class Team>
 MONO_DEV bool idx_query_task(const Team& team, const mbx_task& task, mbx_ctx& c, const idx_args& a, u8* smem) {
   (void)smem;
+  if (!idx_wait_inputs(team, task, c)) return false;
   const u32 row = task.args[0];
   const u32 lane = idx_unhoisted(team.lane());
   const u32 position = a.rows[row].position;

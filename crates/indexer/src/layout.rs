@@ -398,6 +398,27 @@ pub fn stage_placement(
     ctas: u32,
     which: StageTasks,
 ) -> Result<Placement> {
+    stage_placement_waiting(plan, boxes, ctas, which, &ProjectionWaits::default())
+}
+
+/// What the key and query tasks wait on before they read their inputs: the completion boxes of
+/// the tasks that write `key_proj` (keys) and `query_proj` with `gates` (queries) in the same
+/// launch. Empty where the host wrote them before the launch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProjectionWaits {
+    pub key: Vec<BoxRange>,
+    pub query: Vec<BoxRange>,
+}
+
+/// [`stage_placement`] with the key and query tasks waiting on `waits` (the kernels wait on every
+/// box of a key or query task's inputs, then acquire, before reading a projection).
+pub fn stage_placement_waiting(
+    plan: &ScorePlan,
+    boxes: &IndexerBoxes,
+    ctas: u32,
+    which: StageTasks,
+    waits: &ProjectionWaits,
+) -> Result<Placement> {
     let rows = plan.rows.len() as u32;
     let runs = plan.runs.len() as u32;
     if ctas == 0 {
@@ -425,8 +446,14 @@ pub fn stage_placement(
             let key = IndexerBoxes::slots(&boxes.key, r, 1);
             let query = IndexerBoxes::slots(&boxes.query, r, 1);
             let cta = |i: u32| ((score_tasks + 2 * r + i) % ctas) as usize;
-            lists[cta(0)].push(task(TaskKind::Key, r, key, &[], [r, 0, 0])?);
-            lists[cta(1)].push(task(TaskKind::Query, rows + r, query, &[], [r, 0, 0])?);
+            lists[cta(0)].push(task(TaskKind::Key, r, key, &waits.key, [r, 0, 0])?);
+            lists[cta(1)].push(task(
+                TaskKind::Query,
+                rows + r,
+                query,
+                &waits.query,
+                [r, 0, 0],
+            )?);
         }
     }
     for k in 0..score_tasks {

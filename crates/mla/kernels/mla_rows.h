@@ -1,7 +1,7 @@
 // The attention half's row tasks, between its linears (spec §2.1-2.4): the input RMSNorm, the q
 // latent's RMSNorm, the KV latent's RMSNorm with the rope of its key, and the rope of the queries'
-// rope parts; and the publication of slot lists kept in plain memory as the tagged pairs the
-// splits wait on (what select writes when it runs in the launch). Each waits on every box of its inputs, works on rows first_row .. first_row + n_rows,
+// rope parts; and the publication of slot lists as the tagged pairs the splits wait on (lists kept
+// in plain memory from an earlier launch, or written by select in the same launch). Each waits on every box of its inputs, works on rows first_row .. first_row + n_rows,
 // and publishes its one box after a release. Host side: src/layout.rs `MlaKind::Norm`,
 // `MlaKind::RopeQ`, `NormOf`; the pointers are mla_args' half fields (src/gpu.rs `MlaHalfArgs`).
 //
@@ -84,10 +84,13 @@ MONO_DEV bool mla_rope_q_task(const Team& team, const mbx_task& task, mbx_ctx& c
 
 // args: [first_row, n_rows, 0]. Rows first_row .. first_row + n_rows of a.slot_lists (topk
 // entries each) as the tagged pairs of task.out: row r's list at out.first + r * a.slot_stride.
-// The pairs carry the values, so no release is needed.
+// Its inputs, if any, are the boxes that publish the lists in this launch (select's list box of
+// each row): waited on, then an acquire, before a list is read. The pairs carry the values, so
+// no release is needed.
 template <class Team>
 MONO_DEV bool mla_slots_task(const Team& team, const mbx_task& task, mbx_ctx& c, const mla_args& a) {
   const u32 first_row = task.args[0], n_rows = task.args[1];
+  if (task.n_inputs != 0 && !mla_wait_inputs(team, task, c, 0)) return false;
   for (u32 i = team.thread(); i < n_rows * a.topk; i += Team::size) {
     const u32 r = i / a.topk, e = i % a.topk;
     mbx_put(c, task.out.first + r * a.slot_stride + e, (u32)a.slot_lists[(u64)(first_row + r) * a.topk + e]);

@@ -176,8 +176,9 @@ pub enum MlaKind {
     Norm = 3,
     /// args `[first_row, n_rows, 0]`: the rope of every head's rope part of q_b's output.
     RopeQ = 4,
-    /// args `[first_row, n_rows, 0]`: the rows' slot lists, kept in plain memory, published as
-    /// the tagged pairs of [`MlaBoxes::slots`] (when select does not run in the launch).
+    /// args `[first_row, n_rows, 0]`: the rows' slot lists, in plain memory, published as the
+    /// tagged pairs of [`MlaBoxes::slots`]: lists kept from an earlier launch (no inputs), or
+    /// written by select in the same launch (inputs: the rows' list boxes, waited on first).
     Slots = 5,
 }
 

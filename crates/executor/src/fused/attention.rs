@@ -179,8 +179,9 @@ impl HalfMatrix {
 pub struct HalfArena {
     /// The layer's input rows `[rows][hidden]` bf16 (the input hand-off's slice).
     pub hidden: u64,
-    /// Step inputs the host writes before the launch: `[rows]` u32 positions, `[rows]` u32 cache
-    /// slots of the new tokens, `[rope / 2]` f64 rope frequencies, `[rows][topk]` i32 slot lists.
+    /// Step inputs the host writes before the launch ([`HalfInputs`]): `[rows]` u32 positions,
+    /// `[rows]` u32 cache slots of the new tokens, `[rope / 2]` f64 rope frequencies,
+    /// `[rows][topk]` i32 slot lists.
     pub positions: u64,
     pub new_slots: u64,
     pub inv_freq: u64,
@@ -207,6 +208,7 @@ pub struct HalfArena {
 }
 
 impl HalfArena {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         g: &mut LaunchGraph,
         prefix: &str,
@@ -215,6 +217,7 @@ impl HalfArena {
         topk: u64,
         plan: &AttendPlan,
         hidden: u64,
+        inputs: Option<HalfInputs>,
     ) -> Result<Self, GraphError> {
         let parts = plan.partial_queries().max(1) as u64;
         let q_slack = d.uk_k().saturating_sub(d.qk()) as u64;
@@ -222,12 +225,21 @@ impl HalfArena {
         let mut take = |name: &str, bytes: u64| -> Result<u64, GraphError> {
             Ok(g.arena(&format!("{prefix}_{name}"), bytes)?.offset)
         };
+        let inputs = match inputs {
+            Some(i) => i,
+            None => HalfInputs {
+                positions: take("positions", rows * 4)?,
+                new_slots: take("new_slots", rows * 4)?,
+                inv_freq: take("inv_freq", rope / 2 * 8)?,
+                slot_lists: take("slot_lists", rows * topk * 4)?,
+            },
+        };
         Ok(HalfArena {
             hidden,
-            positions: take("positions", rows * 4)?,
-            new_slots: take("new_slots", rows * 4)?,
-            inv_freq: take("inv_freq", rope / 2 * 8)?,
-            slot_lists: take("slot_lists", rows * topk * 4)?,
+            positions: inputs.positions,
+            new_slots: inputs.new_slots,
+            inv_freq: inputs.inv_freq,
+            slot_lists: inputs.slot_lists,
             hidden_normed: take("hidden_normed", rows * d.hidden as u64 * 2)?,
             q_a: take("q_a", rows * d.q_lora as u64 * 2)?,
             q_latent: take("q_latent", rows * d.q_lora as u64 * 2)?,
@@ -313,6 +325,30 @@ fn first_box(r: &Region<u32>) -> BoxRange {
     r.slot(0).expect("a region of one slot at least")
 }
 
+/// Where the half's step inputs (positions, new slots, rope frequencies, slot lists) live: slices
+/// of a step-wide arena that a layer launch shares with the step's other launches
+/// (`fused::layer::StepSlices`), or, for a half planned alone, slices of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfInputs {
+    pub positions: u64,
+    pub new_slots: u64,
+    pub inv_freq: u64,
+    pub slot_lists: u64,
+}
+
+/// A half between its phases ([`HalfPlan::begin`], [`HalfPhases::queries`],
+/// [`HalfPhases::attend`]): a layer launch puts the front half's tasks between its queries and
+/// its attention, and the indexer's projections after its latents.
+#[derive(Clone, Debug)]
+pub struct HalfPhases {
+    plan: HalfPlan,
+    splits: Vec<Vec<linear::layout::TileRange>>,
+    /// Slot lists published in the launch (by select): one Slots task a row waits on its row's
+    /// list box. Otherwise one Slots task, first, publishes lists written before the launch.
+    lists_in_launch: bool,
+    hidden_in: Vec<BoxRange>,
+}
+
 impl HalfPlan {
     /// Adds the half of a step of `requests` to `g` (boxes, slices and matrices named `prefix`),
     /// after the producer of `hidden`, the layer's input rows. The rows' slot lists are read from
@@ -326,6 +362,25 @@ impl HalfPlan {
         hidden: Handoff,
         prefix: &str,
     ) -> Result<HalfPlan, HalfError> {
+        let mut phases = HalfPlan::begin(g, dims, requests, build, hidden, prefix, None, false)?;
+        phases.queries(g)?;
+        phases.attend(g, &[])
+    }
+
+    /// The half's first phase: its arena slices (the step inputs at `inputs`, or its own), boxes
+    /// and matrices, a Slots task first unless `lists_in_launch`, then the input norm, q_a,
+    /// kv_a, the KV latent's norm and the q latent's norm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin(
+        g: &mut LaunchGraph,
+        dims: HalfDims,
+        requests: &[HalfRequest],
+        build: HalfBuild,
+        hidden: Handoff,
+        prefix: &str,
+        inputs: Option<HalfInputs>,
+        lists_in_launch: bool,
+    ) -> Result<HalfPhases, HalfError> {
         let rows: u32 = requests.iter().map(|r| r.rows).sum();
         let max = linear::layout::MAX_ROWS as u32;
         if rows == 0 || rows > max {
@@ -373,6 +428,7 @@ impl HalfPlan {
             u64::from(build.topk),
             &attend,
             hidden.data.offset,
+            inputs,
         )
         .map_err(graph)?;
 
@@ -418,65 +474,125 @@ impl HalfPlan {
             uv: lines(b, &name("uv"), count(&|m| matches!(m, HalfMatrix::Uv(_))))?,
             o_proj: lines(b, &name("o_proj"), count(&|m| *m == HalfMatrix::OProj))?,
         };
+        let mut phases = HalfPhases {
+            plan: HalfPlan {
+                dims,
+                shape,
+                attend,
+                rows,
+                topk: build.topk,
+                positions,
+                boxes,
+                arena,
+                first_matrix,
+                out: Handoff::default(),
+            },
+            splits,
+            lists_in_launch,
+            hidden_in: hidden.waits(),
+        };
+        phases.latents(g)?;
+        Ok(phases)
+    }
+}
 
-        // Each task takes the next rank and the next CTA.
-        let push = |g: &mut LaunchGraph, kind: u32, out: BoxRange, inputs: &[BoxRange], args| {
-            let rank = g.rank();
-            let cta = g.next_cta();
-            let t = Task::new(kind, rank, out, inputs, args)
-                .map_err(|e| HalfError::Graph(e.to_string()))?;
-            g.push(cta, t).map_err(graph)
-        };
-        // The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
-        let linear_tasks = |g: &mut LaunchGraph,
-                            m: HalfMatrix,
-                            region: &Region<u32>,
-                            line: &mut u32,
-                            inputs: &[BoxRange]|
-         -> Result<(), HalfError> {
-            let index = m.index(dims.heads);
-            for r in &splits[index] {
-                let out = region.slot(*line).expect("a line a task");
-                *line += 1;
-                let args = [first_matrix + index as u32, r.first, r.count];
-                push(g, KIND_TILES, out, inputs, args)?;
-            }
-            Ok(())
-        };
-        let norm = |which: NormOf| [0, rows, which as u32];
-        let slot_boxes = BoxRange::new(
-            boxes.attend.slots.offset(),
-            (rows - 1) * boxes.attend.slots.stride() + build.topk,
+/// Adds a task at the next rank on the next CTA.
+fn push(
+    g: &mut LaunchGraph,
+    kind: u32,
+    out: BoxRange,
+    inputs: &[BoxRange],
+    args: [u32; 3],
+) -> Result<(), HalfError> {
+    let rank = g.rank();
+    let cta = g.next_cta();
+    let t =
+        Task::new(kind, rank, out, inputs, args).map_err(|e| HalfError::Graph(e.to_string()))?;
+    g.push(cta, t).map_err(|e| HalfError::Graph(e.to_string()))
+}
+
+impl HalfPhases {
+    /// The half so far: its boxes, slices and matrices are all there; its output is set by
+    /// [`Self::attend`].
+    pub fn plan(&self) -> &HalfPlan {
+        &self.plan
+    }
+
+    /// The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
+    fn linear_tasks(
+        &self,
+        g: &mut LaunchGraph,
+        m: HalfMatrix,
+        region: &Region<u32>,
+        line: &mut u32,
+        inputs: &[BoxRange],
+    ) -> Result<(), HalfError> {
+        let index = m.index(self.plan.dims.heads);
+        for r in &self.splits[index] {
+            let out = region.slot(*line).expect("a line a task");
+            *line += 1;
+            let args = [self.plan.first_matrix + index as u32, r.first, r.count];
+            push(g, KIND_TILES, out, inputs, args)?;
+        }
+        Ok(())
+    }
+
+    /// The Slots task of rows `first..first + n`, waiting on `waits`.
+    fn slots_task(
+        &self,
+        g: &mut LaunchGraph,
+        first: u32,
+        n: u32,
+        waits: &[BoxRange],
+    ) -> Result<(), HalfError> {
+        let slots = &self.plan.boxes.attend.slots;
+        let out = BoxRange::new(
+            slots.slot(first).expect("a slot a row").first,
+            (n - 1) * slots.stride() + self.plan.topk,
         );
-        push(g, MlaKind::Slots.kind(), slot_boxes, &[], [0, rows, 0])?;
-        let hidden_in = hidden.waits();
+        push(g, MlaKind::Slots.kind(), out, waits, [first, n, 0])
+    }
+
+    /// The first phase's tasks: the slot lists from memory (unless select publishes them in the
+    /// launch), the input norm, q_a, kv_a, the KV norm, the q norm.
+    fn latents(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
+        let rows = self.plan.rows;
+        let boxes = self.plan.boxes;
+        let norm = |which: NormOf| [0, rows, which as u32];
+        if !self.lists_in_launch {
+            self.slots_task(g, 0, rows, &[])?;
+        }
         push(
             g,
             MlaKind::Norm.kind(),
             first_box(&boxes.norm_hidden),
-            &hidden_in,
+            &self.hidden_in,
             norm(NormOf::Hidden),
         )?;
         let after_norm = [first_box(&boxes.norm_hidden)];
-        linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
-        linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
-        let kv_a = [whole(&boxes.kv_a)];
+        self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
+        self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
         push(
             g,
             MlaKind::Norm.kind(),
             first_box(&boxes.norm_kv),
-            &kv_a,
+            &[whole(&boxes.kv_a)],
             norm(NormOf::KvLatent),
         )?;
-        let q_a = [whole(&boxes.q_a)];
         push(
             g,
             MlaKind::Norm.kind(),
             first_box(&boxes.norm_q),
-            &q_a,
+            &[whole(&boxes.q_a)],
             norm(NormOf::QLatent),
-        )?;
-        linear_tasks(
+        )
+    }
+
+    /// The second phase: q_b, the q rope, W_UK of every head.
+    pub fn queries(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
+        let rows = self.plan.rows;
+        let boxes = self.plan.boxes;
+        self.linear_tasks(
             g,
             HalfMatrix::QB,
             &boxes.q_b,
@@ -494,8 +610,8 @@ impl HalfPlan {
             [0, rows, 0],
         )?;
         let mut line = 0;
-        for h in 0..dims.heads {
-            linear_tasks(
+        for h in 0..self.plan.dims.heads {
+            self.linear_tasks(
                 g,
                 HalfMatrix::Uk(h),
                 &boxes.uk,
@@ -503,11 +619,38 @@ impl HalfPlan {
                 &[whole(&boxes.q_b)],
             )?;
         }
+        Ok(())
+    }
+
+    /// The last phase: the slot lists published in the launch (a Slots task a row waiting on
+    /// `list_ready[row]`, when the lists are published in the launch), the attention's cache
+    /// writes, splits and combines, W_UV, o_proj with the residual. Returns the whole plan, its
+    /// output set.
+    pub fn attend(
+        mut self,
+        g: &mut LaunchGraph,
+        list_ready: &[BoxRange],
+    ) -> Result<HalfPlan, HalfError> {
+        let rows = self.plan.rows;
+        if self.lists_in_launch {
+            if list_ready.len() != rows as usize {
+                return Err(HalfError::Shape(format!(
+                    "{} list boxes for {rows} rows whose lists are published in the launch",
+                    list_ready.len()
+                )));
+            }
+            for (row, ready) in list_ready.iter().enumerate() {
+                self.slots_task(g, row as u32, 1, &[*ready])?;
+            }
+        }
+        let boxes = self.plan.boxes;
+        let graph = |e: GraphError| HalfError::Graph(e.to_string());
         let waits = AttendWaits {
             new_tokens: Some(first_box(&boxes.norm_kv)),
             queries: [Some(whole(&boxes.uk)), Some(first_box(&boxes.rope_q))],
             earlier_cache_writes: true,
         };
+        let attend = &self.plan.attend;
         let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
         let ranks = g.ranks(n);
         for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
@@ -520,35 +663,24 @@ impl HalfPlan {
             attend.combines() * boxes.attend.out_done.stride(),
         )];
         let mut line = 0;
-        for h in 0..dims.heads {
-            linear_tasks(g, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines)?;
+        for h in 0..self.plan.dims.heads {
+            self.linear_tasks(g, HalfMatrix::Uv(h), &boxes.uv, &mut line, &combines)?;
         }
-        linear_tasks(
+        self.linear_tasks(
             g,
             HalfMatrix::OProj,
             &boxes.o_proj,
             &mut 0,
             &[whole(&boxes.uv)],
         )?;
-        let out = Handoff {
+        self.plan.out = Handoff {
             data: ArenaSlice {
-                offset: arena.out,
-                bytes: u64::from(rows) * dims.hidden as u64 * 2,
+                offset: self.plan.arena.out,
+                bytes: u64::from(rows) * self.plan.dims.hidden as u64 * 2,
             },
             ready: whole(&boxes.o_proj),
         };
-        Ok(HalfPlan {
-            dims,
-            shape,
-            attend,
-            rows,
-            topk: build.topk,
-            positions,
-            boxes,
-            arena,
-            first_matrix,
-            out,
-        })
+        Ok(self.plan)
     }
 }
 

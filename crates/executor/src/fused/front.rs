@@ -30,8 +30,8 @@
 use super::{fused_source, CtaShape, GraphError, LaunchGraph};
 use device::KernelSource;
 use indexer::layout::{
-    max_runs, IndexerBoxes, Limits as PlanLimits, Row, ScorePlan, MAX_GROUP_ROWS, MAX_RUNS,
-    RUNS_PER_SCORE_TASK,
+    max_runs, IndexerBoxes, Limits as PlanLimits, ProjectionWaits, Row, ScorePlan, MAX_GROUP_ROWS,
+    MAX_RUNS, RUNS_PER_SCORE_TASK,
 };
 use indexer::reference::IndexerDims;
 use mailbox::gpu::Variant;
@@ -167,6 +167,19 @@ impl FrontPart {
         requests: &[FrontRequest],
         build: FrontBuild,
     ) -> Result<FrontPart, FrontError> {
+        Self::plan_waiting(g, cfg, requests, build, &ProjectionWaits::default())
+    }
+
+    /// [`Self::plan`] in a launch that makes the indexer's projections itself: the key tasks wait
+    /// on `waits.key` (what writes `key_proj`), the query tasks on `waits.query` (`query_proj`
+    /// and `gates`), before they read them.
+    pub fn plan_waiting(
+        g: &mut LaunchGraph,
+        cfg: &ModelConfig,
+        requests: &[FrontRequest],
+        build: FrontBuild,
+        waits: &ProjectionWaits,
+    ) -> Result<FrontPart, FrontError> {
         let top = TopK::of(cfg)
             .and_then(TopK::for_kernels)
             .map_err(|_| FrontError::BadTopK(cfg.index_topk))?;
@@ -213,7 +226,7 @@ impl FrontPart {
         let select = SelectBoxes::add(g.regions(), "sel", n_rows, top)
             .map_err(|e| FrontError::Select(e.to_string()))?;
         let boxes = FrontBoxes { indexer, select };
-        let ranks = place(g, &plan, &lens, select_kind, top, &boxes)?;
+        let ranks = place(g, &plan, &lens, select_kind, top, &boxes, waits)?;
         Ok(FrontPart {
             top,
             plan,
@@ -425,14 +438,16 @@ fn place(
     kind: SelectKind,
     top: TopK,
     boxes: &FrontBoxes,
+    waits: &ProjectionWaits,
 ) -> Result<Range<u32>, FrontError> {
     let ctas = g.ctas();
     let idx = |e: indexer::IndexerError| FrontError::Indexer(e.to_string());
-    let indexer_lists = indexer::layout::stage_placement(
+    let indexer_lists = indexer::layout::stage_placement_waiting(
         plan,
         &boxes.indexer,
         ctas,
         indexer::layout::StageTasks::Whole,
+        waits,
     )
     .map_err(idx)?;
     let rows = plan.rows.len() as u32;

@@ -216,6 +216,11 @@ impl LaunchGraph {
         Ok(slice)
     }
 
+    /// Bytes of the arena the parts have taken so far (0 before the first slice).
+    pub fn arena_bytes(&self) -> u64 {
+        self.arena.bytes
+    }
+
     /// Reserves the next index of the launch's linear matrix list.
     pub fn matrix(&mut self) -> u32 {
         self.matrices += 1;

@@ -126,7 +126,7 @@ fn row_tasks(
 
 /// Matrix `matrix` of `tiles` tiles split over the grid into linear tasks on CTAs in turn, each
 /// at its own rank and writing its line of `name`'s completion after waiting on `waits`.
-fn matrix_tasks(
+pub(super) fn matrix_tasks(
     g: &mut LaunchGraph,
     name: &str,
     matrix: u32,
@@ -159,6 +159,31 @@ fn bf16_slice(g: &mut LaunchGraph, name: &str, rows: u32, cols: u32) -> Result<A
     rows_slice(g, name, rows, cols, 2)
 }
 
+/// `out` when given (checked to hold `[rows, cols]` bf16), else a new slice `name` of that size.
+fn output(
+    g: &mut LaunchGraph,
+    name: &str,
+    rows: u32,
+    cols: u32,
+    out: Option<ArenaSlice>,
+) -> Result<ArenaSlice> {
+    let need = u64::from(rows) * u64::from(cols) * 2;
+    match out {
+        Some(slice) if slice.bytes < need => Err(HeadPartError::Shape {
+            what: "output slice",
+            reason: format!(
+                "`{name}` needs {need} bytes; the slice given holds {}",
+                slice.bytes
+            ),
+        }),
+        Some(slice) => Ok(ArenaSlice {
+            offset: slice.offset,
+            bytes: need,
+        }),
+        None => bf16_slice(g, name, rows, cols),
+    }
+}
+
 /// The embedding of layer 0, planned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmbedPlan {
@@ -176,10 +201,32 @@ pub fn embed_part(
     rows: u32,
     hidden: u32,
 ) -> Result<EmbedPlan> {
+    embed_part_to(g, lists, rows, hidden, None)
+}
+
+/// [`embed_part`] writing its rows to `out` (a slice the launch's caller chose: the step's
+/// residual stream) instead of a slice of its own.
+pub fn embed_part_into(
+    g: &mut LaunchGraph,
+    lists: &mut HeadLists,
+    rows: u32,
+    hidden: u32,
+    out: ArenaSlice,
+) -> Result<EmbedPlan> {
+    embed_part_to(g, lists, rows, hidden, Some(out))
+}
+
+fn embed_part_to(
+    g: &mut LaunchGraph,
+    lists: &mut HeadLists,
+    rows: u32,
+    hidden: u32,
+    out: Option<ArenaSlice>,
+) -> Result<EmbedPlan> {
     check_rows(rows)?;
     head::layout::check_embedding(hidden, hidden)?;
     let op = reserve(&mut lists.embeds);
-    let x = bf16_slice(g, "embedded", rows, hidden)?;
+    let x = output(g, "embedded", rows, hidden, out)?;
     let done = row_tasks(g, "embed_done", KIND_EMBED, op, rows, &[])?;
     Ok(EmbedPlan {
         rows,
@@ -263,6 +310,69 @@ fn matrix_descriptor(
     }
 }
 
+/// A norm of a launch's rows on its own (a MoE layer's post-attention norm; the dense MLP's is
+/// part of [`dense_mlp_part`]), planned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormPlan {
+    pub rows: u32,
+    pub n: u32,
+    pub eps: f32,
+    /// Its entry in the head's norm descriptors.
+    pub norm: u32,
+    pub input: Handoff,
+    /// `[rows, n]` bf16: the normed rows, ready when every row's task is done.
+    pub out: Handoff,
+}
+
+/// An RMSNorm of `rows` rows of `n` from `x` into a slice `name` of the arena: a head norm task
+/// a row, each waiting on `x`.
+pub fn norm_part(
+    g: &mut LaunchGraph,
+    lists: &mut HeadLists,
+    name: &str,
+    rows: u32,
+    n: u32,
+    eps: f32,
+    x: Handoff,
+) -> Result<NormPlan> {
+    check_rows(rows)?;
+    let norm = reserve(&mut lists.norms);
+    let y = bf16_slice(g, name, rows, n)?;
+    let done = row_tasks(
+        g,
+        &format!("{name}_done"),
+        KIND_NORM,
+        norm,
+        rows,
+        &x.waits(),
+    )?;
+    Ok(NormPlan {
+        rows,
+        n,
+        eps,
+        norm,
+        input: x,
+        out: Handoff {
+            data: y,
+            ready: done.all(),
+        },
+    })
+}
+
+impl NormPlan {
+    /// The norm's descriptor: the weight (bf16 `[n]`) at `weight`, the arena at `arena`.
+    pub fn bind(&self, arena: u64, weight: u64, d: &mut HeadDescriptors) {
+        d.norms[self.norm as usize] = norm_descriptor(
+            arena,
+            self.input.data,
+            self.out.data,
+            weight,
+            self.n,
+            self.eps,
+        );
+    }
+}
+
 /// One layer's dense MLP on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DenseShape {
@@ -300,6 +410,28 @@ pub fn dense_mlp_part(
     shape: DenseShape,
     h: Handoff,
 ) -> Result<DensePlan> {
+    dense_mlp_part_to(g, lists, shape, h, None)
+}
+
+/// [`dense_mlp_part`] writing the layer's output rows to `out` (the step's residual stream)
+/// instead of a slice of its own.
+pub fn dense_mlp_part_into(
+    g: &mut LaunchGraph,
+    lists: &mut HeadLists,
+    shape: DenseShape,
+    h: Handoff,
+    out: ArenaSlice,
+) -> Result<DensePlan> {
+    dense_mlp_part_to(g, lists, shape, h, Some(out))
+}
+
+fn dense_mlp_part_to(
+    g: &mut LaunchGraph,
+    lists: &mut HeadLists,
+    shape: DenseShape,
+    h: Handoff,
+    out: Option<ArenaSlice>,
+) -> Result<DensePlan> {
     check_rows(shape.rows)?;
     let gate_up = packed(
         "dense gate/up",
@@ -318,7 +450,7 @@ pub fn dense_mlp_part(
     let norm = reserve(&mut lists.norms);
     let h_hat = bf16_slice(g, "dense_h_hat", shape.rows, shape.hidden)?;
     let act = bf16_slice(g, "dense_act", shape.rows, shape.intermediate)?;
-    let out = bf16_slice(g, "dense_out", shape.rows, shape.hidden)?;
+    let out = output(g, "dense_out", shape.rows, shape.hidden, out)?;
     let normed = row_tasks(
         g,
         "dense_norm_done",

@@ -9,6 +9,7 @@ pub mod head;
 pub mod head_check;
 pub mod head_gpu;
 pub mod host;
+pub mod layer;
 pub mod moe;
 pub mod shape;
 pub mod source;

@@ -41,6 +41,8 @@ pub enum MoeGraphError {
     Source(#[from] super::FusedSourceError),
     #[error("launch graph: {0}")]
     Graph(#[from] GraphError),
+    #[error("the MoE output needs {need} bytes; the slice given holds {have}")]
+    Output { need: u64, have: u64 },
     #[error("the MoE boxes start at box {0}, not a line boundary")]
     Unaligned(u32),
     #[error("task {task} (slot {slot}) does not wait on {what}")]
@@ -173,7 +175,38 @@ pub fn moe_part(
     x: Handoff,
     residual: Handoff,
 ) -> Result<(Handoff, MoePart), MoeGraphError> {
+    moe_part_to(g, shape, x, residual, None)
+}
+
+/// [`moe_part`] writing the layer's output rows to `out` (the step's residual stream) instead of
+/// a slice of its own.
+pub fn moe_part_into(
+    g: &mut LaunchGraph,
+    shape: &MoeShape,
+    x: Handoff,
+    residual: Handoff,
+    out: ArenaSlice,
+) -> Result<(Handoff, MoePart), MoeGraphError> {
+    moe_part_to(g, shape, x, residual, Some(out))
+}
+
+fn moe_part_to(
+    g: &mut LaunchGraph,
+    shape: &MoeShape,
+    x: Handoff,
+    residual: Handoff,
+    out: Option<ArenaSlice>,
+) -> Result<(Handoff, MoePart), MoeGraphError> {
     let ctas = g.ctas();
+    let need = 2 * shape.rows as u64 * shape.hidden as u64;
+    if let Some(slice) = out {
+        if slice.bytes < need {
+            return Err(MoeGraphError::Output {
+                need,
+                have: slice.bytes,
+            });
+        }
+    }
     let mut start = MoeStart {
         input: x.waits(),
         residual: if residual.ready == x.ready {
@@ -229,8 +262,15 @@ pub fn moe_part(
         row_experts: g.arena("moe_row_experts", 4 * rows * k)?,
         row_weights: g.arena("moe_row_weights", 4 * rows * k)?,
     };
+    let data = match out {
+        Some(slice) => ArenaSlice {
+            offset: slice.offset,
+            bytes: need,
+        },
+        None => g.arena("moe_out", need)?,
+    };
     let out = Handoff {
-        data: g.arena("moe_out", 2 * rows * h)?,
+        data,
         ready: plan.combine,
     };
     let part = MoePart {

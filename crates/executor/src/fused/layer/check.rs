@@ -1,0 +1,1 @@
+//! The launch's data dependencies, checked (filled in below).
