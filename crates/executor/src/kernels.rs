@@ -46,8 +46,8 @@ pub fn registry() -> Vec<RegisteredSource> {
 
 /// The fused launches in their production builds: GLM-5's front half (indexer and select), its
 /// attention half (linear and MLA, 8 heads at TP8, FP8 records), its MoE half (linear and MoE
-/// stages) and the head's parts (linear and head) in the sm_90a CTA shape (gfx950's shape
-/// differs only in its LDS, which the host passes at launch).
+/// stages), the head's parts (linear and head) and each layer kind's one launch, in the sm_90a
+/// CTA shape (gfx950's shape differs only in its LDS, which the host passes at launch).
 fn fused_sources() -> Vec<KernelSource> {
     let cfg = model::ModelConfig::preset("glm-5").expect("the GLM-5 preset exists");
     let top = select::layout::TopK::of(&cfg).expect("GLM-5's k is valid");
@@ -75,6 +75,40 @@ fn fused_sources() -> Vec<KernelSource> {
         crate::fused::moe::moe_source(shape, mailbox::gpu::Variant::default())
             .expect("the MoE half's stages fit one CTA shape"),
     ]
+    .into_iter()
+    .chain(layer_sources(shape))
+    .collect()
+}
+
+/// One launch a layer at glm-5.2 TP8 (FP8 weights and records): each layer kind's kernel. The
+/// tail's is the head's (`fused_head`: the same stages in the same order).
+fn layer_sources(shape: crate::fused::CtaShape) -> Vec<KernelSource> {
+    use crate::fused::layer::{layer_source, LayerBuild, StepDims};
+    use model::traffic::LaunchKind;
+    let cfg = model::ModelConfig::preset("glm-5.2").expect("the glm-5.2 preset exists");
+    let build = LayerBuild {
+        ctas: 132,
+        tp: 8,
+        rank: 0,
+        weights: model::WeightFormat::Fp8,
+        cache: model::CacheFormat::Fp8,
+        cache_pages: 4096,
+        step: StepDims::new(&cfg, 16, 4, 4096),
+        union: 128,
+        choice: mla::layout::SplitChoice::MEASURED_FASTEST,
+    };
+    [
+        LaunchKind::DenseFull,
+        LaunchKind::DenseShared,
+        LaunchKind::MoeFull,
+        LaunchKind::MoeShared,
+    ]
+    .into_iter()
+    .map(|kind| {
+        layer_source(&cfg, &build, shape, kind, mailbox::gpu::Variant::default())
+            .expect("every layer kind's stages fit one CTA shape")
+    })
+    .collect()
 }
 
 /// The targets CI builds for.

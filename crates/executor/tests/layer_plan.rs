@@ -1,63 +1,320 @@
-//! Layer launches planned at glm-5.2 TP8 and the tiny preset.
+//! Layer launches (`fused::layer::LayerPlan`) planned for every launch kind at glm-5.2 TP8 (1 and
+//! 4 rows, 8K and 128K contexts) and at the tiny preset, each checked three ways: the placement
+//! rule (`LaunchGraph::finish`), the data dependencies through the arena (`check_dependencies`,
+//! with negative controls: a key task or a Slots task without its wait is caught), and the MoE
+//! part's own hand-offs; the step slices sit at the same offsets in every launch.
 
 use executor::fused::front::FrontRequest;
-use executor::fused::layer::{LaunchAt, LayerBuild, LayerPlan, StepDims};
-use mla::layout::SplitChoice;
+use executor::fused::layer::check::{check_dependencies, DependencyError};
+use executor::fused::layer::source::launch_kind;
+use executor::fused::layer::{LaunchAt, LayerBuild, LayerPlan, StepDims, StepSlices};
+use executor::fused::moe::check_moe_handoff;
+use executor::fused::LaunchGraph;
+use mailbox::{Limits, Placement, Stage, Task};
+use mla::layout::{MlaKind, SplitChoice};
 use model::paging::pages_through;
 use model::traffic::LaunchKind;
 use model::{CacheFormat, ModelConfig, WeightFormat};
+use proptest::prelude::*;
 
-fn build(cfg: &ModelConfig, tp: usize, cache_pages: u32, pages_per_request: u32) -> LayerBuild {
+const CTAS: u32 = 132;
+
+fn build(cfg: &ModelConfig, tp: usize, cache: CacheFormat) -> LayerBuild {
     LayerBuild {
-        ctas: 132,
+        ctas: CTAS,
         tp,
         rank: 0,
         weights: WeightFormat::Fp8,
-        cache: CacheFormat::Fp8,
-        cache_pages,
-        step: StepDims::new(cfg, 16, 4, pages_per_request),
+        cache,
+        cache_pages: 8192,
+        step: StepDims::new(cfg, 16, 4, 4096),
         union: 128,
         choice: SplitChoice::MEASURED_FASTEST,
     }
 }
 
-fn request(context: u32, rows: u32, first_page: u32) -> FrontRequest {
-    let pages = pages_through(context + rows - 1);
-    FrontRequest {
-        context,
-        rows,
-        pages: (first_page..first_page + pages).collect(),
+/// Requests of `rows` rows each at `contexts`, on consecutive pages.
+fn requests(contexts: &[u32], rows: u32) -> Vec<FrontRequest> {
+    let mut next = 0;
+    contexts
+        .iter()
+        .map(|&context| {
+            let pages = pages_through(context + rows - 1);
+            let r = FrontRequest {
+                context,
+                rows,
+                pages: (next..next + pages).collect(),
+            };
+            next += pages;
+            r
+        })
+        .collect()
+}
+
+/// One launch of each kind of `cfg` (layer 0 apart: it has the embedding), and the tail.
+fn one_of_each(cfg: &ModelConfig) -> Vec<LaunchAt> {
+    let mut seen: Vec<(LaunchKind, bool)> = Vec::new();
+    (0..cfg.num_hidden_layers)
+        .map(LaunchAt::Layer)
+        .chain([LaunchAt::Tail])
+        .filter(|&at| {
+            let key = (launch_kind(cfg, at).unwrap(), at == LaunchAt::Layer(0));
+            let new = !seen.contains(&key);
+            seen.push(key);
+            new
+        })
+        .collect()
+}
+
+/// Every check of a planned launch.
+fn check(cfg: &ModelConfig, p: &LayerPlan) {
+    let placement = p.launch.placement.placement();
+    check_dependencies(p, placement).unwrap_or_else(|e| panic!("{:?}: {e}", p.at));
+    if let Some(moe) = &p.moe {
+        check_moe_handoff(&moe.plan, placement).unwrap();
+    }
+    assert_eq!(p.matrices.len() as u32, p.launch.matrices);
+    let stages: Vec<Stage> = placement
+        .tasks()
+        .map(|(_, t)| mailbox::Stage::from_bits(t.stage_bits()).unwrap())
+        .fold(Vec::new(), |mut v, s| {
+            if !v.contains(&s) {
+                v.push(s);
+            }
+            v
+        });
+    for s in &stages {
+        assert!(p.stages.contains(s), "{:?}: a {s:?} task", p.at);
+    }
+    match p.at {
+        LaunchAt::Layer(i) => {
+            let want = p.slices.rows_of(p.slices.hidden_out(i), p.rows);
+            assert_eq!(p.out.data, want, "layer {i} writes the residual stream");
+            let a = &p.attention.as_ref().unwrap().arena;
+            assert_eq!(a.hidden, p.slices.hidden_in(i).offset);
+            assert_eq!(
+                [a.positions, a.new_slots, a.inv_freq, a.slot_lists],
+                [
+                    p.slices.positions.offset,
+                    p.slices.new_slots.offset,
+                    p.slices.inv_freq.offset,
+                    p.slices.slot_lists.offset
+                ]
+            );
+            let moe = p.kind == LaunchKind::MoeFull || p.kind == LaunchKind::MoeShared;
+            assert_eq!(p.banks.len(), if moe { 2 } else { 0 });
+            if moe {
+                assert_eq!(p.banks[1].tensors.len(), cfg.n_routed_experts);
+            }
+        }
+        LaunchAt::Tail => assert_eq!(p.matrices.len(), 1),
     }
 }
 
 #[test]
-fn every_kind_plans_at_glm_5_2_tp8() {
+fn every_kind_plans_and_checks_at_glm_5_2_tp8() {
     let cfg = ModelConfig::preset("glm-5.2").unwrap();
-    let layers = cfg.layer_plan().unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    let launches = one_of_each(&cfg);
+    let kinds: Vec<LaunchKind> = launches
+        .iter()
+        .map(|&at| launch_kind(&cfg, at).unwrap())
+        .collect();
+    for k in [
+        LaunchKind::DenseFull,
+        LaunchKind::MoeFull,
+        LaunchKind::MoeShared,
+        LaunchKind::Tail,
+    ] {
+        assert!(kinds.contains(&k), "glm-5.2 has a {k:?} launch");
+    }
     for context in [8192, 131072] {
         for rows in [1, 4] {
-            let reqs = [request(context, rows, 0)];
-            let b = build(&cfg, 8, 4096, 4096);
-            let mut seen = Vec::new();
-            for at in (0..layers.len())
-                .map(LaunchAt::Layer)
-                .chain([LaunchAt::Tail])
-            {
-                let kind = executor::fused::layer::source::launch_kind(&cfg, at).unwrap();
-                if seen.contains(&(kind, matches!(at, LaunchAt::Layer(0)))) {
-                    continue;
+            let reqs = requests(&[context], rows);
+            let mut slices: Option<StepSlices> = None;
+            for &at in &launches {
+                let p = LayerPlan::plan(&cfg, at, &reqs, &b)
+                    .unwrap_or_else(|e| panic!("{at:?} at {context} x {rows}: {e}"));
+                check(&cfg, &p);
+                let first = *slices.get_or_insert(p.slices);
+                assert_eq!(p.slices, first, "{at:?}: the step slices moved");
+                let s = p.slices;
+                let fields = [
+                    s.tokens,
+                    s.positions,
+                    s.new_slots,
+                    s.inv_freq,
+                    s.page_table,
+                    s.slot_lists,
+                    s.hidden[0],
+                    s.hidden[1],
+                ];
+                for (i, (name, field)) in StepSlices::NAMES.iter().zip(fields).enumerate() {
+                    assert_eq!(p.launch.arena.slices[i], (name.to_string(), field));
                 }
-                seen.push((kind, matches!(at, LaunchAt::Layer(0))));
-                let p =
-                    LayerPlan::plan(&cfg, at, &reqs, &b).unwrap_or_else(|e| panic!("{at:?}: {e}"));
-                eprintln!(
-                    "{at:?} {kind:?}: {} tasks, {} matrices, arena {} B",
-                    p.launch.placement.placement().tasks().count(),
-                    p.matrices.len(),
-                    p.launch.arena.bytes
-                );
             }
-            assert!(seen.iter().any(|(k, _)| *k == LaunchKind::MoeShared));
+        }
+    }
+}
+
+/// The tiny preset plans every kind with its own indexer (8 heads of 64, k = 16: the plan takes
+/// any widths; whether the indexer's kernels build for them is `layer_source`'s matter), and so
+/// does the same model with GLM-5's indexer widths and k (32 x 128, 2048).
+#[test]
+fn every_kind_plans_and_checks_at_the_tiny_preset() {
+    let tiny = ModelConfig::preset("tiny").unwrap();
+    let b = build(&tiny, 1, CacheFormat::Bf16);
+    for at in one_of_each(&tiny) {
+        for reqs in [requests(&[40, 100], 2), requests(&[3], 1)] {
+            let p = LayerPlan::plan(&tiny, at, &reqs, &b).unwrap_or_else(|e| panic!("{at:?}: {e}"));
+            check(&tiny, &p);
+        }
+    }
+    let wide = wide_tiny();
+    let b = build(&wide, 1, CacheFormat::Bf16);
+    for at in one_of_each(&wide) {
+        for reqs in [requests(&[40], 1), requests(&[40, 3000], 4)] {
+            let p = LayerPlan::plan(&wide, at, &reqs, &b).unwrap_or_else(|e| panic!("{at:?}: {e}"));
+            check(&wide, &p);
+        }
+    }
+}
+
+/// The tiny preset with GLM-5's indexer widths and k.
+fn wide_tiny() -> ModelConfig {
+    ModelConfig {
+        index_n_heads: 32,
+        index_head_dim: 128,
+        index_topk: 2048,
+        ..ModelConfig::preset("tiny").unwrap()
+    }
+}
+
+/// `placement` with the inputs of the first task `pick` chooses removed, checked again by the
+/// placement rule (which still passes: a task that waits on less breaks no rule of boxes).
+fn without_waits(placement: &Placement, pick: impl Fn(&Task) -> bool) -> Placement {
+    let mut p = placement.clone();
+    let task = p
+        .lists_mut()
+        .iter_mut()
+        .flatten()
+        .find(|t| pick(t))
+        .expect("a task to strip");
+    *task = Task::new(task.kind, task.order, task.out, &[], task.args).unwrap();
+    p
+}
+
+#[test]
+fn a_task_missing_its_wait_is_caught() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    let at = one_of_each(&cfg)
+        .into_iter()
+        .find(|&at| launch_kind(&cfg, at).unwrap() == LaunchKind::MoeFull)
+        .unwrap();
+    let p = LayerPlan::plan(&cfg, at, &requests(&[8192], 4), &b).unwrap();
+    let placement = p.launch.placement.placement();
+    check_dependencies(&p, placement).unwrap();
+    let key = indexer::layout::TaskKind::Key.kind();
+    let slots = MlaKind::Slots.kind();
+    for (what, kind) in [("an index key task", key), ("a Slots task", slots)] {
+        let stripped = without_waits(placement, |t| t.kind == kind && t.n_inputs > 0);
+        let limits = Limits {
+            max_resident: CTAS,
+            scratch_boxes: p.launch.layout.boxes(),
+        };
+        let valid = stripped.clone().check(limits);
+        assert!(valid.is_ok(), "{what}: the placement rule alone passes it");
+        match check_dependencies(&p, &stripped) {
+            Err(DependencyError::Missed { reader_kind, .. }) => assert_eq!(reader_kind, kind),
+            other => panic!("{what} without its wait: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_step_slices_go_first_and_are_refused_later() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let dims = StepDims::new(&cfg, 4, 1, 64);
+    let mut g = LaunchGraph::new(4).unwrap();
+    g.arena("early", 8).unwrap();
+    assert!(StepSlices::reserve(&mut g, dims).is_err());
+    let mut g = LaunchGraph::new(4).unwrap();
+    assert!(StepSlices::reserve(
+        &mut g,
+        StepDims {
+            max_rows: 0,
+            ..dims
+        }
+    )
+    .is_err());
+    assert!(StepSlices::reserve(&mut g, dims).is_ok());
+}
+
+#[test]
+fn bad_batches_are_refused_by_name() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    let at = LaunchAt::Layer(3);
+    let err = |reqs: &[FrontRequest]| LayerPlan::plan(&cfg, at, reqs, &b).unwrap_err().to_string();
+    assert!(err(&requests(&[100], 17)).contains("rows"));
+    assert!(err(&requests(&[1, 2, 3, 4, 5], 1)).contains("requests"));
+    let mut wide = requests(&[100], 1);
+    wide[0].pages = (0..5000).collect();
+    assert!(err(&wide).contains("pages"));
+    assert!(LayerPlan::plan(&cfg, LaunchAt::Layer(78), &requests(&[1], 1), &b).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The step slices are disjoint, aligned, in their order, and a row's parts lie inside them.
+    #[test]
+    fn step_slices_are_disjoint_and_aligned(
+        rows in 1u32..64,
+        requests in 1u32..64,
+        pages in 1u32..5000,
+        row in 0u32..64,
+    ) {
+        let cfg = ModelConfig::preset("glm-5.2").unwrap();
+        let requests = requests.min(rows);
+        let dims = StepDims::new(&cfg, rows, requests, pages);
+        let mut g = LaunchGraph::new(1).unwrap();
+        let s = StepSlices::reserve(&mut g, dims).unwrap();
+        let all = [s.tokens, s.positions, s.new_slots, s.inv_freq, s.page_table, s.slot_lists, s.hidden[0], s.hidden[1]];
+        for w in all.windows(2) {
+            prop_assert!(w[0].offset + w[0].bytes <= w[1].offset);
+        }
+        for x in all {
+            prop_assert_eq!(x.offset % executor::fused::graph::ARENA_ALIGN, 0);
+        }
+        prop_assert_eq!(s.page_table.bytes, u64::from(requests) * u64::from(pages) * 4);
+        prop_assert_eq!(s.hidden[0].bytes, u64::from(rows) * 6144 * 2);
+        let row = row % rows;
+        let list = s.slot_list(row);
+        prop_assert!(list.offset >= s.slot_lists.offset);
+        prop_assert!(list.offset + list.bytes <= s.slot_lists.offset + s.slot_lists.bytes);
+        let some = s.rows_of(s.hidden[1], row + 1);
+        prop_assert_eq!(some.bytes, u64::from(row + 1) * 6144 * 2);
+        prop_assert_eq!(s.hidden_in(3), s.hidden_out(4));
+        prop_assert_eq!(s.end(), s.hidden[1].offset + s.hidden[1].bytes);
+    }
+
+    /// Random batches of the tiny model with GLM-5's indexer: every launch plans, and its data
+    /// dependencies hold.
+    #[test]
+    fn random_batches_plan_and_check(
+        contexts in proptest::collection::vec(0u32..5000, 1..4),
+        rows in 1u32..5,
+    ) {
+        let cfg = wide_tiny();
+        let b = build(&cfg, 1, CacheFormat::Bf16);
+        let reqs = requests(&contexts, rows);
+        for at in one_of_each(&cfg) {
+            let p = LayerPlan::plan(&cfg, at, &reqs, &b);
+            let p = p.map_err(|e| TestCaseError::fail(format!("{at:?}: {e}")))?;
+            check_dependencies(&p, p.launch.placement.placement())
+                .map_err(|e| TestCaseError::fail(format!("{at:?}: {e}")))?;
         }
     }
 }

@@ -14,9 +14,16 @@
 //! head, times the slack [`HalfArena`] keeps after q (zeros). At GLM-5 TP8 that streams 2 MB of
 //! bf16 W_UK instead of 1.5 MB.
 //!
-//! The global order: the input norm, q_a, kv_a, the KV norm, the q norm, q_b, the q rope, W_UK,
-//! the attention's cache writes, splits and combines, W_UV, o_proj; every task on the CTA after the
-//! one before (round robin), so that every matrix streams on as many CTAs as it has tasks.
+//! The global order: the input norm, q_a, kv_a, the KV norm, the q norm ([`HalfPlan::begin`]),
+//! q_b, the q rope, W_UK ([`HalfPhases::queries`]), the attention's cache writes, splits and
+//! combines, W_UV, o_proj ([`HalfPhases::attend`]); every task on the CTA after the one before
+//! (round robin), so that every matrix streams on as many CTAs as it has tasks. A layer launch
+//! puts the indexer's projections after the first phase and the front half after the second.
+//!
+//! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
+//! with one Slots task ahead of the input norm (they are in memory before the launch); a layer
+//! whose select runs in the same launch publishes each row's with a Slots task of its own in the
+//! last phase, waiting on select's list box of the row (`FrontPart::list_ready`).
 
 use super::{fused_source, ArenaSlice, CtaShape, GraphError, Handoff, LaunchGraph};
 use device::KernelSource;
