@@ -7,7 +7,9 @@ use super::source::{launch_kind, layer_stages};
 use super::weights::ExpertBank;
 use super::weights::{expert_banks, tensor, LayerMatrix, LayerVector, MatrixSource, VectorUse};
 use super::{LaunchAt, LayerBuild, LayerError, LayerPlan};
-use crate::fused::attention::{HalfBuild, HalfDims, HalfInputs, HalfMatrix, HalfPlan, HalfRequest};
+use crate::fused::attention::{
+    HalfBuild, HalfDims, HalfInputs, HalfMatrix, HalfPhases, HalfPlan, HalfRequest,
+};
 use crate::fused::front::{FrontBuild, FrontRequest};
 use crate::fused::graph::{Handoff, LaunchGraph};
 use crate::fused::head::{
@@ -125,180 +127,30 @@ impl LayerPlan {
                 build.step
             )));
         }
-        let rank = RankShapes::new(cfg, build.tp)?;
         let mut g = LaunchGraph::new(build.ctas)?;
         let slices = StepSlices::reserve(&mut g, build.step)?;
-        let mut lists = HeadLists::default();
-        let mut names = Names::default();
-        let eps = cfg.rms_norm_eps as f32;
-        let hidden = cfg.hidden_size as u32;
-        let mut plan = Parts::default();
+        let mut c = Composer {
+            cfg,
+            build,
+            rank: RankShapes::new(cfg, build.tp)?,
+            rows,
+            slices,
+            g,
+            lists: HeadLists::default(),
+            names: Names::default(),
+            parts: Parts::default(),
+        };
         match at {
-            LaunchAt::Tail => {
-                let input = Handoff {
-                    data: slices.rows_of(slices.hidden_in(cfg.num_hidden_layers), rows),
-                    ready: Default::default(),
-                };
-                let shape = TailShape {
-                    rows,
-                    hidden,
-                    vocab_rows: rank.vocab_rows as u32,
-                    shard: build.rank as u32,
-                    shards: build.tp as u32,
-                    eps,
-                    format: build.weights,
-                };
-                let tail = tail_part(&mut g, &mut lists, shape, input)?;
-                names.whole(tail.lm_head, "lm_head.weight".into());
-                names.vector("model.norm.weight".into(), VectorUse::HeadNorm(tail.norm));
-                plan.out = tail.tokens;
-                plan.tail = Some(tail);
-            }
-            LaunchAt::Layer(i) => {
-                let layer = cfg.layer_plan()?[i];
-                let full = layer.indexer == IndexerKind::Full;
-                let input = slices.rows_of(slices.hidden_in(i), rows);
-                let x = if i == 0 {
-                    let embed = embed_part_into(&mut g, &mut lists, rows, hidden, input)?;
-                    names.vector(
-                        "model.embed_tokens.weight".into(),
-                        VectorUse::EmbedTable(embed.op),
-                    );
-                    let out = embed.out;
-                    plan.embed = Some(embed);
-                    out
-                } else {
-                    Handoff {
-                        data: input,
-                        ready: Default::default(),
-                    }
-                };
-                let half_requests: Vec<HalfRequest> = requests
-                    .iter()
-                    .map(|r| HalfRequest {
-                        context: r.context,
-                        rows: r.rows,
-                        selected: (r.context + r.rows).min(build.step.topk),
-                    })
-                    .collect();
-                let dims = HalfDims::new(cfg, build.tp, build.cache)?;
-                let inputs = HalfInputs {
-                    positions: slices.positions.offset,
-                    new_slots: slices.new_slots.offset,
-                    inv_freq: slices.inv_freq.offset,
-                    slot_lists: slices.slot_lists.offset,
-                };
-                let half_build = HalfBuild {
-                    topk: build.step.topk,
-                    union: build.union,
-                    choice: build.choice,
-                };
-                let mut half = HalfPlan::begin(
-                    &mut g,
-                    dims,
-                    &half_requests,
-                    half_build,
-                    x,
-                    "attn",
-                    Some(inputs),
-                    full,
-                )?;
-                let projections = if full {
-                    Some(index_projections(&mut g, cfg, half.plan())?)
-                } else {
-                    None
-                };
-                half.queries(&mut g)?;
-                let index = match projections {
-                    Some(p) => {
-                        let front_build = FrontBuild {
-                            ctas: build.ctas,
-                            cache_pages: build.cache_pages,
-                            max_rows: build.step.max_rows,
-                        };
-                        Some(p.front(&mut g, cfg, requests, front_build)?)
-                    }
-                    None => None,
-                };
-                let list_ready = match &index {
-                    Some(ix) => (0..rows)
-                        .map(|r| {
-                            ix.list_ready(r).ok_or_else(|| {
-                                LayerError::Batch(format!("row {r} has no list box"))
-                            })
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
-                    None => Vec::new(),
-                };
-                let attention = half.attend(&mut g, &list_ready)?;
-                name_attention(&mut names, i, &attention);
-                if let Some(ix) = &index {
-                    let p = &ix.projections;
-                    let t = |s: &str| tensor(i, &format!("self_attn.indexer.{s}.weight"));
-                    names.whole(p.wq_b, t("wq_b"));
-                    names.whole(p.wk, t("wk"));
-                    names.whole(p.weights_proj, t("weights_proj"));
-                    names.vector(t("k_norm"), VectorUse::IndexKeyNormWeight);
-                    names.vector(
-                        tensor(i, "self_attn.indexer.k_norm.bias"),
-                        VectorUse::IndexKeyNormBias,
-                    );
-                }
-                let out_rows = slices.rows_of(slices.hidden_out(i), rows);
-                let post_norm = tensor(i, "post_attention_layernorm.weight");
-                match layer.mlp {
-                    MlpKind::Dense => {
-                        let shape = DenseShape {
-                            rows,
-                            hidden,
-                            intermediate: rank.dense_intermediate as u32,
-                            eps,
-                            format: build.weights,
-                            residual: true,
-                        };
-                        let dense = dense_mlp_part_into(
-                            &mut g,
-                            &mut lists,
-                            shape,
-                            attention.out,
-                            out_rows,
-                        )?;
-                        names.whole(dense.gate_up, tensor(i, "mlp.gate_up_proj.weight"));
-                        names.whole(dense.down, tensor(i, "mlp.down_proj.weight"));
-                        names.vector(post_norm, VectorUse::HeadNorm(dense.norm));
-                        plan.out = dense.out;
-                        plan.dense = Some(dense);
-                    }
-                    MlpKind::Moe => {
-                        let normed = norm_part(
-                            &mut g,
-                            &mut lists,
-                            "post_norm",
-                            rows,
-                            hidden,
-                            eps,
-                            attention.out,
-                        )?;
-                        names.vector(post_norm, VectorUse::HeadNorm(normed.norm));
-                        let shape = MoeShape::new(cfg, build.tp, rows as usize, build.weights)
-                            .map_err(crate::fused::moe::MoeGraphError::from)?;
-                        let (out, moe) =
-                            moe_part_into(&mut g, &shape, normed.out, attention.out, out_rows)?;
-                        name_moe(&mut names, i, &shape, moe.first_matrix);
-                        names.vector(
-                            tensor(i, "mlp.gate.e_score_correction_bias"),
-                            VectorUse::RouterBias,
-                        );
-                        plan.banks = expert_banks(i, shape.experts);
-                        plan.out = out;
-                        plan.post_norm = Some(normed);
-                        plan.moe = Some(moe);
-                    }
-                }
-                plan.attention = Some(attention);
-                plan.index = index;
-            }
+            LaunchAt::Tail => c.tail()?,
+            LaunchAt::Layer(i) => c.layer(i, requests)?,
         }
+        let Composer {
+            g,
+            lists,
+            names,
+            parts,
+            ..
+        } = c;
         let launch = g.finish()?;
         let names = names.sorted(launch.matrices)?;
         Ok(LayerPlan {
@@ -307,21 +159,245 @@ impl LayerPlan {
             rows,
             slices,
             launch,
-            embed: plan.embed,
-            attention: plan.attention,
-            index: plan.index,
-            post_norm: plan.post_norm,
-            moe: plan.moe,
-            dense: plan.dense,
-            tail: plan.tail,
+            embed: parts.embed,
+            attention: parts.attention,
+            index: parts.index,
+            post_norm: parts.post_norm,
+            moe: parts.moe,
+            dense: parts.dense,
+            tail: parts.tail,
             head_lists: lists,
             matrices: names.matrices,
-            banks: plan.banks,
+            banks: parts.banks,
             vectors: names.vectors,
             stages: layer_stages(kind),
-            out: plan.out,
+            out: parts.out,
         })
     }
+}
+
+/// A launch while its parts are added.
+struct Composer<'a> {
+    cfg: &'a ModelConfig,
+    build: &'a LayerBuild,
+    rank: RankShapes,
+    rows: u32,
+    slices: StepSlices,
+    g: LaunchGraph,
+    lists: HeadLists,
+    names: Names,
+    parts: Parts,
+}
+
+impl Composer<'_> {
+    fn eps(&self) -> f32 {
+        self.cfg.rms_norm_eps as f32
+    }
+
+    fn hidden(&self) -> u32 {
+        self.cfg.hidden_size as u32
+    }
+
+    /// The tail: final norm, lm_head shard, argmax, pick, from the last layer's output rows.
+    fn tail(&mut self) -> Result<(), LayerError> {
+        let s = &self.slices;
+        let input = Handoff {
+            data: s.rows_of(s.hidden_in(self.cfg.num_hidden_layers), self.rows),
+            ready: Default::default(),
+        };
+        let shape = TailShape {
+            rows: self.rows,
+            hidden: self.hidden(),
+            vocab_rows: self.rank.vocab_rows as u32,
+            shard: self.build.rank as u32,
+            shards: self.build.tp as u32,
+            eps: self.eps(),
+            format: self.build.weights,
+        };
+        let tail = tail_part(&mut self.g, &mut self.lists, shape, input)?;
+        self.names.whole(tail.lm_head, "lm_head.weight".into());
+        self.names
+            .vector("model.norm.weight".into(), VectorUse::HeadNorm(tail.norm));
+        self.parts.out = tail.tokens;
+        self.parts.tail = Some(tail);
+        Ok(())
+    }
+
+    /// Layer `i`, in the order of the module doc.
+    fn layer(&mut self, i: usize, requests: &[FrontRequest]) -> Result<(), LayerError> {
+        let layer = self.cfg.layer_plan()?[i];
+        let full = layer.indexer == IndexerKind::Full;
+        let x = self.input(i)?;
+        let mut half = self.attention_latents(x, requests, full)?;
+        let projections = if full {
+            Some(index_projections(&mut self.g, self.cfg, half.plan())?)
+        } else {
+            None
+        };
+        half.queries(&mut self.g)?;
+        let index = match projections {
+            Some(p) => {
+                let front_build = FrontBuild {
+                    ctas: self.build.ctas,
+                    cache_pages: self.build.cache_pages,
+                    max_rows: self.build.step.max_rows,
+                };
+                Some(p.front(&mut self.g, self.cfg, requests, front_build)?)
+            }
+            None => None,
+        };
+        let list_ready = match &index {
+            Some(ix) => (0..self.rows)
+                .map(|r| {
+                    ix.list_ready(r)
+                        .ok_or_else(|| LayerError::Batch(format!("row {r} has no list box")))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        let attention = half.attend(&mut self.g, &list_ready)?;
+        name_attention(&mut self.names, i, &attention);
+        if let Some(ix) = &index {
+            name_index(&mut self.names, i, ix);
+        }
+        let h = attention.out;
+        self.parts.attention = Some(attention);
+        self.parts.index = index;
+        match layer.mlp {
+            MlpKind::Dense => self.dense(i, h),
+            MlpKind::Moe => self.moe(i, h),
+        }
+    }
+
+    /// The layer's input rows: layer 0's embedding into `hidden[0]`, else `hidden[i % 2]` as an
+    /// earlier launch left it.
+    fn input(&mut self, i: usize) -> Result<Handoff, LayerError> {
+        let input = self.slices.rows_of(self.slices.hidden_in(i), self.rows);
+        if i != 0 {
+            return Ok(Handoff {
+                data: input,
+                ready: Default::default(),
+            });
+        }
+        let hidden = self.hidden();
+        let embed = embed_part_into(&mut self.g, &mut self.lists, self.rows, hidden, input)?;
+        self.names.vector(
+            "model.embed_tokens.weight".into(),
+            VectorUse::EmbedTable(embed.op),
+        );
+        let out = embed.out;
+        self.parts.embed = Some(embed);
+        Ok(out)
+    }
+
+    /// The attention half's first phase on the step slices; its slot lists published by select
+    /// in the launch when `full`.
+    fn attention_latents(
+        &mut self,
+        x: Handoff,
+        requests: &[FrontRequest],
+        full: bool,
+    ) -> Result<HalfPhases, LayerError> {
+        let (build, s) = (self.build, &self.slices);
+        let half_requests: Vec<HalfRequest> = requests
+            .iter()
+            .map(|r| HalfRequest {
+                context: r.context,
+                rows: r.rows,
+                selected: (r.context + r.rows).min(build.step.topk),
+            })
+            .collect();
+        let inputs = HalfInputs {
+            positions: s.positions.offset,
+            new_slots: s.new_slots.offset,
+            inv_freq: s.inv_freq.offset,
+            slot_lists: s.slot_lists.offset,
+        };
+        let half_build = HalfBuild {
+            topk: build.step.topk,
+            union: build.union,
+            choice: build.choice,
+        };
+        Ok(HalfPlan::begin(
+            &mut self.g,
+            HalfDims::new(self.cfg, build.tp, build.cache)?,
+            &half_requests,
+            half_build,
+            x,
+            "attn",
+            Some(inputs),
+            full,
+        )?)
+    }
+
+    /// The dense MLP (its post-attention norm included) of `h`, into the residual stream.
+    fn dense(&mut self, i: usize, h: Handoff) -> Result<(), LayerError> {
+        let shape = DenseShape {
+            rows: self.rows,
+            hidden: self.hidden(),
+            intermediate: self.rank.dense_intermediate as u32,
+            eps: self.eps(),
+            format: self.build.weights,
+            residual: true,
+        };
+        let out = self.slices.rows_of(self.slices.hidden_out(i), self.rows);
+        let dense = dense_mlp_part_into(&mut self.g, &mut self.lists, shape, h, out)?;
+        let n = &mut self.names;
+        n.whole(dense.gate_up, tensor(i, "mlp.gate_up_proj.weight"));
+        n.whole(dense.down, tensor(i, "mlp.down_proj.weight"));
+        n.vector(
+            tensor(i, "post_attention_layernorm.weight"),
+            VectorUse::HeadNorm(dense.norm),
+        );
+        self.parts.out = dense.out;
+        self.parts.dense = Some(dense);
+        Ok(())
+    }
+
+    /// The post-attention norm of `h`, then the MoE with `h` as its residual, into the residual
+    /// stream.
+    fn moe(&mut self, i: usize, h: Handoff) -> Result<(), LayerError> {
+        let (rows, hidden, eps) = (self.rows, self.hidden(), self.eps());
+        let normed = norm_part(
+            &mut self.g,
+            &mut self.lists,
+            "post_norm",
+            rows,
+            hidden,
+            eps,
+            h,
+        )?;
+        let shape = MoeShape::new(self.cfg, self.build.tp, rows as usize, self.build.weights)
+            .map_err(crate::fused::moe::MoeGraphError::from)?;
+        let out = self.slices.rows_of(self.slices.hidden_out(i), rows);
+        let (out, moe) = moe_part_into(&mut self.g, &shape, normed.out, h, out)?;
+        let n = &mut self.names;
+        n.vector(
+            tensor(i, "post_attention_layernorm.weight"),
+            VectorUse::HeadNorm(normed.norm),
+        );
+        name_moe(n, i, &shape, moe.first_matrix);
+        n.vector(
+            tensor(i, "mlp.gate.e_score_correction_bias"),
+            VectorUse::RouterBias,
+        );
+        self.parts.banks = expert_banks(i, shape.experts);
+        self.parts.out = out;
+        self.parts.post_norm = Some(normed);
+        self.parts.moe = Some(moe);
+        Ok(())
+    }
+}
+
+/// The indexer's projections and key norm.
+fn name_index(names: &mut Names, layer: usize, ix: &IndexPart) {
+    let p = &ix.projections;
+    let t = |s: &str| tensor(layer, &format!("self_attn.indexer.{s}"));
+    names.whole(p.wq_b, t("wq_b.weight"));
+    names.whole(p.wk, t("wk.weight"));
+    names.whole(p.weights_proj, t("weights_proj.weight"));
+    names.vector(t("k_norm.weight"), VectorUse::IndexKeyNormWeight);
+    names.vector(t("k_norm.bias"), VectorUse::IndexKeyNormBias);
 }
 
 /// The attention half's matrices and norms.

@@ -18,9 +18,8 @@ use select::layout::TopK;
 /// The name of a layer launch's fused kernel source (the kind follows it).
 pub const SOURCE_NAME: &str = "fused_layer";
 
-/// The stages of a launch of `kind` (the embedding of layer 0 is a head task, so `at` matters only
-/// in that layer 0 of a kind without head tasks would need the head stage; every layer kind has
-/// it: the post-attention norm is a head task).
+/// The stages of a launch of `kind`. Every layer kind has the head stage: its post-attention
+/// norm (and layer 0's embedding) are head tasks.
 pub fn layer_stages(kind: LaunchKind) -> Vec<Stage> {
     let full = matches!(kind, LaunchKind::DenseFull | LaunchKind::MoeFull);
     let moe = matches!(kind, LaunchKind::MoeFull | LaunchKind::MoeShared);
