@@ -318,3 +318,71 @@ proptest! {
         }
     }
 }
+
+/// Every kind's fused source generates (its stages' defines agree) at glm-5.2 TP8 and the tiny
+/// preset, with the stages of the plan in the order of the kernel's arguments; compiling them is
+/// `tests/layer_compile.rs`'s.
+#[test]
+fn every_kind_has_a_source_over_its_stages() {
+    use executor::fused::layer::layer_source;
+    use executor::fused::CtaShape;
+    for (cfg, tp, cache) in [
+        (ModelConfig::preset("glm-5.2").unwrap(), 8, CacheFormat::Fp8),
+        (ModelConfig::preset("tiny").unwrap(), 1, CacheFormat::Bf16),
+    ] {
+        for target in ["sm_90a", "gfx950"] {
+            let shape = CtaShape::for_target(target).unwrap();
+            // A split holds up to 128 slots in sm_90a's 227 KB of LDS, 64 in gfx950's 160 KB.
+            let union = if shape.shared_bytes >= 200 * 1024 {
+                128
+            } else {
+                64
+            };
+            let b = LayerBuild {
+                union,
+                ..build(&cfg, tp, cache)
+            };
+            for at in one_of_each(&cfg) {
+                let kind = launch_kind(&cfg, at).unwrap();
+                let src = layer_source(&cfg, &b, shape, kind, Default::default())
+                    .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+                let p = LayerPlan::plan(&cfg, at, &requests(&[100], 1), &b).unwrap();
+                let args: Vec<&str> = p
+                    .stages
+                    .iter()
+                    .map(|s| match s {
+                        Stage::Indexer => "idx_args",
+                        Stage::Select => "sel_args",
+                        Stage::Mla => "mla_args",
+                        Stage::Linear => "lin_args",
+                        Stage::Moe => "moe_args",
+                        Stage::Head => "head_args",
+                        Stage::Synthetic => "none",
+                    })
+                    .collect();
+                let want = format!(
+                    "mono_layer(mbx_launch l, {})",
+                    args.iter()
+                        .enumerate()
+                        .map(|(i, a)| format!("{a} a{i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                assert!(src.text().contains(&want), "{kind:?}: {want}");
+            }
+        }
+    }
+}
+
+/// The kernel table builds each layer kind's kernel (the tail's is the head's, `fused_head`).
+#[test]
+fn the_kernel_table_holds_every_layer_kind() {
+    let paths: Vec<String> = executor::kernels::registry()
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    for kind in ["dense_full", "dense_shared", "moe_full", "moe_shared"] {
+        let path = format!("crates/executor/kernels/fused_layer_{kind}.hip");
+        assert!(paths.contains(&path), "{path}");
+    }
+}

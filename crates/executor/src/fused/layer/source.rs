@@ -5,8 +5,6 @@ use super::super::attention::half_stages;
 use super::super::{fused_source, CtaShape};
 use super::{LaunchAt, LayerBuild, LayerError};
 use device::KernelSource;
-use indexer::gpu::KernelConfig;
-use indexer::reference::{IndexerDims, IndexerOptions};
 use mailbox::gpu::Variant;
 use mailbox::{Stage, StageKernel};
 use model::numerics::RopeStyle;
@@ -64,8 +62,8 @@ pub fn launch_kind(cfg: &ModelConfig, at: LaunchAt) -> Result<LaunchKind, LayerE
     }
 }
 
-/// The stage kernels of a launch of `kind` for `cfg` on CTAs of `shape`: the indexer in its
-/// production numerics (FP8 queries and keys, each target's scorer), select's production build
+/// The stage kernels of a launch of `kind` for `cfg` on CTAs of `shape`: the indexer's production
+/// stage at the config's shape (`indexer::gpu::stage_kernel_for`), select's production build
 /// for the config's k, MLA for the build's attention shape and the config's rope.
 pub fn stage_kernels(
     cfg: &ModelConfig,
@@ -78,12 +76,7 @@ pub fn stage_kernels(
     for stage in layer_stages(kind) {
         match stage {
             Stage::Indexer => {
-                let dims = IndexerDims::new(cfg).map_err(|e| source(&e))?;
-                let config = KernelConfig::new(dims, &IndexerOptions::deepseek(cfg))
-                    .map_err(|e| source(&e))?;
-                let mut k = config.stage_kernel();
-                k.defines.insert("IDX_WGMMA".into(), "MONO_NVIDIA".into());
-                out.push(k);
+                out.push(indexer::gpu::stage_kernel_for(cfg).map_err(|e| source(&e))?);
             }
             Stage::Select => {
                 let top = TopK::of(cfg)
