@@ -49,6 +49,27 @@ impl DecodeState {
         &self.options
     }
 
+    /// Requests the state holds caches for.
+    pub fn requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The MLA cache records of `request` at `layer` as encoded (token-major, one
+    /// `mla::CacheLayout` record a token); `None` outside the state or when the cache keeps exact
+    /// values (`CacheStore::F32`).
+    pub fn mla_bytes(&self, request: usize, layer: usize) -> Option<&[u8]> {
+        self.requests.get(request)?.mla.get(layer)?.bytes()
+    }
+
+    /// The index keys of `request` at a full-indexer `layer`, one a cached position.
+    pub fn index_keys(&self, request: usize, layer: usize) -> Option<&[ScaledVector]> {
+        self.requests
+            .get(request)?
+            .index_keys
+            .get(layer)?
+            .as_deref()
+    }
+
     /// Tokens cached for `request` (every layer holds the same count).
     pub fn cached(&self, request: usize) -> Option<usize> {
         self.requests

@@ -12,6 +12,7 @@ pub mod digest;
 pub mod front;
 pub mod graph;
 pub mod inputs;
+pub mod layer;
 pub mod scene;
 pub mod weights;
 

@@ -20,6 +20,23 @@ pub fn shard_values(seed: u64, shard: &Shard) -> Vec<f32> {
     out
 }
 
+/// The values a launch computes with for each source shard of `tensor`: the shard's values, FP8
+/// ones quantised and dequantised (what the stored codes times their block scales are).
+pub fn stored_values(seed: u64, tensor: &DeviceTensor) -> Result<Vec<Vec<f32>>> {
+    let (rows, cols) = tensor.shape();
+    tensor
+        .sources
+        .iter()
+        .map(|s| {
+            let values = shard_values(seed, s);
+            Ok(match tensor.element {
+                Element::Fp8 => Fp8Weight::quantise(&values, rows, cols)?.dequantise(),
+                _ => values,
+            })
+        })
+        .collect()
+}
+
 fn bf16_bits(values: &[f32]) -> Vec<u16> {
     // The values are bf16-exact: the upper half of the f32 is the bf16.
     values.iter().map(|v| (v.to_bits() >> 16) as u16).collect()

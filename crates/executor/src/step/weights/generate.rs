@@ -149,6 +149,23 @@ impl DeviceWeights {
         Ok((bytes, scales))
     }
 
+    /// `plan`'s weights for `seed` made on the host by the CPU's rule (`check::expected`) and
+    /// uploaded: the same bytes [`Self::generate`] makes on the device, for a device whose
+    /// kernels are slow to launch (the host backend) at a small preset.
+    pub fn from_host(dev: &Device, plan: WeightPlan, seed: u64) -> Result<Self> {
+        let mut bytes = vec![0u8; plan.bytes.max(1)];
+        for tensor in &plan.tensors {
+            let (data, scales) = super::check::expected(seed, tensor)?;
+            bytes[tensor.offset..tensor.offset + data.len()].copy_from_slice(&data);
+            if let Some((at, _)) = tensor.scales {
+                let scales: &[u8] = bytemuck::cast_slice(&scales);
+                bytes[at..at + scales.len()].copy_from_slice(scales);
+            }
+        }
+        let arena = dev.upload(&bytes)?;
+        Ok(DeviceWeights { plan, seed, arena })
+    }
+
     /// Generates `plan`'s weights for `seed`. Refuses a plan the device cannot hold (with
     /// [`RESERVE_BYTES`] to spare) before allocating anything; `progress` hears every few GB.
     pub fn generate(

@@ -1,0 +1,178 @@
+//! A layer launch's device side on the host backend (a device emulated on CPU threads from the
+//! kernels' own source, `device::host`), at the tiny preset:
+//!
+//! * the weights every part of every layer reads, bound from one rank's synthetic weights made on
+//!   the device: the derived forms (W_UK\[h\]ᵀ padded and W_UV\[h\] of every head, the router's
+//!   k-splits) equal those packed on the CPU from the reference model's own matrices; a rank
+//!   missing one expert's tensor is refused, the error naming it;
+//! * the caches of the reference's own prefill, placed through a shuffled page table.
+//!
+//! Needs g++ with C++20, so ignored:
+//! `cargo test --release -p executor --test layer_host -- --ignored --nocapture`
+
+use device::{BackendChoice, Device};
+use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row};
+use executor::step::layer::{CacheImages, MlpWeights, ModelWeights};
+use executor::step::weights::{DeviceWeights, WeightPlan};
+use mla::HeadLayout;
+use model::paging::PageTable;
+use model::weights::packed::{pack, Pairing, SourceWeight};
+use model::weights::Synthetic;
+use model::{CacheFormat, ModelConfig, WeightFormat};
+
+const SEED: u64 = 5;
+
+fn host() -> Device {
+    Device::open_with(0, BackendChoice::Host).expect("the host backend")
+}
+
+fn weights(dev: &Device, cfg: &ModelConfig) -> DeviceWeights {
+    let plan = WeightPlan::new(cfg, 1, 0, WeightFormat::Bf16).unwrap();
+    DeviceWeights::from_host(dev, plan, SEED).unwrap()
+}
+
+fn reference(cfg: &ModelConfig) -> ReferenceModel {
+    let source = Synthetic::new(cfg, SEED, WeightFormat::Bf16).unwrap();
+    ReferenceModel::load(cfg, &source).unwrap()
+}
+
+fn bf16(v: &[f32]) -> Vec<u16> {
+    // Synthetic bf16 weights are bf16-exact.
+    v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+}
+
+fn packed(rows: usize, cols: usize, values: &[f32]) -> Vec<u8> {
+    let bits = bf16(values);
+    pack(
+        Pairing::Plain,
+        &[SourceWeight::Bf16 {
+            rows,
+            cols,
+            bits: &bits,
+        }],
+    )
+    .unwrap()
+    .bytes
+}
+
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn every_layer_binds_and_the_derived_forms_equal_the_references() {
+    let dev = host();
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let w = weights(&dev, &cfg);
+    let bound = ModelWeights::bind(&dev, &cfg, &w).unwrap();
+    let model = reference(&cfg);
+    let forms = bound.forms.buffer.download().unwrap();
+    let base = bound.forms.buffer.device_ptr();
+    let at = |ptr: u64, len: usize| &forms[(ptr - base) as usize..(ptr - base) as usize + len];
+    let heads = HeadLayout::new(&cfg);
+    let (latent, nope) = (cfg.kv_lora_rank, cfg.qk_nope_head_dim);
+    let uk_k = nope.next_multiple_of(128);
+    let mut checked = 0;
+    for (layer, lw) in bound.layers.iter().enumerate() {
+        let kv_b = &model.layers[layer].mla.kv_b;
+        for h in 0..heads.heads {
+            let mut uk = vec![0f32; latent * uk_k];
+            for (i, r) in heads.uk_rows(h).enumerate() {
+                for c in 0..latent {
+                    uk[c * uk_k + i] = kv_b.data()[r * latent + c];
+                }
+            }
+            let want = packed(latent, uk_k, &uk);
+            let m = lw.attention.matrices[3 + h];
+            assert_eq!(at(m.w, want.len()), want, "layer {layer} W_UK[{h}]");
+            let rows = heads.uv_rows(h);
+            let uv = &kv_b.data()[rows.start * latent..rows.end * latent];
+            let want = packed(cfg.v_head_dim, latent, uv);
+            let m = lw.attention.matrices[3 + heads.heads + h];
+            assert_eq!(at(m.w, want.len()), want, "layer {layer} W_UV[{h}]");
+            checked += 2;
+        }
+        if let (MlpWeights::Moe(moe), executor::reference::MlpBlock::Moe(r)) =
+            (&lw.mlp, &model.layers[layer].mlp)
+        {
+            let (e, hidden) = (cfg.n_routed_experts, cfg.hidden_size);
+            let k = hidden / moe.router.len();
+            for (s, split) in moe.router.iter().enumerate() {
+                let values: Vec<f32> = (0..e)
+                    .flat_map(|row| r.router.gate.data()[row * hidden + s * k..][..k].to_vec())
+                    .collect();
+                let want = packed(e, k, &values);
+                assert_eq!(
+                    at(split.w, want.len()),
+                    want,
+                    "layer {layer} router split {s}"
+                );
+                checked += 1;
+            }
+            assert_eq!(moe.gate_up.experts as usize, e);
+        }
+        assert_eq!(lw.indexer.is_some(), model.layers[layer].indexer.is_some());
+    }
+    eprintln!("{checked} derived forms equal the reference's packed matrices");
+
+    // A rank without one expert's down projection is refused by name.
+    let mut broken = w;
+    let gone = "model.layers.3.mlp.experts.5.down_proj.weight";
+    broken.plan.tensors.retain(|t| t.name != gone);
+    let err = ModelWeights::bind(&dev, &cfg, &broken)
+        .err()
+        .expect("a missing tensor");
+    assert!(err.to_string().contains(gone), "{err}");
+}
+
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn the_references_prefill_lands_in_the_device_caches_through_the_page_table() {
+    let dev = host();
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let model = reference(&cfg);
+    let options = ReferenceOptions::engines(&cfg);
+    let contexts = [70usize, 5];
+    let mut state = DecodeState::new(&model, contexts.len(), options).unwrap();
+    for (q, &n) in contexts.iter().enumerate() {
+        let rows: Vec<Row> = (0..n)
+            .map(|p| Row {
+                request: q,
+                token: ((p * 37 + q * 11) % cfg.vocab_size) as u32,
+                position: p,
+            })
+            .collect();
+        model.step(&mut state, &rows).unwrap();
+    }
+    // Request 0 on pages 3 and 0, request 1 on page 2 (page 1 unused).
+    let table = PageTable::new(&[vec![3, 0], vec![2]]).unwrap();
+    let images = CacheImages::from_reference(&cfg, CacheFormat::Fp8, &state, &table).unwrap();
+    let caches = images.upload(&dev).unwrap();
+    let record = images.mla.bytes_per_token();
+    for (l, layer) in caches.layers.iter().enumerate() {
+        let mla = layer.mla.download().unwrap();
+        for (q, &n) in contexts.iter().enumerate() {
+            let want = state.mla_bytes(q, l).unwrap();
+            for t in 0..n {
+                let slot = table.slot(q, t as u32).unwrap() as usize;
+                assert_eq!(
+                    &mla[slot * record..(slot + 1) * record],
+                    &want[t * record..(t + 1) * record],
+                    "layer {l}, request {q}, token {t}"
+                );
+            }
+            if let (Some(keys), Some(cache)) = (state.index_keys(q, l), &layer.index_keys) {
+                let cache = cache.download().unwrap();
+                let (page, place) = table.locate(q, (n - 1) as u32).unwrap();
+                let at = images.index.key_offset(page, place) as usize;
+                let key = &keys[n - 1];
+                assert_eq!(&cache[at..at + key.values.len()], key.codes().as_slice());
+                let s = images.index.scale_offset(page, place) as usize;
+                assert_eq!(cache[s..s + 4], key.scale.to_le_bytes());
+            }
+        }
+        // The unused page stays zero.
+        assert!(mla[64 * record..128 * record].iter().all(|&b| b == 0));
+    }
+    // A table too short for the cached tokens is refused.
+    let short = PageTable::new(&[vec![0], vec![1]]).unwrap();
+    let err = CacheImages::from_reference(&cfg, CacheFormat::Fp8, &state, &short).unwrap_err();
+    assert!(err.to_string().contains("past its pages"), "{err}");
+}
