@@ -287,6 +287,12 @@ impl Stream {
         self.backend.memset(ptr, byte, bytes, self.handle)
     }
 
+    /// Device-to-device copy of `bytes` from address `src` to address `dst`, ordered on this
+    /// stream (a graph captures it as a copy node).
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.backend.copy_on_device(dst, src, bytes, self.handle)
+    }
+
     /// Starts recording this stream's work into a graph instead of running it.
     pub fn begin_capture(&self) -> Result<()> {
         self.backend.begin_capture(self.handle)

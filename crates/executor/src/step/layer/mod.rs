@@ -2,6 +2,8 @@
 //! parts read ([`weights`]).
 
 pub mod caches;
+pub mod front;
+pub mod moe;
 pub mod weights;
 
 pub use caches::{CacheImages, LayerCache, StepCaches};
