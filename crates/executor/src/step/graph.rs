@@ -278,6 +278,29 @@ impl<'a> StepGraph<'a> {
             .collect()
     }
 
+    /// One step launched directly, each launch waited for, checked and handed to `inspect`
+    /// before the next runs (the feed, when there is one, runs last, uninspected).
+    pub fn run_inspected(
+        &self,
+        inspect: &mut dyn FnMut(usize, &dyn StepLaunch) -> Result<()>,
+    ) -> Result<()> {
+        self.enqueue_epoch()?;
+        for (i, launch) in self.launches.iter().enumerate() {
+            launch.enqueue(&self.stream)?;
+            self.stream.sync()?;
+            launch.check().map_err(|e| StepError::Launch {
+                launch: launch.name(),
+                message: e.to_string(),
+            })?;
+            inspect(i, launch.as_ref())?;
+        }
+        if let Some(feed) = &self.feed {
+            feed.enqueue(&self.stream)?;
+            self.stream.sync()?;
+        }
+        Ok(())
+    }
+
     /// One step launched directly, each launch waited for and its outputs digested before the
     /// next runs (so a later launch that rewrites a buffer cannot hide an earlier one's result);
     /// the feed's outputs last.

@@ -3,7 +3,9 @@
 
 pub mod caches;
 pub mod front;
+pub mod launch;
 pub mod moe;
+pub mod step;
 pub mod weights;
 
 pub use caches::{CacheImages, LayerCache, StepCaches};

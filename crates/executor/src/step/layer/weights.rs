@@ -83,6 +83,9 @@ pub struct LayerWeights {
 
 /// The whole rank's bound weights.
 pub struct ModelWeights {
+    /// Where the rank's tensors are (their names, for checks), and its arena's address.
+    pub plan: crate::step::weights::WeightPlan,
+    pub arena: u64,
     /// `[vocab, hidden]` bf16 row-major.
     pub embedding: u64,
     pub vocab: u32,
@@ -469,6 +472,8 @@ impl ModelWeights {
             ));
         }
         Ok(ModelWeights {
+            plan: w.plan.clone(),
+            arena: w.arena.device_ptr(),
             embedding: w.ptr(embedding),
             vocab: cfg.vocab_size as u32,
             layers,
@@ -479,6 +484,15 @@ impl ModelWeights {
             },
             forms: LaunchForms { buffer },
         })
+    }
+
+    /// Device address of the elements of the rank's tensor `name`.
+    pub fn tensor_ptr(&self, name: &str) -> Result<u64> {
+        let t = self
+            .plan
+            .get(name)
+            .ok_or_else(|| StepError::Invalid(format!("no weight named {name} on this rank")))?;
+        Ok(self.arena + t.offset as u64)
     }
 
     /// Layer `layer`'s weights, or an error naming it.

@@ -1,0 +1,606 @@
+//! One launch of the step on a device: the fused kernel of its kind ([`LayerKernel`], built once
+//! per kind and shared by every launch of that kind) and one planned launch bound to its weights,
+//! caches and the step's arena ([`LayerLaunch`], a [`StepLaunch`]).
+//!
+//! Binding fills each stage's arguments from the parts' plans (`fused::layer::LayerPlan`): the
+//! launch's matrix list by the parts' own `matrices` / `bind`, the expert banks and `moe_args`
+//! ([`super::moe`]), `idx_args` and `sel_args` ([`super::front`]), `mla_args`, and the head
+//! stage's descriptors; then checks every named matrix of the plan (`LayerPlan::matrices`) against
+//! the address bound for it, so a part that bound the wrong tensor is refused before anything runs.
+
+use device::{Args, Buffer, Device, Kernel, Launch, Module, Stream};
+use head::gpu::HeadArgs;
+use indexer::gpu::KernelConfig;
+use indexer::reference::{IndexerDims, IndexerOptions};
+use linear::gpu::{LinArgs, LinExpert, LinMatrix};
+use mailbox::gpu::{DeviceTable, LaunchTable, Variant};
+use mailbox::{Stage, Stall, DIAG_WORDS};
+use model::traffic::{launch_traffic, Formats, LaunchKind, Load};
+use model::{ModelConfig, RankShapes};
+use moe::reference::Routing;
+use select::gpu::FLAG_NAMES;
+
+use super::caches::StepCaches;
+use super::front::{bind_front, FrontAt, FrontBinding};
+use super::moe::{bind_moe, MoeRows};
+use super::weights::{LayerWeights, MlpWeights, ModelWeights};
+use crate::fused::head::HeadDescriptors;
+use crate::fused::layer::{
+    layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
+};
+use crate::fused::{ArenaSlice, CtaShape, ENTRY};
+use crate::step::graph::{DeviceBytes, LaunchSlot, Output, StepLaunch};
+use crate::step::{Result, StepError};
+
+fn invalid(reason: impl Into<String>) -> StepError {
+    StepError::Invalid(reason.into())
+}
+
+/// The fused CTA shape of `dev` (the host backend runs the production shape on CPU threads).
+pub fn cta_shape(dev: &Device) -> Result<CtaShape> {
+    let info = dev.info();
+    let target = if info.arch == "host" {
+        "sm_90a"
+    } else {
+        info.arch.as_str()
+    };
+    let shape = CtaShape::for_target(target)
+        .ok_or_else(|| invalid(format!("no fused CTA shape for {}", info.arch)))?;
+    Ok(CtaShape {
+        shared_bytes: shape.shared_bytes.min(info.max_shared_per_block),
+        ..shape
+    })
+}
+
+/// The fused kernel of one launch kind.
+pub struct LayerKernel {
+    // Declared before the module: a kernel must not outlive its module.
+    kernel: Kernel,
+    _module: Module,
+    pub kind: LaunchKind,
+    pub shape: CtaShape,
+    pub ctas: u32,
+    variant: Variant,
+}
+
+impl LayerKernel {
+    /// Builds the kernel of `kind` for `cfg` on `build` and checks that one CTA of the fused
+    /// shape is resident on every SM at once.
+    pub fn build(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+    ) -> Result<Self> {
+        let shape = cta_shape(dev)?;
+        let source = layer_source(cfg, build, shape, kind, variant)
+            .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
+        let module = dev.build(&source)?;
+        let kernel = module.kernel(ENTRY)?;
+        // The CTA's shared memory less what the kernel declares statically.
+        let fixed = kernel.resources()?.shared_bytes;
+        let shape = CtaShape {
+            shared_bytes: shape
+                .shared_bytes
+                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
+            ..shape
+        };
+        let ctas = build.ctas;
+        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
+        if resident < ctas {
+            return Err(invalid(format!(
+                "{}: {resident} CTAs of {} threads and {} bytes of shared memory are resident at \
+                 once; the launch needs {ctas}",
+                kind.name(),
+                shape.threads,
+                shape.shared_bytes
+            )));
+        }
+        Ok(LayerKernel {
+            kernel,
+            _module: module,
+            kind,
+            shape,
+            ctas,
+            variant,
+        })
+    }
+}
+
+/// A slice of the step's arena, read back for digests.
+pub struct ArenaView<'a> {
+    pub arena: &'a Buffer<u8>,
+    pub slice: ArenaSlice,
+}
+
+impl DeviceBytes for ArenaView<'_> {
+    fn bytes(&self) -> Result<Vec<u8>, device::DeviceError> {
+        let s = self.slice;
+        self.arena
+            .download_range(s.offset as usize..(s.offset + s.bytes) as usize)
+    }
+}
+
+/// A device-to-device copy a launch makes before or after its kernel (the step's inputs into the
+/// arena, the picked tokens out to the feed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: usize,
+}
+
+/// What a launch is built from besides its plan.
+pub struct LaunchParts<'a> {
+    pub cfg: &'a ModelConfig,
+    pub build: &'a LayerBuild,
+    pub weights: &'a ModelWeights,
+    pub caches: &'a StepCaches,
+    /// The step's one activation arena (at least the plan's `launch.arena.bytes`).
+    pub arena: &'a Buffer<u8>,
+    /// The softmax scale of the attention (`None`: the model's, 1/sqrt(qk_head_dim)).
+    pub scale: Option<f32>,
+}
+
+/// One launch of the step, bound.
+pub struct LayerLaunch<'a> {
+    name: String,
+    kernel: &'a LayerKernel,
+    pub plan: LayerPlan,
+    arena: &'a Buffer<u8>,
+    table: DeviceTable,
+    slot: LaunchSlot,
+    diag: Buffer<u32>,
+    _mats: Buffer<LinMatrix>,
+    _banks: Buffer<LinExpert>,
+    _head_lists: [Buffer<u8>; 4],
+    _front: Option<FrontBinding>,
+    /// The kernel's arguments after `mbx_launch`, in stage order.
+    stage_args: Vec<StageArg>,
+    /// What the launch writes, for digests.
+    views: Vec<(String, ArenaView<'a>)>,
+    before: Vec<Copy>,
+    after: Vec<Copy>,
+    floor: u64,
+    /// The arena's select flags (full layers).
+    flags: Option<ArenaSlice>,
+}
+
+fn upload_list<T: bytemuck::Pod + Default>(dev: &Device, list: &[T]) -> Result<Buffer<T>> {
+    // A list nobody uses still gets a valid address.
+    if list.is_empty() {
+        return Ok(dev.upload(&[T::default()])?);
+    }
+    Ok(dev.upload(list)?)
+}
+
+/// One stage's kernel argument.
+#[derive(Clone, Copy, Debug)]
+enum StageArg {
+    Indexer(indexer::gpu::StageArgs),
+    Select(select::gpu::SelArgs),
+    Mla(mla::gpu::MlaArgs),
+    Linear(LinArgs),
+    Moe(moe::memory::MoeArgs),
+    Head(HeadArgs),
+}
+
+impl StageArg {
+    fn push(&self, args: Args) -> Args {
+        match self {
+            StageArg::Indexer(a) => args.value(a),
+            StageArg::Select(a) => args.value(a),
+            StageArg::Mla(a) => args.value(a),
+            StageArg::Linear(a) => args.value(a),
+            StageArg::Moe(a) => args.value(a),
+            StageArg::Head(a) => args.value(a),
+        }
+    }
+}
+
+impl<'a> LayerLaunch<'a> {
+    /// Binds `plan` (launch `slot.launch_index` of the step) on `kernel`; `before` and `after`
+    /// are copies it makes around its kernel.
+    pub fn new(
+        dev: &Device,
+        kernel: &'a LayerKernel,
+        plan: LayerPlan,
+        parts: &LaunchParts<'a>,
+        slot: LaunchSlot,
+        before: Vec<Copy>,
+        after: Vec<Copy>,
+    ) -> Result<Self> {
+        let LaunchParts {
+            cfg,
+            build,
+            weights,
+            caches,
+            arena: arena_buf,
+            scale,
+        } = *parts;
+        let name = match plan.at {
+            LaunchAt::Layer(i) => format!("layer {i} ({})", plan.kind.name()),
+            LaunchAt::Tail => "tail".to_owned(),
+        };
+        if plan.kind != kernel.kind {
+            return Err(invalid(format!(
+                "{name}: a {} launch on the {} kernel",
+                plan.kind.name(),
+                kernel.kind.name()
+            )));
+        }
+        if plan.launch.placement.placement().ctas() != kernel.ctas {
+            return Err(invalid(format!(
+                "{name}: planned for {} CTAs; the kernel runs {}",
+                plan.launch.placement.placement().ctas(),
+                kernel.ctas
+            )));
+        }
+        if (arena_buf.len() as u64) < plan.launch.arena.bytes {
+            return Err(invalid(format!(
+                "{name}: the launch's arena takes {} bytes; the step's holds {}",
+                plan.launch.arena.bytes,
+                arena_buf.len()
+            )));
+        }
+        if slot.scratch.len() < plan.launch.layout.boxes() as usize {
+            return Err(invalid(format!(
+                "{name}: the launch's boxes take {} words of scratch; the step has {}",
+                plan.launch.layout.boxes(),
+                slot.scratch.len()
+            )));
+        }
+        let need = lds_bytes(cfg, &plan, kernel.shape.threads)?;
+        if need > kernel.shape.shared_bytes {
+            return Err(invalid(format!(
+                "{name}: the tasks take {need} bytes of shared memory; a CTA gets {}",
+                kernel.shape.shared_bytes
+            )));
+        }
+        let arena = arena_buf.device_ptr();
+        let mut mats = vec![LinMatrix::default(); plan.launch.matrices as usize];
+        let mut banks: Vec<LinExpert> = Vec::new();
+        let mut d = HeadDescriptors::new(&plan.head_lists);
+        let mut mla = None;
+        let mut moe_args = None;
+        let mut front = None;
+        let layer: Option<&LayerWeights> = match plan.at {
+            LaunchAt::Layer(i) => Some(weights.layer(i)?),
+            LaunchAt::Tail => None,
+        };
+        if let Some(embed) = &plan.embed {
+            let tokens = arena + plan.slices.tokens.offset;
+            embed.bind(arena, weights.embedding, weights.vocab, tokens, &mut d);
+        }
+        if let (Some(half), Some(lw)) = (&plan.attention, layer) {
+            let cache = caches.layer(lw.plan.index)?;
+            let s = scale.unwrap_or(half.model_scale());
+            mla = Some(half.mla_args(arena, cache.mla.device_ptr(), &lw.attention, s));
+            for (i, m) in half.matrices(arena, &lw.attention).into_iter().enumerate() {
+                mats[half.first_matrix as usize + i] = m;
+            }
+        }
+        if let (Some(ix), Some(lw)) = (&plan.index, layer) {
+            let iw = lw.indexer.as_ref().ok_or_else(|| {
+                invalid(format!(
+                    "{name}: a full-indexer launch without indexer weights"
+                ))
+            })?;
+            let w = IndexWeights {
+                wq_b: iw.wq_b,
+                wk: iw.wk,
+                weights_proj: iw.weights_proj,
+            };
+            for (i, m) in ix.projections.matrices(arena, &w) {
+                mats[i as usize] = m;
+            }
+            let cache = caches.layer(lw.plan.index)?;
+            let keys = cache.index_keys.as_ref().ok_or_else(|| {
+                invalid(format!(
+                    "{name}: no index-key cache for a full-indexer layer"
+                ))
+            })?;
+            let dims = IndexerDims::new(cfg).map_err(|e| invalid(e.to_string()))?;
+            let p = &ix.projections;
+            let at = FrontAt {
+                key_proj: arena + p.key_proj.offset,
+                query_proj: arena + p.query_proj.offset,
+                gates: arena + p.gates.offset,
+                norm_weight: iw.k_norm_weight,
+                norm_bias: iw.k_norm_bias,
+                inv_freq: arena + plan.slices.inv_freq.offset,
+                cache: keys.device_ptr(),
+                scores: arena + ix.scores.offset,
+                lists: arena + plan.slices.slot_lists.offset,
+                flags: arena + ix.select_flags.offset,
+            };
+            front = Some(bind_front(dev, &ix.front, &dims, at)?);
+        }
+        if let (Some(dense), Some(lw)) = (&plan.dense, layer) {
+            let MlpWeights::Dense(w) = &lw.mlp else {
+                return Err(invalid(format!(
+                    "{name}: a dense launch without dense weights"
+                )));
+            };
+            dense.bind(arena, w, &mut mats, &mut d);
+        }
+        if let (Some(norm), Some(lw)) = (&plan.post_norm, layer) {
+            norm.bind(arena, lw.post_norm, &mut d);
+        }
+        if let (Some(part), Some(lw)) = (&plan.moe, layer) {
+            let MlpWeights::Moe(w) = &lw.mlp else {
+                return Err(invalid(format!("{name}: a MoE launch without MoE weights")));
+            };
+            let (norm, half) = match (&plan.post_norm, &plan.attention) {
+                (Some(n), Some(h)) => (n, h),
+                _ => return Err(invalid(format!("{name}: a MoE part without its inputs"))),
+            };
+            let rows = MoeRows {
+                x: norm.out.data,
+                residual: half.out.data,
+                out: plan.out.data,
+            };
+            let b = bind_moe(part, arena, rows, w, &Routing::new(cfg))?;
+            for (i, m) in b.mats {
+                mats[i as usize] = m;
+            }
+            banks = b.banks.to_vec();
+            moe_args = Some(b.args);
+        }
+        if let Some(tail) = &plan.tail {
+            tail.bind(arena, &weights.tail, &mut mats, &mut d);
+        }
+        check_names(&name, &plan, &mats, weights)?;
+        if let Some(i) = mats.iter().position(|m| m.w == 0) {
+            return Err(invalid(format!(
+                "{name}: matrix {i} of the launch is not bound"
+            )));
+        }
+        let mats_buf = upload_list(dev, &mats)?;
+        let banks_buf = upload_list(dev, &banks)?;
+        let bytes = |v: &[u8]| -> Result<Buffer<u8>> { upload_list(dev, v) };
+        let head_lists = [
+            bytes(bytemuck::cast_slice(&d.embeds))?,
+            bytes(bytemuck::cast_slice(&d.norms))?,
+            bytes(bytemuck::cast_slice(&d.argmaxes))?,
+            bytes(bytemuck::cast_slice(&d.picks))?,
+        ];
+        let head = HeadArgs {
+            embeds: head_lists[0].device_ptr(),
+            norms: head_lists[1].device_ptr(),
+            argmaxes: head_lists[2].device_ptr(),
+            picks: head_lists[3].device_ptr(),
+            n_embeds: d.embeds.len() as u32,
+            n_norms: d.norms.len() as u32,
+            n_argmaxes: d.argmaxes.len() as u32,
+            n_picks: d.picks.len() as u32,
+        };
+        let lin = LinArgs {
+            mats: mats_buf.device_ptr(),
+            experts: banks_buf.device_ptr(),
+            n_mats: mats.len() as u32,
+            n_experts: banks.len() as u32,
+        };
+        let mut stage_args = Vec::new();
+        for stage in &plan.stages {
+            let missing = |what: &str| invalid(format!("{name}: the {what} stage has no part"));
+            stage_args.push(match stage {
+                Stage::Indexer => {
+                    StageArg::Indexer(front.as_ref().ok_or_else(|| missing("indexer"))?.idx)
+                }
+                Stage::Select => {
+                    StageArg::Select(front.as_ref().ok_or_else(|| missing("select"))?.sel)
+                }
+                Stage::Mla => StageArg::Mla(mla.ok_or_else(|| missing("MLA"))?),
+                Stage::Linear => StageArg::Linear(lin),
+                Stage::Moe => StageArg::Moe(moe_args.ok_or_else(|| missing("MoE"))?),
+                Stage::Head => StageArg::Head(head),
+                Stage::Synthetic => return Err(missing("synthetic")),
+            });
+        }
+        let floor = floor_bytes(cfg, build, &plan);
+        let view = |slice| ArenaView {
+            arena: arena_buf,
+            slice,
+        };
+        let mut views = vec![(
+            if plan.tail.is_some() {
+                "tokens"
+            } else {
+                "hidden"
+            }
+            .to_owned(),
+            view(plan.out.data),
+        )];
+        if plan.index.is_some() {
+            let lists = plan.slices.rows_of(plan.slices.slot_lists, plan.rows);
+            views.push(("slot lists".to_owned(), view(lists)));
+        }
+        Ok(LayerLaunch {
+            views,
+            name,
+            kernel,
+            table: DeviceTable::upload(dev, &plan.launch.placement)?,
+            diag: dev.alloc_zeroed(DIAG_WORDS)?,
+            flags: plan.index.as_ref().map(|ix| ix.select_flags),
+            plan,
+            arena: arena_buf,
+            slot,
+            _mats: mats_buf,
+            _banks: banks_buf,
+            _head_lists: head_lists,
+            _front: front,
+            stage_args,
+            before,
+            after,
+            floor,
+        })
+    }
+}
+
+/// Every matrix the plan names by a whole tensor is bound at that tensor's address.
+fn check_names(
+    name: &str,
+    plan: &LayerPlan,
+    mats: &[LinMatrix],
+    weights: &ModelWeights,
+) -> Result<()> {
+    for m in &plan.matrices {
+        let MatrixSource::Tensor(tensor) = &m.source else {
+            continue;
+        };
+        let want = weights.tensor_ptr(tensor)?;
+        let got = mats.get(m.index as usize).map_or(0, |m| m.w);
+        if got != want {
+            return Err(invalid(format!(
+                "{name}: matrix {} is bound at {got:#x}; {tensor} is at {want:#x}",
+                m.index
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Shared memory the launch's tasks take in CTAs of `threads`.
+fn lds_bytes(cfg: &ModelConfig, plan: &LayerPlan, threads: u32) -> Result<u32> {
+    let e = |e: &dyn std::fmt::Display| invalid(e.to_string());
+    let mut need = 0;
+    if let Some(h) = &plan.attention {
+        need = need.max(h.lds_bytes(threads).map_err(|x| e(&x))?);
+    }
+    if let Some(d) = &plan.dense {
+        need = need.max(d.lds_bytes(threads).map_err(|x| e(&x))?);
+    }
+    if let Some(t) = &plan.tail {
+        need = need.max(t.lds_bytes(threads).map_err(|x| e(&x))?);
+    }
+    if let Some(m) = &plan.moe {
+        need = need.max(moe::layout::lds_bytes(&m.shape, threads).map_err(|x| e(&x))?);
+    }
+    if let Some(ix) = &plan.index {
+        let dims = IndexerDims::new(cfg).map_err(|x| e(&x))?;
+        let config = KernelConfig::new(dims, &IndexerOptions::deepseek(cfg)).map_err(|x| e(&x))?;
+        let select = select::gpu::Shape::production(ix.front.top).map_err(|x| e(&x))?;
+        need = need.max(config.score_lds_bytes()).max(select.lds_bytes());
+    }
+    Ok(need)
+}
+
+/// Bytes the launch must move: its kind's weights (the routed experts its rows may touch, at most)
+/// and cache traffic (`model::traffic`).
+fn floor_bytes(cfg: &ModelConfig, build: &LayerBuild, plan: &LayerPlan) -> u64 {
+    let Ok(shapes) = RankShapes::new(cfg, build.tp) else {
+        return 0;
+    };
+    let requests = plan
+        .index
+        .as_ref()
+        .map_or(1, |ix| ix.front.plan.requests.len().max(1)) as u64;
+    let rows = u64::from(plan.rows);
+    let context = plan
+        .attention
+        .as_ref()
+        .and_then(|h| h.positions.iter().max())
+        .map_or(0, |&p| u64::from(p) + 1);
+    let load = Load {
+        requests,
+        rows_per_request: rows.div_ceil(requests),
+        context,
+    };
+    let formats = Formats {
+        weights: build.weights,
+        cache: build.cache,
+    };
+    launch_traffic(&shapes, plan.kind, formats, load).total_bytes()
+}
+
+impl LayerLaunch<'_> {
+    /// The rows this launch hands on (the layer's output, or the tail's tokens).
+    pub fn out(&self) -> ArenaView<'_> {
+        ArenaView {
+            arena: self.arena,
+            slice: self.plan.out.data,
+        }
+    }
+}
+
+impl StepLaunch for LayerLaunch<'_> {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn kind(&self) -> String {
+        self.plan.kind.name().to_owned()
+    }
+
+    fn enqueue(&self, stream: &Stream) -> Result<()> {
+        for c in &self.before {
+            stream.copy(c.dst, c.src, c.bytes)?;
+        }
+        let table = LaunchTable::new(
+            &self.table,
+            &self.slot.scratch,
+            &self.slot.epoch,
+            &self.diag,
+            self.slot.tags,
+            self.slot.launch_index,
+        )?;
+        let k = self.kernel;
+        let launch = Launch::new(self.table.ctas, k.shape.threads)
+            .shared(k.shape.shared_bytes)
+            .cooperative();
+        let mut args = Args::new().value(&table);
+        for a in &self.stage_args {
+            args = a.push(args);
+        }
+        stream.launch(&k.kernel, launch, &args)?;
+        for c in &self.after {
+            stream.copy(c.dst, c.src, c.bytes)?;
+        }
+        Ok(())
+    }
+
+    fn outputs(&self) -> Vec<Output<'_>> {
+        self.views
+            .iter()
+            .map(|(name, view)| Output::new(name.clone(), view))
+            .collect()
+    }
+
+    fn floor_bytes(&self) -> Option<u64> {
+        (self.floor > 0).then_some(self.floor)
+    }
+
+    fn check(&self) -> Result<()> {
+        let diag = self.diag.download()?;
+        let limit = self
+            .kernel
+            .variant
+            .debug
+            .map_or(0, |d| u64::from(d.poll_limit));
+        if let Some((stall, _)) = Stall::from_diag(&diag, limit) {
+            return Err(invalid(format!("the fused launch stalled: {stall}")));
+        }
+        if let Some(flags) = self.flags {
+            let words = ArenaView {
+                arena: self.arena,
+                slice: flags,
+            }
+            .bytes()?;
+            let words: Vec<u32> = words
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let rows = self.plan.rows as usize * FLAG_NAMES.len();
+            if let Some(i) = words.iter().take(rows).position(|&f| f != 0) {
+                return Err(invalid(format!(
+                    "select row {}: {}",
+                    i / FLAG_NAMES.len(),
+                    FLAG_NAMES[i % FLAG_NAMES.len()]
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! The whole step of every launch: each layer of the config in order, then the tail, planned
+//! (`fused::layer::LayerPlan`), bound ([`LayerLaunch`]) and joined with the greedy feed in one
+//! [`StepGraph`].
+//!
+//! The step's inputs live in [`StepInputs`] (the host rewrites them between replays, the feed
+//! moves them on); the first launch copies them into the arena's step slices (tokens, positions,
+//! the new tokens' slots, the page table, and the rope frequencies), and the tail copies its
+//! picked tokens out to `StepInputs::argmax` for the feed.
+
+use device::{Buffer, Device};
+use mailbox::gpu::Variant;
+use mla::layout::SplitChoice;
+use model::numerics::rope_inv_freq;
+use model::traffic::LaunchKind;
+use model::{CacheFormat, ModelConfig};
+
+use super::caches::StepCaches;
+use super::launch::{Copy, LaunchParts, LayerKernel, LayerLaunch};
+use super::weights::ModelWeights;
+use crate::fused::front::FrontRequest;
+use crate::fused::layer::{LaunchAt, LayerBuild, LayerPlan, StepDims};
+use crate::step::graph::{StepFrame, StepGraph, StepLaunch};
+use crate::step::inputs::{Batch, Feed, FeedKernel, StepInputs};
+use crate::step::{Result, StepError};
+
+/// The build of a step of `batch` on `dev` for rank `rank` of `tp` (weights in `weights`'s
+/// format), its caches of `cache_pages` pages in `cache`.
+pub fn step_build(
+    dev: &Device,
+    cfg: &ModelConfig,
+    batch: &Batch,
+    weights: &ModelWeights,
+    cache: CacheFormat,
+    cache_pages: u32,
+) -> LayerBuild {
+    let rows: usize = batch.requests.iter().map(|r| r.tokens.len()).sum();
+    LayerBuild {
+        ctas: dev.info().multiprocessors,
+        tp: weights.plan.tp,
+        rank: weights.plan.rank,
+        weights: weights.plan.format,
+        cache,
+        cache_pages,
+        step: StepDims::new(
+            cfg,
+            rows as u32,
+            batch.requests.len() as u32,
+            batch.pages_per_request,
+        ),
+        union: 128,
+        choice: split_choice(cfg),
+    }
+}
+
+/// The attention's split: the measured fastest at GLM-5's k, its block of slots no longer than a
+/// row's list (a split's wait covers `block` slot boxes of its row).
+pub fn split_choice(cfg: &ModelConfig) -> SplitChoice {
+    let best = SplitChoice::MEASURED_FASTEST;
+    SplitChoice {
+        block: best.block.min(cfg.index_topk as u32),
+        ..best
+    }
+}
+
+/// The requests of `batch` as the planner takes them.
+pub fn front_requests(batch: &Batch) -> Vec<FrontRequest> {
+    batch
+        .requests
+        .iter()
+        .map(|r| FrontRequest {
+            context: r.first_position,
+            rows: r.tokens.len() as u32,
+            pages: r.pages.clone(),
+        })
+        .collect()
+}
+
+/// Every launch of the step planned: each layer, then the tail.
+pub fn plan_step(
+    cfg: &ModelConfig,
+    requests: &[FrontRequest],
+    build: &LayerBuild,
+) -> Result<Vec<LayerPlan>> {
+    (0..cfg.num_hidden_layers)
+        .map(LaunchAt::Layer)
+        .chain([LaunchAt::Tail])
+        .map(|at| {
+            LayerPlan::plan(cfg, at, requests, build)
+                .map_err(|e| StepError::Invalid(format!("{at:?}: {e}")))
+        })
+        .collect()
+}
+
+/// The kernel of every launch kind a step uses, built once each.
+pub struct StepKernels {
+    pub kernels: Vec<LayerKernel>,
+}
+
+impl StepKernels {
+    pub fn build(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        plans: &[LayerPlan],
+        variant: Variant,
+    ) -> Result<Self> {
+        let mut kinds: Vec<LaunchKind> = Vec::new();
+        for p in plans {
+            if !kinds.contains(&p.kind) {
+                kinds.push(p.kind);
+            }
+        }
+        let kernels = kinds
+            .into_iter()
+            .map(|kind| LayerKernel::build(dev, cfg, build, kind, variant))
+            .collect::<Result<_>>()?;
+        Ok(StepKernels { kernels })
+    }
+
+    pub fn of(&self, kind: LaunchKind) -> Result<&LayerKernel> {
+        self.kernels
+            .iter()
+            .find(|k| k.kind == kind)
+            .ok_or_else(|| StepError::Invalid(format!("no kernel built for {}", kind.name())))
+    }
+}
+
+/// The device buffers a step shares: the activation arena and the rope frequencies it copies in.
+pub struct StepArena {
+    pub arena: Buffer<u8>,
+    inv_freq: Buffer<f64>,
+}
+
+impl StepArena {
+    /// An arena as large as the largest launch's.
+    pub fn new(dev: &Device, cfg: &ModelConfig, plans: &[LayerPlan]) -> Result<Self> {
+        let bytes = plans
+            .iter()
+            .map(|p| p.launch.arena.bytes)
+            .max()
+            .unwrap_or(1);
+        Ok(StepArena {
+            arena: dev.alloc_zeroed(bytes.max(1) as usize)?,
+            inv_freq: dev.upload(&rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta))?,
+        })
+    }
+}
+
+/// What a step graph is made of: the built pieces it borrows.
+pub struct StepPieces<'a> {
+    pub cfg: &'a ModelConfig,
+    pub build: &'a LayerBuild,
+    pub kernels: &'a StepKernels,
+    pub weights: &'a ModelWeights,
+    pub caches: &'a StepCaches,
+    pub arena: &'a StepArena,
+    pub inputs: &'a StepInputs,
+    pub feed: Option<&'a FeedKernel>,
+    pub variant: Variant,
+}
+
+/// The step graph of `plans` (each layer in order, then the tail) over `pieces`.
+pub fn step_graph<'a>(
+    dev: &Device,
+    pieces: &StepPieces<'a>,
+    plans: Vec<LayerPlan>,
+) -> Result<StepGraph<'a>> {
+    let scratch = plans
+        .iter()
+        .map(|p| u64::from(p.launch.layout.boxes()))
+        .max()
+        .unwrap_or(1);
+    let frame = StepFrame::new(dev, plans.len() as u32, scratch)?;
+    let arena = &pieces.arena.arena;
+    let base = arena.device_ptr();
+    let inputs = pieces.inputs;
+    let parts = LaunchParts {
+        cfg: pieces.cfg,
+        build: pieces.build,
+        weights: pieces.weights,
+        caches: pieces.caches,
+        arena,
+        scale: None,
+    };
+    let last = plans.len() - 1;
+    let mut launches: Vec<Box<dyn StepLaunch + 'a>> = Vec::new();
+    for (i, plan) in plans.into_iter().enumerate() {
+        let s = plan.slices;
+        let before = if i == 0 {
+            let copy = |slice: crate::fused::ArenaSlice, src: u64, bytes: usize| Copy {
+                dst: base + slice.offset,
+                src,
+                bytes: bytes.min(slice.bytes as usize),
+            };
+            vec![
+                copy(s.tokens, inputs.tokens.device_ptr(), inputs.tokens.bytes()),
+                copy(
+                    s.positions,
+                    inputs.positions.device_ptr(),
+                    inputs.positions.bytes(),
+                ),
+                copy(s.new_slots, inputs.slots.device_ptr(), inputs.slots.bytes()),
+                copy(
+                    s.page_table,
+                    inputs.page_table.device_ptr(),
+                    inputs.page_table.bytes(),
+                ),
+                copy(
+                    s.inv_freq,
+                    pieces.arena.inv_freq.device_ptr(),
+                    pieces.arena.inv_freq.bytes(),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        let after = if i == last && plan.tail.is_some() {
+            vec![Copy {
+                dst: inputs.argmax.device_ptr(),
+                src: base + plan.out.data.offset,
+                bytes: inputs.argmax.bytes().min(plan.out.data.bytes as usize),
+            }]
+        } else {
+            Vec::new()
+        };
+        let kernel = pieces.kernels.of(plan.kind)?;
+        let slot = frame.slot(i as u32)?;
+        let launch = LayerLaunch::new(dev, kernel, plan, &parts, slot, before, after)?;
+        launches.push(Box::new(launch));
+    }
+    let feed = pieces.feed.map(|kernel| Feed { kernel, inputs });
+    StepGraph::new(dev, frame, launches, feed, pieces.variant)
+}
