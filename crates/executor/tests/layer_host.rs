@@ -339,7 +339,7 @@ fn run_from_reference(
     // Debug builds: a wait that gives up names its task instead of hanging the run.
     let variant = mailbox::gpu::Variant {
         debug: Some(mailbox::gpu::DebugBound {
-            poll_limit: 1 << 24,
+            poll_limit: 1 << 20,
             trap: false,
         }),
         ..Default::default()
