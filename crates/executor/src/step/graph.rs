@@ -286,12 +286,13 @@ impl<'a> StepGraph<'a> {
     ) -> Result<()> {
         self.enqueue_epoch()?;
         for (i, launch) in self.launches.iter().enumerate() {
-            launch.enqueue(&self.stream)?;
-            self.stream.sync()?;
-            launch.check().map_err(|e| StepError::Launch {
+            let named = |e: &dyn std::fmt::Display| StepError::Launch {
                 launch: launch.name(),
                 message: e.to_string(),
-            })?;
+            };
+            launch.enqueue(&self.stream)?;
+            self.stream.sync().map_err(|e| named(&e))?;
+            launch.check().map_err(|e| named(&e))?;
             inspect(i, launch.as_ref())?;
         }
         if let Some(feed) = &self.feed {
@@ -308,12 +309,13 @@ impl<'a> StepGraph<'a> {
         let mut dump = Dump::default();
         self.enqueue_epoch()?;
         for (i, launch) in self.launches.iter().enumerate() {
-            launch.enqueue(&self.stream)?;
-            self.stream.sync()?;
-            launch.check().map_err(|e| StepError::Launch {
+            let named = |e: &dyn std::fmt::Display| StepError::Launch {
                 launch: launch.name(),
                 message: e.to_string(),
-            })?;
+            };
+            launch.enqueue(&self.stream)?;
+            self.stream.sync().map_err(|e| named(&e))?;
+            launch.check().map_err(|e| named(&e))?;
             dump.launches
                 .push(LaunchDigest::of(i, &launch.name(), &launch.outputs())?);
         }

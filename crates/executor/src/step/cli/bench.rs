@@ -7,7 +7,7 @@ use device::report::{Figure, Reporter};
 use model::traffic::{step_traffic, Formats, Load};
 use model::{CacheFormat, RankShapes, WeightFormat};
 
-use super::{config, open_device, scene_requests, with_step};
+use super::{config, gpu_weights, open_device, scene_requests, with_step};
 use crate::step::bench::{time_step, StepTimes};
 use crate::step::Result;
 
@@ -50,10 +50,11 @@ fn bench(args: &BenchArgs) -> Result<()> {
         dev.info().name,
         copy / 1e12
     );
+    let weights = gpu_weights(&dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
     for &context in &args.contexts {
         for &rows in &args.rows {
             let requests = scene_requests(1, rows, context)?;
-            let times = with_step(&dev, &cfg, &requests, args.seed, |graph, _| {
+            let times = with_step(&dev, &cfg, &weights, &requests, args.seed, |graph, _| {
                 graph.run_eager()?;
                 graph.capture()?;
                 time_step(&dev, graph, 3, args.replays, 5)
@@ -110,7 +111,8 @@ fn report_case(
             "bytes of the launches in the step over the copy bandwidth",
         )
         .note(&format!(
-            "{preset}; launches in the step so far: front halves only; whole step floor {:.3} ms",
+            "{preset}; every layer's launch and the tail, synthetic FP8 weights, one rank (no \
+             all-reduce); whole step floor {:.3} ms",
             whole_step_bytes as f64 / copy * 1e3
         ))];
     for k in &times.kinds {

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{config, open_device, scene_requests, with_step, StepShape};
+use super::{config, gpu_weights, open_device, scene_requests, with_step, StepShape};
 use crate::step::digest::{compare, Comparison, Dump};
 use crate::step::{Result, StepError};
+use model::WeightFormat;
 
 /// `mono dump`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -32,10 +33,14 @@ fn dump(args: &DumpArgs) -> Result<()> {
     let cfg = config(&s.preset)?;
     let dev = open_device()?;
     let requests = scene_requests(s.requests, s.rows, s.context)?;
-    let dump = with_step(&dev, &cfg, &requests, s.seed, |graph, _| {
-        graph.run_eager()?;
-        graph.capture()?;
-        graph.replay(args.replays)?;
+    let weights = gpu_weights(&dev, &cfg, s.tp, 0, WeightFormat::Fp8, s.seed)?;
+    let dump = with_step(&dev, &cfg, &weights, &requests, s.seed, |graph, _| {
+        // Without replays the dumped step is the first: a launch that fails is named.
+        if args.replays > 0 {
+            graph.run_eager()?;
+            graph.capture()?;
+            graph.replay(args.replays)?;
+        }
         graph.dump_step()
     })?;
     let dump = dump

@@ -1,10 +1,8 @@
 //! The GPU side of `mono step`, `mono dump`, `mono compare` and `mono bench`.
 //!
-//! The step built here holds the launches that exist: the fused front half of every
-//! full-indexer layer (on made-up activations, [`super::scene`]), then the greedy feed. The
-//! attention and MoE halves, the dense MLP, the embedding and the tail join it as they are built
-//! (each a [`super::StepLaunch`]); until the tail exists no launch writes the argmax, so the
-//! tokens the feed moves on are zeros, and the output says so.
+//! The step built here is the whole decode step of one rank: every layer's fused launch in order
+//! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights made on the
+//! device and hashed caches holding each request's context.
 
 mod bench;
 mod dump;
@@ -19,11 +17,17 @@ use device::Device;
 use mailbox::gpu::Variant;
 use model::ModelConfig;
 
-use super::graph::{StepFrame, StepGraph};
-use super::inputs::{Feed, FeedKernel, StepInputs};
-use super::scene::{FrontScene, SceneRequest};
+use super::graph::StepGraph;
+use super::inputs::{Batch, FeedKernel, RequestInput, StepInputs};
+use super::layer::step::{
+    front_requests, plan_step, step_build, step_graph, StepArena, StepKernels, StepPieces,
+};
+use super::layer::{CacheImages, ModelWeights};
+use super::scene::SceneRequest;
+use super::weights::DeviceWeights;
 use super::{Result, StepError};
-use crate::fused::front_gpu::FrontKernel;
+use model::paging::{pages_through, PageTable, PAGE_TOKENS};
+use model::{CacheFormat, WeightFormat};
 
 /// The shape of a GPU step: preset, seed, and the batch.
 #[derive(Debug, Clone, Args)]
@@ -42,6 +46,9 @@ pub struct StepShape {
     /// Tokens each request has cached.
     #[arg(long, default_value_t = 8192)]
     pub context: u32,
+    /// Tensor-parallel size of the weights; the GPU holds rank 0's.
+    #[arg(long, default_value_t = 8)]
+    pub tp: usize,
 }
 
 fn open_device() -> Result<Device> {
@@ -52,25 +59,114 @@ fn config(preset: &str) -> Result<ModelConfig> {
     Ok(ModelConfig::preset(preset)?)
 }
 
-/// Builds the step for `requests` and hands it to `body` with its inputs.
+/// The rank's weights made on the device and bound for the step's launches.
+pub struct GpuWeights {
+    pub device: DeviceWeights,
+    pub bound: ModelWeights,
+}
+
+/// Makes rank `rank` of `tp`'s synthetic weights on `dev` (progress on stderr) and binds them.
+pub fn gpu_weights(
+    dev: &Device,
+    cfg: &ModelConfig,
+    tp: usize,
+    rank: usize,
+    format: WeightFormat,
+    seed: u64,
+) -> Result<GpuWeights> {
+    let device = make_weights(dev, cfg, tp, rank, format, seed)?;
+    let started = std::time::Instant::now();
+    let bound = ModelWeights::bind(dev, cfg, &device)?;
+    eprintln!(
+        "weights bound for every launch (derived forms {:.2} GB) in {:.1} s",
+        bound.forms.buffer.len() as f64 / 1e9,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(GpuWeights { device, bound })
+}
+
+/// The MLA cache's format for `cfg`: FP8 where its record is whole 16-byte pieces (the
+/// attention's loads), else bf16 (the tiny preset).
+pub fn cache_format(cfg: &ModelConfig) -> CacheFormat {
+    match mla::CacheLayout::new(cfg, CacheFormat::Fp8) {
+        Ok(l) if l.bytes_per_token() % 16 == 0 => CacheFormat::Fp8,
+        _ => CacheFormat::Bf16,
+    }
+}
+
+/// Builds the whole step (every layer's launch, the tail, the greedy feed) for `requests` over
+/// hashed caches and hands it to `body` with its inputs.
 fn with_step<T>(
     dev: &Device,
     cfg: &ModelConfig,
+    weights: &GpuWeights,
     requests: &[SceneRequest],
     seed: u64,
     body: impl FnOnce(&mut StepGraph, &StepInputs) -> Result<T>,
 ) -> Result<T> {
-    let kernel = FrontKernel::build(dev, cfg, Variant::default(), None)?;
-    let scene = FrontScene::new(dev, cfg, &kernel, requests, seed)?;
-    let inputs = StepInputs::new(dev, &scene.batch(seed, cfg.vocab_size))?;
-    let feed_kernel = FeedKernel::build(dev)?;
-    let frame = StepFrame::new(dev, scene.launch_count(), scene.scratch_boxes())?;
-    let launches = scene.launches(dev, &kernel, &frame, 0)?;
-    let feed = Feed {
-        kernel: &feed_kernel,
-        inputs: &inputs,
+    let mut next_page = 0;
+    let pages: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            let count = pages_through(r.context + r.rows.max(1) - 1);
+            let p = (next_page..next_page + count).collect();
+            next_page += count;
+            p
+        })
+        .collect();
+    let batch = Batch {
+        requests: requests
+            .iter()
+            .zip(&pages)
+            .enumerate()
+            .map(|(q, (r, p))| RequestInput {
+                tokens: (0..r.rows)
+                    .map(|i| {
+                        (seed as u32 ^ (q as u32 * 7919 + i * 104_729)) % cfg.vocab_size as u32
+                    })
+                    .collect(),
+                first_position: r.context,
+                pages: p.clone(),
+            })
+            .collect(),
+        page_tokens: PAGE_TOKENS,
+        pages_per_request: pages.iter().map(Vec::len).max().unwrap_or(1) as u32,
     };
-    let mut graph = StepGraph::new(dev, frame, launches, Some(feed), Variant::default())?;
+    let table = PageTable::new(&pages)?;
+    let contexts: Vec<u32> = requests.iter().map(|r| r.context).collect();
+    let format = cache_format(cfg);
+    let started = std::time::Instant::now();
+    let caches = CacheImages::synthetic(cfg, format, &table, &contexts, seed)?.upload(dev)?;
+    let build = step_build(dev, cfg, &batch, &weights.bound, format, caches.pages);
+    let plans = plan_step(cfg, &front_requests(&batch), &build)?;
+    eprintln!(
+        "step planned: {} launches, caches of {} pages ({format:?}) in {:.1} s",
+        plans.len(),
+        caches.pages,
+        started.elapsed().as_secs_f64()
+    );
+    let started = std::time::Instant::now();
+    let kernels = StepKernels::build(dev, cfg, &build, &plans, Variant::default())?;
+    eprintln!(
+        "{} launch kinds' kernels built in {:.1} s",
+        kernels.kernels.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let arena = StepArena::new(dev, cfg, &plans)?;
+    let inputs = StepInputs::new(dev, &batch)?;
+    let feed_kernel = FeedKernel::build(dev)?;
+    let pieces = StepPieces {
+        cfg,
+        build: &build,
+        kernels: &kernels,
+        weights: &weights.bound,
+        caches: &caches,
+        arena: &arena,
+        inputs: &inputs,
+        feed: Some(&feed_kernel),
+        variant: Variant::default(),
+    };
+    let mut graph = step_graph(dev, &pieces, plans)?;
     body(&mut graph, &inputs)
 }
 

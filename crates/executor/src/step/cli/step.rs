@@ -7,7 +7,7 @@ use device::{Device, DeviceError};
 use mailbox::gpu::Variant;
 use model::{ModelConfig, WeightFormat};
 
-use super::{config, scene_requests, with_step};
+use super::{config, gpu_weights, scene_requests, with_step};
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::StepArgs;
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
@@ -31,9 +31,6 @@ pub struct GpuArgs {
     /// The rank whose weights the GPU holds.
     #[arg(long, default_value_t = 0)]
     pub rank: usize,
-    /// Do not make the weights (no launch of the step reads them yet).
-    #[arg(long)]
-    pub no_weights: bool,
 }
 
 fn print_progress(p: &Progress) {
@@ -114,46 +111,44 @@ fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
     } else {
         WeightFormat::Bf16
     };
-    let _weights = if gpu.no_weights {
-        None
-    } else {
-        let started = Instant::now();
-        let w = make_weights(dev, &cfg, gpu.tp, gpu.rank, format, args.seed)?;
-        println!(
-            "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made on the GPU in {:.1} s",
-            gpu.rank,
-            gpu.tp,
-            format,
-            w.plan.bytes as f64 / 1e9,
-            w.plan.tensors.len(),
-            started.elapsed().as_secs_f64()
-        );
-        Some(w)
-    };
+    let started = Instant::now();
+    let weights = gpu_weights(dev, &cfg, gpu.tp, gpu.rank, format, args.seed)?;
+    println!(
+        "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made on the GPU and bound in \
+         {:.1} s",
+        gpu.rank,
+        gpu.tp,
+        format,
+        weights.device.plan.bytes as f64 / 1e9,
+        weights.device.plan.tensors.len(),
+        started.elapsed().as_secs_f64()
+    );
     let requests = scene_requests(gpu.requests, args.rows as u32, args.context as u32)?;
-    with_step(dev, &cfg, &requests, args.seed, |graph, inputs| {
-        println!(
-            "step: {} launches ({}) and the greedy feed, captured as one graph",
-            graph.launches().len(),
-            graph
-                .launches()
-                .first()
-                .map_or("none".into(), |l| format!("{} ...", l.name()))
-        );
-        println!(
-            "not in the step yet: embedding, attention and MoE halves, dense MLP, tail; no launch \
-             writes the argmax, so the fed tokens are zeros"
-        );
-        graph.run_eager()?;
-        graph.capture()?;
-        for s in 0..gpu.steps {
-            let ms = graph.time_replays(dev, 1)?[0];
-            let rows = inputs.read()?;
+    with_step(
+        dev,
+        &cfg,
+        &weights,
+        &requests,
+        args.seed,
+        |graph, inputs| {
             println!(
-                "step {s}: {ms:.3} ms; next positions {:?}, tokens {:?}",
-                rows.positions, rows.tokens
+                "step: {} launches ({} ... {}) and the greedy feed, captured as one graph; the \
+             cross-rank all-reduce is not in it (one GPU holds one rank)",
+                graph.launches().len(),
+                graph.launches().first().map_or("none".into(), |l| l.name()),
+                graph.launches().last().map_or("none".into(), |l| l.name()),
             );
-        }
-        Ok(())
-    })
+            graph.run_eager()?;
+            graph.capture()?;
+            for s in 0..gpu.steps {
+                let ms = graph.time_replays(dev, 1)?[0];
+                let rows = inputs.read()?;
+                println!(
+                    "step {s}: {ms:.3} ms; next positions {:?}, tokens {:?}",
+                    rows.positions, rows.tokens
+                );
+            }
+            Ok(())
+        },
+    )
 }

@@ -9,7 +9,6 @@ use device::{Buffer, Device};
 use indexer::layout::CacheLayout as IndexLayout;
 use mla::CacheLayout as MlaLayout;
 use model::paging::{PageTable, PAGE_TOKENS};
-use model::weights::SyntheticRule;
 use model::{CacheFormat, IndexerKind, ModelConfig};
 
 use crate::reference::DecodeState;
@@ -131,8 +130,9 @@ impl CacheImages {
     }
 
     /// Hashed caches: `contexts[i]` tokens of request i, every layer's records a function of
-    /// `seed` and the layer (E4M3 codes without NaNs, positive power-of-two scales, bf16 ropes
-    /// within about +-1), so two runs agree and no value overflows.
+    /// `seed` and the layer (E4M3 codes without NaNs, positive power-of-two scales, bf16 values
+    /// within about +-1), so two runs agree and no value overflows. Layers are filled on the
+    /// host's cores.
     pub fn synthetic(
         cfg: &ModelConfig,
         format: CacheFormat,
@@ -143,35 +143,40 @@ impl CacheImages {
         let mut images = Self::empty(cfg, format, table)?;
         let (mla, index) = (images.mla, images.index);
         let record = mla.bytes_per_token();
-        for image in &mut images.layers {
-            let l = image.layer;
-            let rule = SyntheticRule::new(seed, &format!("cache.layer{l}"), &[1]);
-            let mut i = 0u64;
-            let mut next = || {
-                i += 1;
-                rule.value(i)
-            };
-            for (request, &context) in contexts.iter().enumerate() {
-                for t in 0..context as usize {
-                    let slot = slot_of(table, request, t)? as usize;
-                    let rec = &mut image.mla[slot * record..(slot + 1) * record];
-                    fill_record(&mla, rec, &mut next);
-                    let Some(cache) = image.index_keys.as_mut() else {
-                        continue;
-                    };
-                    let (page, place) = table
-                        .locate(request, t as u32)
-                        .ok_or_else(|| past_table(request, t))?;
-                    let at = index.key_offset(page, place) as usize;
-                    for c in &mut cache[at..at + index.head_dim() as usize] {
-                        *c = e4m3_code(next());
-                    }
-                    let scale = 2f32.powi(-2 - (cache[at] % 5) as i32);
-                    let s = index.scale_offset(page, place) as usize;
-                    cache[s..s + 4].copy_from_slice(&scale.to_le_bytes());
-                }
+        let mut slots = Vec::new();
+        for (request, &context) in contexts.iter().enumerate() {
+            for t in 0..context as usize {
+                let (page, place) = table
+                    .locate(request, t as u32)
+                    .ok_or_else(|| past_table(request, t))?;
+                slots.push((page, place));
             }
         }
+        let fill = |image: &mut LayerImage| {
+            let mut bits = Hash(seed ^ (image.layer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            for &(page, place) in &slots {
+                let slot = (page * PAGE_TOKENS + place) as usize;
+                let rec = &mut image.mla[slot * record..(slot + 1) * record];
+                fill_record(&mla, rec, &mut bits);
+                let Some(cache) = image.index_keys.as_mut() else {
+                    continue;
+                };
+                let at = index.key_offset(page, place) as usize;
+                for c in &mut cache[at..at + index.head_dim() as usize] {
+                    *c = bits.e4m3();
+                }
+                let scale = 2f32.powi(-2 - (cache[at] % 5) as i32);
+                let s = index.scale_offset(page, place) as usize;
+                cache[s..s + 4].copy_from_slice(&scale.to_le_bytes());
+            }
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = images.layers.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            for part in images.layers.chunks_mut(chunk) {
+                s.spawn(|| part.iter_mut().for_each(fill));
+            }
+        });
         Ok(images)
     }
 
@@ -214,37 +219,51 @@ fn slot_of(table: &PageTable, request: usize, t: usize) -> Result<u32> {
         .ok_or_else(|| past_table(request, t))
 }
 
-/// An E4M3 code of about `v * 64`, its NaN codes moved to their neighbour.
-fn e4m3_code(v: f32) -> u8 {
-    let code = (v * 64.0) as i8 as u8;
-    if code & 0x7f == 0x7f {
-        code ^ 1
-    } else {
-        code
+/// A stream of hashed bits (splitmix64).
+struct Hash(u64);
+
+impl Hash {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// An E4M3 code of magnitude below 2 (exponent field at most 7), so no NaN and no large
+    /// value.
+    fn e4m3(&mut self) -> u8 {
+        (self.next() as u8) & 0xbf
+    }
+
+    /// bf16 bits of a value within +-1.
+    fn bf16(&mut self) -> [u8; 2] {
+        let v = (self.next() >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0;
+        ((v.to_bits() >> 16) as u16).to_le_bytes()
     }
 }
 
 /// One hashed MLA record in `layout`.
-fn fill_record(layout: &MlaLayout, rec: &mut [u8], next: &mut dyn FnMut() -> f32) {
-    let bf16 = |v: f32| ((v.to_bits() >> 16) as u16).to_le_bytes();
+fn fill_record(layout: &MlaLayout, rec: &mut [u8], bits: &mut Hash) {
     match layout.format {
         CacheFormat::Fp8 => {
             for c in &mut rec[layout.latent_bytes()] {
-                *c = e4m3_code(next());
+                *c = bits.e4m3();
             }
             for s in rec[layout.scale_bytes()].chunks_exact_mut(4) {
-                let scale = 2f32.powi(-6 - (next().abs() * 2.0) as i32);
+                let scale = 2f32.powi(-6 - (bits.next() % 3) as i32);
                 s.copy_from_slice(&scale.to_le_bytes());
             }
         }
         CacheFormat::Bf16 => {
             for c in rec[layout.latent_bytes()].chunks_exact_mut(2) {
-                c.copy_from_slice(&bf16(next() * 0.5));
+                c.copy_from_slice(&bits.bf16());
             }
         }
     }
     for c in rec[layout.rope_bytes()].chunks_exact_mut(2) {
-        c.copy_from_slice(&bf16(next() * 0.5));
+        c.copy_from_slice(&bits.bf16());
     }
 }
 
