@@ -435,25 +435,33 @@ fn the_tail_picks_the_references_tokens_and_the_feed_takes_them() {
     assert_eq!(fed.positions, vec![21, 4]);
 }
 
-/// The step's first launches chained as the step runs them, each one fused launch on CPU
+/// The whole step, every launch chained as the step runs them, each one fused launch on CPU
 /// threads: layer 0 (the embedding of the step's tokens, a full indexer's projections, index keys,
 /// queries, scores and top-k, attention over the lists select publishes in the launch, the dense
 /// MLP), layer 1 (the same from layer 0's rows), layers 2 and 3 (MoE layers reusing layer 1's
-/// lists from the step's slot lists). Each layer's rows within [`TOLERANCE`] of the reference's.
+/// lists from the step's slot lists), layer 4 (a full-indexer MoE layer), layer 5, the tail. Each
+/// layer's rows within [`TOLERANCE`] of the reference's, the tail's tokens the reference's.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
-fn the_first_launches_of_the_step_follow_the_reference() {
+fn the_step_of_every_launch_follows_the_reference() {
     use executor::fused::layer::LaunchAt;
     // One request: the host backend's 4 CTAs take a front half of one row.
     let s = scene(&[20]);
-    let ats: Vec<LaunchAt> = (0..4).map(LaunchAt::Layer).collect();
+    let ats: Vec<LaunchAt> = (0..s.cfg.num_hidden_layers)
+        .map(LaunchAt::Layer)
+        .chain([LaunchAt::Tail])
+        .collect();
     let (out, _) = run_from_reference(&s, &ats);
     assert_eq!(out.len(), ats.len(), "the step stopped early");
-    for (i, (name, bytes)) in out.iter().enumerate() {
+    let layers = s.cfg.num_hidden_layers;
+    for (i, (name, bytes)) in out.iter().enumerate().take(layers) {
         let error = rows_error(bytes, &s.want.hidden[i]);
         eprintln!("{name}: rows within {error:.2e} of the reference");
         assert!(error < TOLERANCE, "{name}: {error:.2e}");
     }
+    let tokens = u32s(&out[layers].1);
+    eprintln!("tail: tokens {tokens:?}, the reference's {:?}", s.want.argmax);
+    assert_eq!(tokens, s.want.argmax);
 }
 
 /// Largest relative L2 error of a layer's output rows against the reference's (engine numerics:

@@ -212,7 +212,8 @@ impl Composer<'_> {
             shard: self.build.rank as u32,
             shards: self.build.tp as u32,
             eps: self.eps(),
-            format: self.build.weights,
+            // lm_head is stored bf16 in every weight format (`RankShapes::tail_weights`).
+            format: model::WeightFormat::Bf16,
         };
         let tail = tail_part(&mut self.g, &mut self.lists, shape, input)?;
         self.names.whole(tail.lm_head, "lm_head.weight".into());

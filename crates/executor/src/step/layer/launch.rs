@@ -163,8 +163,8 @@ pub struct LayerLaunch<'a> {
     before: Vec<Copy>,
     after: Vec<Copy>,
     floor: u64,
-    /// The arena's select flags (full layers).
-    flags: Option<ArenaSlice>,
+    /// Select's flags, `[rows][FLAG_NAMES]` (full layers).
+    flags: Option<Buffer<u32>>,
 }
 
 fn upload_list<T: bytemuck::Pod + Default>(dev: &Device, list: &[T]) -> Result<Buffer<T>> {
@@ -265,6 +265,12 @@ impl<'a> LayerLaunch<'a> {
         let mut mla = None;
         let mut moe_args = None;
         let mut front = None;
+        // Select's flags in a buffer of the launch's own (not the shared arena, which later
+        // launches overwrite before a step's checks read them).
+        let flags_buf: Option<Buffer<u32>> = match &plan.index {
+            Some(_) => Some(dev.alloc_zeroed(plan.rows as usize * FLAG_NAMES.len())?),
+            None => None,
+        };
         let layer: Option<&LayerWeights> = match plan.at {
             LaunchAt::Layer(i) => Some(weights.layer(i)?),
             LaunchAt::Tail => None,
@@ -313,7 +319,7 @@ impl<'a> LayerLaunch<'a> {
                 cache: keys.device_ptr(),
                 scores: arena + ix.scores.offset,
                 lists: arena + plan.slices.slot_lists.offset,
-                flags: arena + ix.select_flags.offset,
+                flags: flags_buf.as_ref().map_or(0, |f| f.device_ptr()),
             };
             front = Some(bind_front(dev, &ix.front, &dims, at)?);
         }
@@ -423,7 +429,7 @@ impl<'a> LayerLaunch<'a> {
             kernel,
             table: DeviceTable::upload(dev, &plan.launch.placement)?,
             diag: dev.alloc_zeroed(DIAG_WORDS)?,
-            flags: plan.index.as_ref().map(|ix| ix.select_flags),
+            flags: flags_buf,
             plan,
             arena: arena_buf,
             slot,
@@ -451,11 +457,20 @@ fn check_names(
             continue;
         };
         let want = weights.tensor_ptr(tensor)?;
-        let got = mats.get(m.index as usize).map_or(0, |m| m.w);
-        if got != want {
+        let bound = mats.get(m.index as usize).copied().unwrap_or_default();
+        if bound.w != want {
             return Err(invalid(format!(
-                "{name}: matrix {} is bound at {got:#x}; {tensor} is at {want:#x}",
-                m.index
+                "{name}: matrix {} is bound at {:#x}; {tensor} is at {want:#x}",
+                m.index, bound.w
+            )));
+        }
+        let fp8 = weights.tensor_fp8(tensor)?;
+        if (bound.flags & linear::gpu::FLAG_FP8 != 0) != fp8 {
+            return Err(invalid(format!(
+                "{name}: matrix {} is read as {}; {tensor} is stored {}",
+                m.index,
+                if fp8 { "bf16" } else { "FP8" },
+                if fp8 { "FP8" } else { "bf16" }
             )));
         }
     }
@@ -538,6 +553,10 @@ impl StepLaunch for LayerLaunch<'_> {
         for c in &self.before {
             stream.copy(c.dst, c.src, c.bytes)?;
         }
+        // Select only raises its flags: they start each launch at zero.
+        if let Some(flags) = &self.flags {
+            stream.memset(flags.device_ptr(), 0, flags.bytes())?;
+        }
         let table = LaunchTable::new(
             &self.table,
             &self.slot.scratch,
@@ -582,18 +601,9 @@ impl StepLaunch for LayerLaunch<'_> {
         if let Some((stall, _)) = Stall::from_diag(&diag, limit) {
             return Err(invalid(format!("the fused launch stalled: {stall}")));
         }
-        if let Some(flags) = self.flags {
-            let words = ArenaView {
-                arena: self.arena,
-                slice: flags,
-            }
-            .bytes()?;
-            let words: Vec<u32> = words
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let rows = self.plan.rows as usize * FLAG_NAMES.len();
-            if let Some(i) = words.iter().take(rows).position(|&f| f != 0) {
+        if let Some(flags) = &self.flags {
+            let words = flags.download()?;
+            if let Some(i) = words.iter().position(|&f| f != 0) {
                 return Err(invalid(format!(
                     "select row {}: {}",
                     i / FLAG_NAMES.len(),

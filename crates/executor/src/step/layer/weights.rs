@@ -495,6 +495,14 @@ impl ModelWeights {
         Ok(self.arena + t.offset as u64)
     }
 
+    /// Whether the rank's tensor `name` is stored FP8.
+    pub fn tensor_fp8(&self, name: &str) -> Result<bool> {
+        let t = self.plan.get(name).ok_or_else(|| {
+            StepError::Invalid(format!("no weight named {name} on this rank"))
+        })?;
+        Ok(t.element == Element::Fp8)
+    }
+
     /// Layer `layer`'s weights, or an error naming it.
     pub fn layer(&self, layer: usize) -> Result<&LayerWeights> {
         self.layers
