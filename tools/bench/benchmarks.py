@@ -71,6 +71,14 @@ TABLES = [
     ("head dense MLP", "The dense MLP of a GLM-5.2 TP8 rank as one fused launch: the post-attention "
      "norm, FP8 gate/up (2 x 1536 x 6144) with SwiGLU, then down (6144 x 1536) with the residual, "
      "measured as the tail is."),
+    ("step", "The whole decode step of one GLM-5.2 TP8 rank on one GPU (`mono bench`): the epoch node, "
+     "one fused launch a layer (78) and the tail, and the greedy feed, captured as one graph; "
+     "synthetic FP8 weights made on the device, hashed FP8 caches holding the context. The cross-rank "
+     "all-reduce is not in it (one GPU holds one rank). The step figure is the median of graph "
+     "replays; the floor is the bytes every launch must move (`model::traffic`: weights, the routed "
+     "experts the rows may touch, cache reads and writes) over the copy bandwidth of the same run. "
+     "Each launch kind's figure is the median of its launches in one step launched directly, events "
+     "between launches. Target: the step at most 1.5 x its floor at 1 row."),
 ]
 
 INTRO = """# Benchmarks
