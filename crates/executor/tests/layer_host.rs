@@ -1,11 +1,16 @@
-//! A layer launch's device side on the host backend (a device emulated on CPU threads from the
-//! kernels' own source, `device::host`), at the tiny preset:
+//! The step's device side on the host backend (a device emulated on CPU threads from the kernels'
+//! own source, `device::host`), at the tiny preset:
 //!
-//! * the weights every part of every layer reads, bound from one rank's synthetic weights made on
-//!   the device: the derived forms (W_UK\[h\]ᵀ padded and W_UV\[h\] of every head, the router's
+//! * the weights every part of every layer reads, bound from one rank's synthetic weights on the
+//!   device: the derived forms (W_UK\[h\]ᵀ padded and W_UV\[h\] of every head, the router's
 //!   k-splits) equal those packed on the CPU from the reference model's own matrices; a rank
 //!   missing one expert's tensor is refused, the error naming it;
-//! * the caches of the reference's own prefill, placed through a shuffled page table.
+//! * the caches of the reference's own prefill, placed through a shuffled page table;
+//! * the whole step, every launch chained (embedding, full-indexer layers with select publishing
+//!   in the launch, shared-indexer layers, dense MLP and MoE, the tail), each layer's rows against
+//!   the reference step's (engine numerics, a bf16 MLA cache: the tiny FP8 record is not whole
+//!   16-byte pieces) and the tail's tokens equal to the reference's; the tail alone from the
+//!   reference's rows with the greedy feed; a launch bound to a wrong tensor refused by name.
 //!
 //! `MONO_BACKEND=cuda` runs them on a GPU instead. Needs g++ with C++20, so ignored:
 //! `cargo test --release -p executor --test layer_host -- --ignored --nocapture`
@@ -414,8 +419,8 @@ fn u32s(bytes: &[u8]) -> Vec<u32> {
 }
 
 /// The tail as one fused launch on CPU threads (final norm, lm_head, argmax, pick) from the
-/// reference's last rows: the reference's greedy tokens, which the feed moves into the next
-/// step's inputs. Negative control: the rows of the layer before the last give other tokens.
+/// reference's last rows, two requests: the reference's greedy tokens, which the feed moves into
+/// the next step's inputs.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn the_tail_picks_the_references_tokens_and_the_feed_takes_them() {
@@ -460,7 +465,10 @@ fn the_step_of_every_launch_follows_the_reference() {
         assert!(error < TOLERANCE, "{name}: {error:.2e}");
     }
     let tokens = u32s(&out[layers].1);
-    eprintln!("tail: tokens {tokens:?}, the reference's {:?}", s.want.argmax);
+    eprintln!(
+        "tail: tokens {tokens:?}, the reference's {:?}",
+        s.want.argmax
+    );
     assert_eq!(tokens, s.want.argmax);
 }
 
@@ -468,3 +476,45 @@ fn the_step_of_every_launch_follows_the_reference() {
 /// bf16 activations; the kernels sum in fp32 in their own order where the reference sums in f64,
 /// and round intermediates to bf16 where it does; the attention half's own tolerance is 3e-2).
 const TOLERANCE: f64 = 3e-2;
+
+/// Negative control of the binding: a tail whose lm_head is bound at another tensor (the
+/// embedding) is refused before anything runs, the error naming the tensor it should read.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn a_launch_bound_to_the_wrong_tensor_is_refused_by_name() {
+    use executor::fused::layer::{LaunchAt, LayerPlan};
+    use executor::step::inputs::StepInputs;
+    use executor::step::layer::step::{
+        front_requests, step_build, step_graph, StepArena, StepKernels, StepPieces,
+    };
+    let s = scene(&[20]);
+    let cfg = &s.cfg;
+    let dev = host();
+    let images =
+        CacheImages::from_reference(cfg, CacheFormat::Bf16, &s.pre.state, &s.table).unwrap();
+    let caches = images.upload(&dev).unwrap();
+    let w = weights(&dev, cfg);
+    let mut bound = ModelWeights::bind(&dev, cfg, &w).unwrap();
+    bound.tail.lm_head = bound.embedding;
+    let build = step_build(&dev, cfg, &s.batch, &bound, CacheFormat::Bf16, caches.pages);
+    let plans =
+        vec![LayerPlan::plan(cfg, LaunchAt::Tail, &front_requests(&s.batch), &build).unwrap()];
+    let kernels = StepKernels::build(&dev, cfg, &build, &plans, Default::default()).unwrap();
+    let arena = StepArena::new(&dev, cfg, &plans).unwrap();
+    let inputs = StepInputs::new(&dev, &s.batch).unwrap();
+    let pieces = StepPieces {
+        cfg,
+        build: &build,
+        kernels: &kernels,
+        weights: &bound,
+        caches: &caches,
+        arena: &arena,
+        inputs: &inputs,
+        feed: None,
+        variant: Default::default(),
+    };
+    let err = step_graph(&dev, &pieces, plans)
+        .err()
+        .expect("a wrong lm_head");
+    assert!(err.to_string().contains("lm_head.weight"), "{err}");
+}

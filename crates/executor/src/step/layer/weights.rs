@@ -497,9 +497,10 @@ impl ModelWeights {
 
     /// Whether the rank's tensor `name` is stored FP8.
     pub fn tensor_fp8(&self, name: &str) -> Result<bool> {
-        let t = self.plan.get(name).ok_or_else(|| {
-            StepError::Invalid(format!("no weight named {name} on this rank"))
-        })?;
+        let t = self
+            .plan
+            .get(name)
+            .ok_or_else(|| StepError::Invalid(format!("no weight named {name} on this rank")))?;
         Ok(t.element == Element::Fp8)
     }
 
