@@ -7,10 +7,9 @@ use device::{Buffer, Device};
 use indexer::gpu::{RunTask, StageArgs};
 use indexer::reference::IndexerDims;
 use select::gpu::SelArgs;
-use select::reference::RowPages;
 
 use crate::fused::front::FrontPart;
-use crate::step::{Result, StepError};
+use crate::step::Result;
 
 /// Device addresses of what the front half reads and writes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,19 +55,13 @@ pub fn bind_front(
     at: FrontAt,
 ) -> Result<FrontBinding> {
     let plan = &part.plan;
-    let rows_of = |e: select::SelectError| StepError::Invalid(format!("select's rows: {e}"));
-    let requests: Vec<u32> = plan.rows.iter().map(|r| r.request).collect();
-    let row_pages = RowPages {
-        table: &part.pages,
-        requests: &requests,
-    };
-    let (select_pages, pages_stride) = row_pages.device_table(&part.lens).map_err(rows_of)?;
+    // One page table for the indexer and select (`kernels/ops/paging.h`): the page list, each
+    // row's request and each request's offset into the list.
     let tables = vec![
         upload(dev, &plan.rows)?,
         upload(dev, &plan.requests)?,
         upload(dev, &RunTask::of(plan, &part.pages))?,
         upload(dev, part.pages.flat())?,
-        upload(dev, &select_pages)?,
     ];
     let (key, query, run) = (
         part.boxes.indexer.key,
@@ -101,18 +94,18 @@ pub fn bind_front(
     };
     let sel = SelArgs {
         scores: at.scores,
-        pages: tables[4].device_ptr(),
+        page_list: tables[3].device_ptr(),
+        page_rows: tables[0].device_ptr(),
+        page_requests: tables[1].device_ptr(),
         out: at.lists,
         flags: at.flags,
         trace: 0,
         stride: plan.stride,
-        pages_stride,
         hist_offset: part.boxes.select.hist.offset(),
         cand_offset: part.boxes.select.cand.offset(),
         cand_stride: part.boxes.select.cand.stride(),
         in_stride: part.boxes.indexer.run.stride(),
         gang_stride: part.boxes.select.gang.stride(),
-        pad: 0,
     };
     Ok(FrontBinding {
         idx,
