@@ -1,4 +1,4 @@
-//! One fused launch a layer (and the tail's), composed from the parts in one [`LaunchGraph`]
+//! One fused launch a layer (and the tail's), composed from the parts in one [`LaunchGraph`](super::LaunchGraph)
 //! with one global order (ARCHITECTURE.md section 5). [`LayerPlan::plan`] builds every launch kind
 //! of `model::traffic::LaunchKind`:
 //!
