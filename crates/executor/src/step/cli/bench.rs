@@ -54,11 +54,22 @@ fn bench(args: &BenchArgs) -> Result<()> {
     for &context in &args.contexts {
         for &rows in &args.rows {
             let requests = scene_requests(1, rows, context)?;
-            let times = with_step(&dev, &cfg, &weights, &requests, args.seed, |graph, _| {
-                graph.run_eager()?;
-                graph.capture()?;
-                time_step(&dev, graph, 3, args.replays, 5)
-            })?;
+            // The eager step, the warm-up and timed replays, the launch-by-launch steps.
+            let (warmup, direct) = (3, 5);
+            let steps = 1 + warmup + args.replays + direct;
+            let times = with_step(
+                &dev,
+                &cfg,
+                &weights,
+                &requests,
+                args.seed,
+                steps,
+                |graph, _| {
+                    graph.run_eager()?;
+                    graph.capture()?;
+                    time_step(&dev, graph, warmup, args.replays, direct)
+                },
+            )?;
             let load = Load {
                 requests: 1,
                 rows_per_request: u64::from(rows),

@@ -34,15 +34,25 @@ fn dump(args: &DumpArgs) -> Result<()> {
     let dev = open_device()?;
     let requests = scene_requests(s.requests, s.rows, s.context)?;
     let weights = gpu_weights(&dev, &cfg, s.tp, 0, WeightFormat::Fp8, s.seed)?;
-    let dump = with_step(&dev, &cfg, &weights, &requests, s.seed, |graph, _| {
-        // Without replays the dumped step is the first: a launch that fails is named.
-        if args.replays > 0 {
-            graph.run_eager()?;
-            graph.capture()?;
-            graph.replay(args.replays)?;
-        }
-        graph.dump_step()
-    })?;
+    // The eager step and the replays before the dumped step, and the dumped step.
+    let steps = args.replays.saturating_add(2);
+    let dump = with_step(
+        &dev,
+        &cfg,
+        &weights,
+        &requests,
+        s.seed,
+        steps,
+        |graph, _| {
+            // Without replays the dumped step is the first: a launch that fails is named.
+            if args.replays > 0 {
+                graph.run_eager()?;
+                graph.capture()?;
+                graph.replay(args.replays)?;
+            }
+            graph.dump_step()
+        },
+    )?;
     let dump = dump
         .with_header("preset", &s.preset)
         .with_header("seed", &s.seed.to_string())

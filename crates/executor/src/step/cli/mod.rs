@@ -95,20 +95,33 @@ pub fn cache_format(cfg: &ModelConfig) -> CacheFormat {
 }
 
 /// Builds the whole step (every layer's launch, the tail, the greedy feed) for `requests` over
-/// hashed caches and hands it to `body` with its inputs.
+/// hashed caches and hands it to `body` with its inputs. `steps` is how many steps `body` runs
+/// (eager, replayed or launch by launch): the greedy feed moves every row on by its request's
+/// rows each step, so each request gets the pages of its last step's positions too (past them a
+/// new token's cache slot would be -1).
+///
+/// The launches' task lists are planned once, from the first step's positions (the score runs,
+/// select's row lengths, the index keys' slots); the feed moves the positions the MLA tasks read
+/// on the device. Until the planned lists follow the positions, a step after the first is a
+/// timing replay of the first step's shape, not an exact decode step.
 fn with_step<T>(
     dev: &Device,
     cfg: &ModelConfig,
     weights: &GpuWeights,
     requests: &[SceneRequest],
     seed: u64,
+    steps: u32,
     body: impl FnOnce(&mut StepGraph, &StepInputs) -> Result<T>,
 ) -> Result<T> {
     let mut next_page = 0;
     let pages: Vec<Vec<u32>> = requests
         .iter()
         .map(|r| {
-            let count = pages_through(r.context + r.rows.max(1) - 1);
+            let last = r
+                .context
+                .saturating_add(r.rows.max(1).saturating_mul(steps.max(1)))
+                - 1;
+            let count = pages_through(last);
             let p = (next_page..next_page + count).collect();
             next_page += count;
             p

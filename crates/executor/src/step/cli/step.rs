@@ -130,6 +130,8 @@ fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
         &weights,
         &requests,
         args.seed,
+        // The eager step, then the replays.
+        gpu.steps.saturating_add(1),
         |graph, inputs| {
             println!(
                 "step: {} launches ({} ... {}) and the greedy feed, captured as one graph; the \
