@@ -148,7 +148,7 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
     };
     let model = ReferenceModel::load(&cfg, source.as_ref()).map_err(|e| e.to_string())?;
     println!(
-        "mono step: CPU REFERENCE (no GPU step yet), {config_from}: {} layers, {parameters} \
+        "mono step: the CPU reference step, {config_from}: {} layers, {parameters} \
          parameters from {from}, loaded in {:.0} ms",
         cfg.num_hidden_layers,
         started.elapsed().as_secs_f64() * 1e3
