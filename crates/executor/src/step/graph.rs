@@ -307,21 +307,12 @@ impl<'a> StepGraph<'a> {
     /// the feed's outputs last.
     pub fn dump_step(&self) -> Result<Dump> {
         let mut dump = Dump::default();
-        self.enqueue_epoch()?;
-        for (i, launch) in self.launches.iter().enumerate() {
-            let named = |e: &dyn std::fmt::Display| StepError::Launch {
-                launch: launch.name(),
-                message: e.to_string(),
-            };
-            launch.enqueue(&self.stream)?;
-            self.stream.sync().map_err(|e| named(&e))?;
-            launch.check().map_err(|e| named(&e))?;
+        self.run_inspected(&mut |i, launch| {
             dump.launches
                 .push(LaunchDigest::of(i, &launch.name(), &launch.outputs())?);
-        }
+            Ok(())
+        })?;
         if let Some(feed) = &self.feed {
-            feed.enqueue(&self.stream)?;
-            self.stream.sync()?;
             let index = self.launches.len();
             dump.launches
                 .push(LaunchDigest::of(index, Feed::NAME, &feed.outputs())?);
