@@ -51,9 +51,13 @@ pub fn fused_source(
     // a body this large) it takes the kernel's arguments by address, which copies them to the
     // stack (248 B for the front half), and ptxas serialises the wgmma pipeline across the call
     // boundary. On gfx950 inlining it raised the front half's spills (219 -> 292, kernel table).
-    text.push_str(
-        "\n#if MONO_NVIDIA\n#define MONO_TASK_BODY __attribute__((always_inline))\n#else\n#define MONO_TASK_BODY\n#endif\n",
-    );
+    if std::env::var("MONO_TASK_CALL").is_ok_and(|v| v == "1") {
+        text.push_str("\n#define MONO_TASK_BODY\n");
+    } else {
+        text.push_str(
+            "\n#if MONO_NVIDIA\n#define MONO_TASK_BODY __attribute__((always_inline))\n#else\n#define MONO_TASK_BODY\n#endif\n",
+        );
+    }
     text.push_str("\nextern __shared__ __attribute__((aligned(1024))) u8 mono_lds[];\n\n");
     let params: Vec<String> = stages
         .iter()

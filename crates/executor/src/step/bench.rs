@@ -1,11 +1,13 @@
 //! Timing a step: the captured step replayed (each replay timed by events), each launch of one
 //! step launched directly with events between them (grouped by launch kind), and the floors: the
 //! bytes the launches in the step must move, and the bytes the whole step will move
-//! (`model::traffic`), each over the copy bandwidth measured in the same run.
+//! (`model::traffic`), each over the copy bandwidth measured in the same run. A routing launch's
+//! floor counts the experts its rows may touch at most, and, from one more step run launch by
+//! launch, the experts they did choose.
 
 use device::Device;
 
-use super::graph::StepGraph;
+use super::graph::{ChosenFloor, StepGraph};
 use super::Result;
 
 /// Times of one step configuration.
@@ -16,6 +18,8 @@ pub struct StepTimes {
     pub kinds: Vec<KindTime>,
     /// Bytes the step's launches must move, summed over those that know theirs.
     pub floor_bytes: u64,
+    /// The same with each routing launch's experts those its rows chose in one step.
+    pub chosen_bytes: u64,
     /// Launches of the step that gave no floor.
     pub without_floor: usize,
 }
@@ -30,6 +34,9 @@ pub struct KindTime {
     pub ms: f64,
     /// Mean bytes one such launch must move, when they all know theirs.
     pub floor_bytes: Option<u64>,
+    /// Mean bytes with the experts the rows chose, and each launch's distinct experts, when the
+    /// kind routes.
+    pub chosen: Option<(u64, Vec<ChosenFloor>)>,
 }
 
 pub fn median(values: &[f64]) -> f64 {
@@ -45,7 +52,8 @@ impl StepTimes {
 }
 
 /// Times `graph` (already captured): `replays` replays after `warmup` untimed ones, and
-/// `direct` steps launched launch by launch for the per-kind times.
+/// `direct` steps launched launch by launch for the per-kind times; then one step launched launch
+/// by launch reads back what each launch chose.
 pub fn time_step(
     dev: &Device,
     graph: &StepGraph,
@@ -62,22 +70,36 @@ pub fn time_step(
             times.push(ms);
         }
     }
-    let mut kinds: Vec<(String, Vec<f64>, Vec<Option<u64>>)> = Vec::new();
-    for (launch, times) in launches.iter().zip(per_launch) {
+    let mut chosen: Vec<Option<ChosenFloor>> = vec![None; launches.len()];
+    graph.run_inspected(&mut |i, launch| {
+        chosen[i] = launch.chosen_floor()?;
+        Ok(())
+    })?;
+    let mut kinds: Vec<(String, Vec<f64>, Vec<Option<u64>>, Vec<ChosenFloor>)> = Vec::new();
+    for ((launch, times), choice) in launches.iter().zip(per_launch).zip(&chosen) {
         let (kind, floor) = (launch.kind(), launch.floor_bytes());
-        match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
-            Some((_, all, floors)) => {
-                all.extend(times);
-                floors.push(floor);
+        let i = match kinds.iter().position(|(k, ..)| *k == kind) {
+            Some(i) => i,
+            None => {
+                kinds.push((kind, Vec::new(), Vec::new(), Vec::new()));
+                kinds.len() - 1
             }
-            None => kinds.push((kind, times, vec![floor])),
-        }
+        };
+        let (_, all, floors, choices) = &mut kinds[i];
+        all.extend(times);
+        floors.push(floor);
+        choices.extend(*choice);
     }
+    let chosen_bytes = launches
+        .iter()
+        .zip(&chosen)
+        .map(|(l, c)| c.map_or(l.floor_bytes().unwrap_or(0), |c| c.bytes))
+        .sum();
     Ok(StepTimes {
         replays_ms,
         kinds: kinds
             .into_iter()
-            .map(|(kind, times, floors)| KindTime {
+            .map(|(kind, times, floors, choices)| KindTime {
                 kind,
                 count: floors.len(),
                 ms: median(&times),
@@ -86,9 +108,15 @@ pub fn time_step(
                     .copied()
                     .sum::<Option<u64>>()
                     .map(|b| b / floors.len() as u64),
+                chosen: (!choices.is_empty()).then(|| {
+                    let mean =
+                        choices.iter().map(|c| c.bytes).sum::<u64>() / choices.len() as u64;
+                    (mean, choices)
+                }),
             })
             .collect(),
         floor_bytes: launches.iter().filter_map(|l| l.floor_bytes()).sum(),
+        chosen_bytes,
         without_floor: launches
             .iter()
             .filter(|l| l.floor_bytes().is_none())

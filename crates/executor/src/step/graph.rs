@@ -55,6 +55,17 @@ impl<'a> Output<'a> {
     }
 }
 
+/// A launch's floor as its last run chose it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChosenFloor {
+    /// Bytes the run had to move.
+    pub bytes: u64,
+    /// Distinct routed experts its rows chose.
+    pub experts: u32,
+    /// The most its rows could choose (what [`StepLaunch::floor_bytes`] counts).
+    pub most_experts: u32,
+}
+
 /// One launch of the step: a kernel with its task table and arguments, fixed when built.
 pub trait StepLaunch {
     /// Unique in the step, e.g. `layer 3 (MoE, full indexer)`.
@@ -69,6 +80,11 @@ pub trait StepLaunch {
     /// Bytes the launch must move (its HBM floor's numerator), when it knows them.
     fn floor_bytes(&self) -> Option<u64> {
         None
+    }
+    /// After the launch ran: its floor counting what the run chose (the routed experts its rows
+    /// picked, read back from the device), when its floor depends on that.
+    fn chosen_floor(&self) -> Result<Option<ChosenFloor>> {
+        Ok(None)
     }
     /// After the launch ran: what a task reported (a stall, a flag), as an error.
     fn check(&self) -> Result<()> {

@@ -1,5 +1,6 @@
 //! `mono bench`: the step's replays beside the floors, and each launch kind's time.
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use clap::Args;
@@ -51,39 +52,77 @@ fn bench(args: &BenchArgs) -> Result<()> {
         copy / 1e12
     );
     let weights = gpu_weights(&dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
+    let variants = variants();
     for &context in &args.contexts {
         for &rows in &args.rows {
-            let requests = scene_requests(1, rows, context)?;
-            // The eager step, the warm-up and timed replays, the launch-by-launch steps.
-            let (warmup, direct) = (3, 5);
-            let steps = 1 + warmup + args.replays + direct;
-            let times = with_step(
-                &dev,
-                &cfg,
-                &weights,
-                &requests,
-                args.seed,
-                steps,
-                |graph, _| {
-                    graph.run_eager()?;
-                    graph.capture()?;
-                    time_step(&dev, graph, warmup, args.replays, direct)
-                },
-            )?;
-            let load = Load {
-                requests: 1,
-                rows_per_request: u64::from(rows),
-                context: u64::from(context),
-            };
-            let formats = Formats {
-                weights: WeightFormat::Fp8,
-                cache: CacheFormat::Fp8,
-            };
-            let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
-            report_case(&reporter, &args.preset, context, rows, copy, whole, &times)?;
+            for (v, (name, env)) in variants.iter().enumerate() {
+                for (var, _) in variants.iter().flat_map(|(_, e)| e) {
+                    std::env::remove_var(var);
+                }
+                for (var, value) in env {
+                    std::env::set_var(var, value);
+                }
+                if variants.len() > 1 {
+                    println!("build `{name}` ({env:?})");
+                }
+                let requests = scene_requests(1, rows, context)?;
+                // The eager step, the warm-up and timed replays, the launch-by-launch steps and
+                // the inspected one.
+                let (warmup, direct) = (3, 5);
+                let steps = 1 + warmup + args.replays + direct + 1;
+                let times = with_step(
+                    &dev,
+                    &cfg,
+                    &weights,
+                    &requests,
+                    args.seed,
+                    steps,
+                    |graph, _| {
+                        graph.run_eager()?;
+                        graph.capture()?;
+                        time_step(&dev, graph, warmup, args.replays, direct)
+                    },
+                )?;
+                let load = Load {
+                    requests: 1,
+                    rows_per_request: u64::from(rows),
+                    context: u64::from(context),
+                };
+                let formats = Formats {
+                    weights: WeightFormat::Fp8,
+                    cache: CacheFormat::Fp8,
+                };
+                let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
+                // Only the first build writes records.
+                let quiet = Reporter::to_path(None, "", "", "");
+                let to = if v == 0 { &reporter } else { &quiet };
+                report_case(to, &args.preset, context, rows, copy, whole, &times)?;
+            }
         }
     }
     Ok(())
+}
+
+/// `MONO_BENCH_VARIANTS` (`NAME:VAR=VALUE,...;NAME:...`): the builds each case is timed on, each
+/// planned and built with its variables set; without it one build, as the environment is.
+fn variants() -> Vec<(String, Vec<(String, String)>)> {
+    match std::env::var("MONO_BENCH_VARIANTS") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(';')
+            .map(|b| {
+                let (name, vars) = b.split_once(':').unwrap_or((b, ""));
+                let vars = vars
+                    .split(',')
+                    .filter_map(|d| {
+                        let (var, value) = d.split_once('=')?;
+                        Some((var.trim().to_owned(), value.trim().to_owned()))
+                    })
+                    .collect();
+                (name.trim().to_owned(), vars)
+            })
+            .collect(),
+        _ => vec![("default".into(), Vec::new())],
+    }
 }
 
 fn report_case(
@@ -100,45 +139,66 @@ fn report_case(
         device::report::keys_label(u64::from(context)),
         if rows > 1 { "s" } else { "" }
     );
-    let floor_ms = times.floor_bytes as f64 / copy * 1e3;
+    let ms = |bytes: u64| bytes as f64 / copy * 1e3;
+    let (floor_ms, most_ms) = (ms(times.chosen_bytes), ms(times.floor_bytes));
     let step_ms = times.step_ms();
     println!(
         "{preset} {case}: step {step_ms:.3} ms (median of {} replays); its launches' floor \
-         {floor_ms:.3} ms ({:.1} MB), ratio {:.2}{}; the whole step's floor (all launches, TP rank \
-         bytes from model::traffic) {:.3} ms",
+         {floor_ms:.3} ms ({:.1} MB, the experts the rows chose), ratio {:.2}{}; with every expert \
+         the rows may touch {most_ms:.3} ms; the whole step's floor (all launches, TP rank bytes \
+         from model::traffic, every expert the rows may touch) {:.3} ms",
         times.replays_ms.len(),
-        times.floor_bytes as f64 / 1e6,
+        times.chosen_bytes as f64 / 1e6,
         step_ms / floor_ms,
         if times.without_floor > 0 {
             format!(" ({} launches without a floor)", times.without_floor)
         } else {
             String::new()
         },
-        whole_step_bytes as f64 / copy * 1e3
+        ms(whole_step_bytes)
     );
     let mut figures = vec![Figure::new("step", &case, "step replay", step_ms, "ms")
         .floor(
             floor_ms,
-            "bytes of the launches in the step over the copy bandwidth",
+            "bytes of the launches in the step over the copy bandwidth, the routed experts those \
+             the rows chose",
         )
         .note(&format!(
             "{preset}; every layer's launch and the tail, synthetic FP8 weights, one rank (no \
-             all-reduce); whole step floor {:.3} ms",
-            whole_step_bytes as f64 / copy * 1e3
+             all-reduce); floor with every expert the rows may touch {most_ms:.3} ms; whole step \
+             floor (model::traffic) {:.3} ms",
+            ms(whole_step_bytes)
         ))];
     for k in &times.kinds {
-        let mut figure = Figure::new("step", &case, &k.kind, k.ms, "ms")
-            .note(&format!("{} a step, launched directly", k.count));
-        let floor = k.floor_bytes.map(|b| b as f64 / copy * 1e3);
+        let floor = match &k.chosen {
+            Some((bytes, _)) => Some(*bytes),
+            None => k.floor_bytes,
+        };
+        let mut note = format!("{} a step, launched directly", k.count);
+        if let Some((_, choices)) = &k.chosen {
+            let mut experts: Vec<u32> = choices.iter().map(|c| c.experts).collect();
+            experts.sort_unstable();
+            let most = choices.iter().map(|c| c.most_experts).max().unwrap_or(0);
+            let _ = write!(
+                note,
+                "; distinct experts a launch {}-{} (median {}) of at most {most}",
+                experts[0],
+                experts[experts.len() - 1],
+                experts[experts.len() / 2]
+            );
+            if let Some(b) = k.floor_bytes {
+                let _ = write!(note, "; floor with {most} experts {:.4} ms", ms(b));
+            }
+        }
+        let mut figure = Figure::new("step", &case, &k.kind, k.ms, "ms").note(&note);
         if let Some(f) = floor {
-            figure = figure.floor(f, "bytes of one launch over the copy bandwidth");
+            figure = figure.floor(ms(f), "bytes of one launch over the copy bandwidth");
         }
         println!(
-            "  {}: {} a step, {:.3} ms each (median, launched directly){}",
+            "  {}: {:.3} ms each (median){}; {note}",
             k.kind,
-            k.count,
             k.ms,
-            floor.map_or(String::new(), |f| format!("; floor {f:.4} ms"))
+            floor.map_or(String::new(), |f| format!("; floor {:.4} ms", ms(f)))
         );
         figures.push(figure);
     }

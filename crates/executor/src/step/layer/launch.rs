@@ -15,7 +15,7 @@ use indexer::reference::{IndexerDims, IndexerOptions};
 use linear::gpu::{LinArgs, LinExpert, LinMatrix};
 use mailbox::gpu::{DeviceTable, LaunchTable, Variant};
 use mailbox::{Stage, Stall, DIAG_WORDS};
-use model::traffic::{launch_traffic, Formats, LaunchKind, Load};
+use model::traffic::{launch_traffic, Formats, LaunchKind, LaunchTraffic, Load};
 use model::{ModelConfig, RankShapes};
 use moe::reference::Routing;
 use select::gpu::FLAG_NAMES;
@@ -29,7 +29,7 @@ use crate::fused::layer::{
     layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
 };
 use crate::fused::{ArenaSlice, CtaShape, ENTRY};
-use crate::step::graph::{DeviceBytes, LaunchSlot, Output, StepLaunch};
+use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchSlot, Output, StepLaunch};
 use crate::step::{Result, StepError};
 
 fn invalid(reason: impl Into<String>) -> StepError {
@@ -162,7 +162,8 @@ pub struct LayerLaunch<'a> {
     views: Vec<(String, ArenaView<'a>)>,
     before: Vec<Copy>,
     after: Vec<Copy>,
-    floor: u64,
+    /// What the launch must move, the routed experts counted for as many as its rows may touch.
+    traffic: Option<LaunchTraffic>,
     /// Select's flags, `[rows][FLAG_NAMES]` (full layers).
     flags: Option<Buffer<u32>>,
 }
@@ -405,7 +406,7 @@ impl<'a> LayerLaunch<'a> {
                 Stage::Synthetic => return Err(missing("synthetic")),
             });
         }
-        let floor = floor_bytes(cfg, build, &plan);
+        let traffic = traffic(cfg, build, &plan);
         let view = |slice| ArenaView {
             arena: arena_buf,
             slice,
@@ -440,7 +441,7 @@ impl<'a> LayerLaunch<'a> {
             stage_args,
             before,
             after,
-            floor,
+            traffic,
         })
     }
 }
@@ -502,12 +503,10 @@ fn lds_bytes(cfg: &ModelConfig, plan: &LayerPlan, threads: u32) -> Result<u32> {
     Ok(need)
 }
 
-/// Bytes the launch must move: its kind's weights (the routed experts its rows may touch, at most)
+/// What the launch must move: its kind's weights (the routed experts its rows may touch, at most)
 /// and cache traffic (`model::traffic`).
-fn floor_bytes(cfg: &ModelConfig, build: &LayerBuild, plan: &LayerPlan) -> u64 {
-    let Ok(shapes) = RankShapes::new(cfg, build.tp) else {
-        return 0;
-    };
+fn traffic(cfg: &ModelConfig, build: &LayerBuild, plan: &LayerPlan) -> Option<LaunchTraffic> {
+    let shapes = RankShapes::new(cfg, build.tp).ok()?;
     let requests = plan
         .index
         .as_ref()
@@ -527,7 +526,20 @@ fn floor_bytes(cfg: &ModelConfig, build: &LayerBuild, plan: &LayerPlan) -> u64 {
         weights: build.weights,
         cache: build.cache,
     };
-    launch_traffic(&shapes, plan.kind, formats, load).total_bytes()
+    Some(launch_traffic(&shapes, plan.kind, formats, load))
+}
+
+/// Distinct experts in a `[rows, top_k]` list of the router's choices (entries past the expert
+/// count are not choices).
+fn distinct_experts(row_experts: &[u32], experts: u32) -> u32 {
+    let mut chosen: Vec<u32> = row_experts
+        .iter()
+        .copied()
+        .filter(|&e| e < experts)
+        .collect();
+    chosen.sort_unstable();
+    chosen.dedup();
+    chosen.len() as u32
 }
 
 impl LayerLaunch<'_> {
@@ -588,7 +600,31 @@ impl StepLaunch for LayerLaunch<'_> {
     }
 
     fn floor_bytes(&self) -> Option<u64> {
-        (self.floor > 0).then_some(self.floor)
+        self.traffic
+            .map(|t| t.total_bytes())
+            .filter(|&bytes| bytes > 0)
+    }
+
+    fn chosen_floor(&self) -> Result<Option<ChosenFloor>> {
+        let (Some(moe), Some(traffic)) = (&self.plan.moe, self.traffic) else {
+            return Ok(None);
+        };
+        let view = ArenaView {
+            arena: self.arena,
+            slice: moe.slices.row_experts,
+        };
+        let words: Vec<u32> = view
+            .bytes()?
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect();
+        let experts = distinct_experts(&words, moe.shape.experts as u32);
+        let fixed = traffic.total_bytes() - traffic.weights.routed_experts;
+        Ok(Some(ChosenFloor {
+            bytes: fixed + u64::from(experts) * traffic.routed_expert_bytes,
+            experts,
+            most_experts: traffic.experts_touched as u32,
+        }))
     }
 
     fn check(&self) -> Result<()> {
@@ -612,5 +648,18 @@ impl StepLaunch for LayerLaunch<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::distinct_experts;
+
+    #[test]
+    fn distinct_experts_counts_each_choice_once() {
+        assert_eq!(distinct_experts(&[3, 1, 3, 7, 1, 0], 8), 4);
+        // An entry past the expert count is no choice.
+        assert_eq!(distinct_experts(&[3, 8, u32::MAX, 3], 8), 1);
+        assert_eq!(distinct_experts(&[], 8), 0);
     }
 }
