@@ -59,6 +59,22 @@ pub fn fused_source(
         );
     }
     text.push_str("\nextern __shared__ __attribute__((aligned(1024))) u8 mono_lds[];\n\n");
+    // `MONO_TASK_CALL_STAGES=indexer,select`: those stages' decoders are calls on NVIDIA.
+    let called: Vec<String> = std::env::var("MONO_TASK_CALL_STAGES")
+        .unwrap_or_default()
+        .split(',')
+        .map(|n| format!("MBX_STAGE_{}", n.trim().to_uppercase()))
+        .collect();
+    let is_called = |s: &StageKernel| called.iter().any(|c| c == stage_macro(s.stage));
+    for (i, s) in stages.iter().enumerate().filter(|(_, s)| is_called(s)) {
+        let _ = writeln!(
+            text,
+            "template <class Team>\n__device__ __noinline__ bool mono_call_{i}(const Team& team, \
+             const mbx_task& t, mbx_ctx& c, const {} a, u8* lds) {{\n  return {}(team, t, c, a, \
+             lds);\n}}\n",
+            s.args_type, s.decoder
+        );
+    }
     let params: Vec<String> = stages
         .iter()
         .enumerate()
@@ -75,11 +91,15 @@ pub fn fused_source(
     );
     text.push_str("    switch (mbx_stage_of(t.kind)) {\n");
     for (i, s) in stages.iter().enumerate() {
+        let decoder = if is_called(s) {
+            format!("mono_call_{i}")
+        } else {
+            s.decoder.to_owned()
+        };
         let _ = writeln!(
             text,
-            "      case {}: return {}(team, t, c, a{i}, mono_lds);",
+            "      case {}: return {decoder}(team, t, c, a{i}, mono_lds);",
             stage_macro(s.stage),
-            s.decoder
         );
     }
     // The host builds no task of another stage; stopping the CTA leaves its boxes unwritten,
