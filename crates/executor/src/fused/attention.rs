@@ -512,10 +512,10 @@ fn push(
     args: [u32; 3],
 ) -> Result<(), HalfError> {
     let rank = g.rank();
+    let cta = g.next_cta();
     let t =
         Task::new(kind, rank, out, inputs, args).map_err(|e| HalfError::Graph(e.to_string()))?;
-    g.place(t).map_err(|e| HalfError::Graph(e.to_string()))?;
-    Ok(())
+    g.push(cta, t).map_err(|e| HalfError::Graph(e.to_string()))
 }
 
 impl HalfPhases {
@@ -661,7 +661,8 @@ impl HalfPhases {
         let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
         let ranks = g.ranks(n);
         for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
-            g.place(t).map_err(graph)?;
+            let cta = g.next_cta();
+            g.push(cta, t).map_err(graph)?;
         }
         // A combine writes its whole line (`MlaBoxes::out_done`), so the range is every box.
         let combines = [BoxRange::new(

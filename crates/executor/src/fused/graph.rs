@@ -124,12 +124,6 @@ pub struct LaunchGraph {
     cursor: u32,
     arena: ArenaLayout,
     matrices: u32,
-    /// `MONO_PLACE=weighted`: [`Self::place`] picks the CTA where a task can start first.
-    weighted: bool,
-    /// Estimated end of each CTA's list, in units of a task's fixed cost.
-    free: Vec<f64>,
-    /// Estimated time each box is written, by box.
-    written: Vec<f64>,
 }
 
 impl LaunchGraph {
@@ -146,52 +140,7 @@ impl LaunchGraph {
             cursor: 0,
             arena: ArenaLayout::default(),
             matrices: 0,
-            weighted: std::env::var("MONO_PLACE").is_ok_and(|v| v == "weighted"),
-            free: vec![0.0; ctas as usize],
-            written: Vec::new(),
         })
-    }
-
-    /// When `task`'s inputs are written, by the estimates of the tasks placed so far.
-    fn ready(&self, task: &Task) -> f64 {
-        task.inputs()
-            .iter()
-            .flat_map(|r| r.first..r.first + r.len)
-            .filter_map(|b| self.written.get(b as usize))
-            .fold(0.0, |a, &b| a.max(b))
-    }
-
-    /// A task's estimated length: a fixed cost, and a linear task's tiles.
-    fn cost(task: &Task) -> f64 {
-        if task.kind == linear::layout::KIND_TILES {
-            1.0 + 0.5 * f64::from(task.args[2])
-        } else {
-            1.0
-        }
-    }
-
-    /// Appends `task` to the CTA where it can start first by the estimates (with
-    /// `MONO_PLACE=weighted`; ties go to the CTAs in turn), else to the next CTA in turn.
-    pub fn place(&mut self, task: Task) -> Result<u32, GraphError> {
-        if !self.weighted {
-            let cta = self.next_cta();
-            self.push(cta, task)?;
-            return Ok(cta);
-        }
-        let ready = self.ready(&task);
-        let mut best = self.cursor;
-        let mut best_start = f64::INFINITY;
-        for i in 0..self.ctas {
-            let c = (self.cursor + i) % self.ctas;
-            let start = self.free[c as usize].max(ready);
-            if start < best_start - 1e-9 {
-                best = c;
-                best_start = start;
-            }
-        }
-        self.cursor = (best + 1) % self.ctas;
-        self.push(best, task)?;
-        Ok(best)
     }
 
     pub fn ctas(&self) -> u32 {
@@ -248,15 +197,6 @@ impl LaunchGraph {
                 order: task.order,
                 next: self.next_rank,
             });
-        }
-        let end = self.free[cta as usize].max(self.ready(&task)) + Self::cost(&task);
-        self.free[cta as usize] = end;
-        let last = (task.out.first + task.out.len) as usize;
-        if self.written.len() < last {
-            self.written.resize(last, 0.0);
-        }
-        for b in task.out.first..task.out.first + task.out.len {
-            self.written[b as usize] = end;
         }
         self.lists[cta as usize].push(task);
         Ok(())

@@ -117,9 +117,9 @@ fn row_tasks(
 ) -> Result<Completion> {
     let done = g.completion(name, rows)?;
     for r in 0..rows {
-        let rank = g.rank();
+        let (rank, cta) = (g.rank(), g.next_cta());
         let out = done.line(r).expect("a line a row");
-        g.place(head_task(kind, rank, op, r..r + 1, out, waits)?)?;
+        g.push(cta, head_task(kind, rank, op, r..r + 1, out, waits)?)?;
     }
     Ok(done)
 }
@@ -136,10 +136,10 @@ pub(super) fn matrix_tasks(
     let ranges = split_tiles(tiles, g.ctas());
     let done = g.completion(name, ranges.len() as u32)?;
     for (i, range) in ranges.iter().enumerate() {
-        let rank = g.rank();
+        let (rank, cta) = (g.rank(), g.next_cta());
         let out = done.line(i as u32).expect("a line a task");
         let args = [matrix, range.first, range.count];
-        g.place(Task::new(KIND_TILES, rank, out, waits, args)?)?;
+        g.push(cta, Task::new(KIND_TILES, rank, out, waits, args)?)?;
     }
     Ok(done)
 }
@@ -659,17 +659,13 @@ pub fn tail_part(
         shape.rows,
         &[scored.all()],
     )?;
-    let rank = g.rank();
+    let (rank, cta) = (g.rank(), g.next_cta());
     let picked = g.completion("pick_done", 1)?;
     let out = picked.line(0).expect("one line");
-    g.place(head_task(
-        KIND_PICK,
-        rank,
-        pick,
-        0..shape.rows,
-        out,
-        &[paired.all()],
-    )?)?;
+    g.push(
+        cta,
+        head_task(KIND_PICK, rank, pick, 0..shape.rows, out, &[paired.all()])?,
+    )?;
     Ok(TailPlan {
         shape,
         norm,

@@ -5,6 +5,7 @@
 use super::shape::CtaShape;
 use device::KernelSource;
 use mailbox::stage::{stage_macro, StageKernel};
+use mailbox::Stage;
 use std::fmt::Write;
 
 /// Errors in the list of stages handed to the generator.
@@ -51,26 +52,31 @@ pub fn fused_source(
     // a body this large) it takes the kernel's arguments by address, which copies them to the
     // stack (248 B for the front half), and ptxas serialises the wgmma pipeline across the call
     // boundary. On gfx950 inlining it raised the front half's spills (219 -> 292, kernel table).
-    if std::env::var("MONO_TASK_CALL").is_ok_and(|v| v == "1") {
-        text.push_str("\n#define MONO_TASK_BODY\n");
-    } else {
+    text.push_str(
+        "\n#if MONO_NVIDIA\n#define MONO_TASK_BODY __attribute__((always_inline))\n#else\n#define MONO_TASK_BODY\n#endif\n",
+    );
+    text.push_str("\nextern __shared__ __attribute__((aligned(1024))) u8 mono_lds[];\n\n");
+    // In a launch that holds other stages too (a full-indexer layer), the indexer's and select's
+    // decoders are calls on NVIDIA: inlined beside the attention, linear and MoE code they pushed
+    // ptxas past the 128-register cap (a MoE full-indexer layer spilled 8164 B; with the calls
+    // 1620 B and a 792 B stack), which slowed every task of those launches (H200: a dense
+    // full-indexer layer 0.190 -> 0.168 ms, a MoE one 0.264 -> 0.244; crates/executor/PERF.md).
+    // A front half of its own keeps them inlined (the task body's note above).
+    let front_only = stages
+        .iter()
+        .all(|s| matches!(s.stage, Stage::Indexer | Stage::Select));
+    let is_called =
+        |s: &StageKernel| !front_only && matches!(s.stage, Stage::Indexer | Stage::Select);
+    if stages.iter().any(is_called) {
         text.push_str(
-            "\n#if MONO_NVIDIA\n#define MONO_TASK_BODY __attribute__((always_inline))\n#else\n#define MONO_TASK_BODY\n#endif\n",
+            "#if MONO_NVIDIA\n#define MONO_STAGE_CALL __device__ __noinline__\n#else\n#define MONO_STAGE_CALL MONO_DEV\n#endif\n\n",
         );
     }
-    text.push_str("\nextern __shared__ __attribute__((aligned(1024))) u8 mono_lds[];\n\n");
-    // `MONO_TASK_CALL_STAGES=indexer,select`: those stages' decoders are calls on NVIDIA.
-    let called: Vec<String> = std::env::var("MONO_TASK_CALL_STAGES")
-        .unwrap_or_default()
-        .split(',')
-        .map(|n| format!("MBX_STAGE_{}", n.trim().to_uppercase()))
-        .collect();
-    let is_called = |s: &StageKernel| called.iter().any(|c| c == stage_macro(s.stage));
     for (i, s) in stages.iter().enumerate().filter(|(_, s)| is_called(s)) {
         let _ = writeln!(
             text,
-            "template <class Team>\n__device__ __noinline__ bool mono_call_{i}(const Team& team, \
-             const mbx_task& t, mbx_ctx& c, const {} a, u8* lds) {{\n  return {}(team, t, c, a, \
+            "template <class Team>\nMONO_STAGE_CALL bool mono_call_{i}(const Team& team, const \
+             mbx_task& t, mbx_ctx& c, const {} a, u8* lds) {{\n  return {}(team, t, c, a, \
              lds);\n}}\n",
             s.args_type, s.decoder
         );

@@ -109,8 +109,7 @@ pub fn time_step(
                     .sum::<Option<u64>>()
                     .map(|b| b / floors.len() as u64),
                 chosen: (!choices.is_empty()).then(|| {
-                    let mean =
-                        choices.iter().map(|c| c.bytes).sum::<u64>() / choices.len() as u64;
+                    let mean = choices.iter().map(|c| c.bytes).sum::<u64>() / choices.len() as u64;
                     (mean, choices)
                 }),
             })

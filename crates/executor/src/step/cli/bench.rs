@@ -52,77 +52,40 @@ fn bench(args: &BenchArgs) -> Result<()> {
         copy / 1e12
     );
     let weights = gpu_weights(&dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
-    let variants = variants();
     for &context in &args.contexts {
         for &rows in &args.rows {
-            for (v, (name, env)) in variants.iter().enumerate() {
-                for (var, _) in variants.iter().flat_map(|(_, e)| e) {
-                    std::env::remove_var(var);
-                }
-                for (var, value) in env {
-                    std::env::set_var(var, value);
-                }
-                if variants.len() > 1 {
-                    println!("build `{name}` ({env:?})");
-                }
-                let requests = scene_requests(1, rows, context)?;
-                // The eager step, the warm-up and timed replays, the launch-by-launch steps and
-                // the inspected one.
-                let (warmup, direct) = (3, 5);
-                let steps = 1 + warmup + args.replays + direct + 1;
-                let times = with_step(
-                    &dev,
-                    &cfg,
-                    &weights,
-                    &requests,
-                    args.seed,
-                    steps,
-                    |graph, _| {
-                        graph.run_eager()?;
-                        graph.capture()?;
-                        time_step(&dev, graph, warmup, args.replays, direct)
-                    },
-                )?;
-                let load = Load {
-                    requests: 1,
-                    rows_per_request: u64::from(rows),
-                    context: u64::from(context),
-                };
-                let formats = Formats {
-                    weights: WeightFormat::Fp8,
-                    cache: CacheFormat::Fp8,
-                };
-                let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
-                // Only the first build writes records.
-                let quiet = Reporter::to_path(None, "", "", "");
-                let to = if v == 0 { &reporter } else { &quiet };
-                report_case(to, &args.preset, context, rows, copy, whole, &times)?;
-            }
+            let requests = scene_requests(1, rows, context)?;
+            // The eager step, the warm-up and timed replays, the launch-by-launch steps and the
+            // inspected one.
+            let (warmup, direct) = (3, 5);
+            let steps = 1 + warmup + args.replays + direct + 1;
+            let times = with_step(
+                &dev,
+                &cfg,
+                &weights,
+                &requests,
+                args.seed,
+                steps,
+                |graph, _| {
+                    graph.run_eager()?;
+                    graph.capture()?;
+                    time_step(&dev, graph, warmup, args.replays, direct)
+                },
+            )?;
+            let load = Load {
+                requests: 1,
+                rows_per_request: u64::from(rows),
+                context: u64::from(context),
+            };
+            let formats = Formats {
+                weights: WeightFormat::Fp8,
+                cache: CacheFormat::Fp8,
+            };
+            let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
+            report_case(&reporter, &args.preset, context, rows, copy, whole, &times)?;
         }
     }
     Ok(())
-}
-
-/// `MONO_BENCH_VARIANTS` (`NAME:VAR=VALUE,...;NAME:...`): the builds each case is timed on, each
-/// planned and built with its variables set; without it one build, as the environment is.
-fn variants() -> Vec<(String, Vec<(String, String)>)> {
-    match std::env::var("MONO_BENCH_VARIANTS") {
-        Ok(v) if !v.trim().is_empty() => v
-            .split(';')
-            .map(|b| {
-                let (name, vars) = b.split_once(':').unwrap_or((b, ""));
-                let vars = vars
-                    .split(',')
-                    .filter_map(|d| {
-                        let (var, value) = d.split_once('=')?;
-                        Some((var.trim().to_owned(), value.trim().to_owned()))
-                    })
-                    .collect();
-                (name.trim().to_owned(), vars)
-            })
-            .collect(),
-        _ => vec![("default".into(), Vec::new())],
-    }
 }
 
 fn report_case(
