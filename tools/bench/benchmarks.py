@@ -75,10 +75,13 @@ TABLES = [
      "one fused launch a layer (78) and the tail, and the greedy feed, captured as one graph; "
      "synthetic FP8 weights made on the device, hashed FP8 caches holding the context. The cross-rank "
      "all-reduce is not in it (one GPU holds one rank). The step figure is the median of graph "
-     "replays; the floor is the bytes every launch must move (`model::traffic`: weights, the routed "
-     "experts the rows may touch, cache reads and writes) over the copy bandwidth of the same run. "
-     "Each launch kind's figure is the median of its launches in one step launched directly, events "
-     "between launches. Target: the step at most 1.5 x its floor at 1 row."),
+     "replays; the floor is the bytes every launch must move (`model::traffic`: weights, cache reads "
+     "and writes, and the routed experts the rows chose, read back launch by launch from one more "
+     "step; the notes give the floor with every expert the rows may touch) over the copy bandwidth "
+     "of the same run. Each launch kind's figure is the median of its launches in one step launched "
+     "directly, events between launches. Where the time goes and every idea tried: "
+     "`crates/executor/PERF.md`. Targets: the step at most 1.5 x its floor at 1 row, 1.6 x at 4 "
+     "rows."),
 ]
 
 INTRO = """# Benchmarks

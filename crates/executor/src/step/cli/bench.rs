@@ -155,7 +155,13 @@ fn report_case(
         }
         let mut figure = Figure::new("step", &case, &k.kind, k.ms, "ms").note(&note);
         if let Some(f) = floor {
-            figure = figure.floor(ms(f), "bytes of one launch over the copy bandwidth");
+            let how = if k.chosen.is_some() {
+                "bytes of one launch over the copy bandwidth, the routed experts those its rows \
+                 chose (mean of the launches)"
+            } else {
+                "bytes of one launch over the copy bandwidth"
+            };
+            figure = figure.floor(ms(f), how);
         }
         println!(
             "  {}: {:.3} ms each (median){}; {note}",
