@@ -1,5 +1,6 @@
 //! The fused kernel's generator: a launch of two stages builds for both targets in the fused CTA
-//! shape (every stage's decoder reached through one switch), and bad stage lists are refused.
+//! shape (every stage's decoder reached through one switch), the front stages are calls only beside
+//! other stages, and bad stage lists are refused.
 
 use device::optional_compiler;
 use executor::fused::{fused_source, CtaShape, FusedSourceError, ENTRY};
@@ -138,5 +139,65 @@ fn the_switch_reaches_every_stage_decoder() {
             flat.contains(&format!("case {case}: return {decoder}(team, t, c, a")),
             "{flat}"
         );
+    }
+}
+
+/// In a launch with other stages, the indexer's and select's decoders are called through
+/// wrappers (calls on NVIDIA) and the others stay inlined; a launch of the front stages alone
+/// inlines them all. The wrapped launch builds for both targets.
+#[test]
+fn front_stages_are_calls_only_beside_other_stages() {
+    let mixed = vec![
+        stage(Stage::Select, "echo.h", ECHO_H, "echo_args", "echo_decode"),
+        stage(
+            Stage::Linear,
+            "split.h",
+            SPLIT_H,
+            "split_args",
+            "split_decode",
+        ),
+    ];
+    let alone = vec![
+        stage(Stage::Indexer, "echo.h", ECHO_H, "echo_args", "echo_decode"),
+        stage(
+            Stage::Select,
+            "split.h",
+            SPLIT_H,
+            "split_args",
+            "split_decode",
+        ),
+    ];
+    let shape = CtaShape::for_target("sm_90a").unwrap();
+    let flat =
+        |stages: &[StageKernel]| fused_source("x", stages, shape).unwrap().flatten().unwrap();
+    let m = flat(&mixed);
+    assert!(
+        m.contains("case MBX_STAGE_SELECT: return mono_call_0(team, t, c, a0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("bool mono_call_0(") && m.contains("return echo_decode(team"),
+        "{m}"
+    );
+    assert!(
+        m.contains("case MBX_STAGE_LINEAR: return split_decode(team, t, c, a1"),
+        "{m}"
+    );
+    let a = flat(&alone);
+    assert!(!a.contains("mono_call_"), "{a}");
+    assert!(
+        a.contains("case MBX_STAGE_INDEXER: return echo_decode(team"),
+        "{a}"
+    );
+    for target in ["sm_90a", "gfx950"] {
+        let shape = CtaShape::for_target(target).unwrap();
+        let Some(compiler) = optional_compiler(target).unwrap_or_else(|e| panic!("{target}: {e}"))
+        else {
+            continue;
+        };
+        let source = fused_source("fused_calls", &mixed, shape).unwrap();
+        compiler
+            .compile(&source)
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
     }
 }
