@@ -51,6 +51,14 @@ impl StepTimes {
     }
 }
 
+/// One launch kind's runs while a step's times are grouped.
+struct KindRuns {
+    kind: String,
+    times: Vec<f64>,
+    floors: Vec<Option<u64>>,
+    choices: Vec<ChosenFloor>,
+}
+
 /// Times `graph` (already captured): `replays` replays after `warmup` untimed ones, and
 /// `direct` steps launched launch by launch for the per-kind times; then one step launched launch
 /// by launch reads back what each launch chose.
@@ -75,20 +83,25 @@ pub fn time_step(
         chosen[i] = launch.chosen_floor()?;
         Ok(())
     })?;
-    let mut kinds: Vec<(String, Vec<f64>, Vec<Option<u64>>, Vec<ChosenFloor>)> = Vec::new();
+    let mut kinds: Vec<KindRuns> = Vec::new();
     for ((launch, times), choice) in launches.iter().zip(per_launch).zip(&chosen) {
-        let (kind, floor) = (launch.kind(), launch.floor_bytes());
-        let i = match kinds.iter().position(|(k, ..)| *k == kind) {
+        let kind = launch.kind();
+        let i = match kinds.iter().position(|k| k.kind == kind) {
             Some(i) => i,
             None => {
-                kinds.push((kind, Vec::new(), Vec::new(), Vec::new()));
+                kinds.push(KindRuns {
+                    kind,
+                    times: Vec::new(),
+                    floors: Vec::new(),
+                    choices: Vec::new(),
+                });
                 kinds.len() - 1
             }
         };
-        let (_, all, floors, choices) = &mut kinds[i];
-        all.extend(times);
-        floors.push(floor);
-        choices.extend(*choice);
+        let k = &mut kinds[i];
+        k.times.extend(times);
+        k.floors.push(launch.floor_bytes());
+        k.choices.extend(*choice);
     }
     let chosen_bytes = launches
         .iter()
@@ -99,18 +112,20 @@ pub fn time_step(
         replays_ms,
         kinds: kinds
             .into_iter()
-            .map(|(kind, times, floors, choices)| KindTime {
-                kind,
-                count: floors.len(),
-                ms: median(&times),
-                floor_bytes: floors
+            .map(|k| KindTime {
+                kind: k.kind,
+                count: k.floors.len(),
+                ms: median(&k.times),
+                floor_bytes: k
+                    .floors
                     .iter()
                     .copied()
                     .sum::<Option<u64>>()
-                    .map(|b| b / floors.len() as u64),
-                chosen: (!choices.is_empty()).then(|| {
-                    let mean = choices.iter().map(|c| c.bytes).sum::<u64>() / choices.len() as u64;
-                    (mean, choices)
+                    .map(|b| b / k.floors.len() as u64),
+                chosen: (!k.choices.is_empty()).then(|| {
+                    let mean =
+                        k.choices.iter().map(|c| c.bytes).sum::<u64>() / k.choices.len() as u64;
+                    (mean, k.choices)
                 }),
             })
             .collect(),
