@@ -11,6 +11,9 @@
 //!   and slots follow the CPU twin of the feed over the replays. Negative control: front halves
 //!   whose select tasks skip their wait change the digests, and the comparison names the launch
 //!   and the tensor.
+//! * The whole tiny step (every launch, the tail, the greedy feed) replayed for 16 greedy steps
+//!   gives the CPU reference's greedy tokens at 1 and 4 rows a request, 1 and 3 requests; its
+//!   negative control plans the launches at the first step's positions.
 //!
 //! `cargo test -p executor --release --test gpu_step -- --ignored --nocapture --test-threads 1`
 
@@ -394,4 +397,56 @@ fn the_captured_step_replays_bit_for_bit_and_feeds_greedy_tokens() {
         }
         Comparison::Equal { .. } => panic!("skipped waits were not caught by the digests"),
     }
+}
+
+#[path = "support/greedy.rs"]
+mod greedy;
+
+/// The whole tiny step on the GPU (every layer's launch, the tail, the greedy feed), captured once
+/// and replayed for 16 greedy steps with 1 and 4 rows a request and 1 and 3 requests (contexts
+/// that cross page boundaries, one shorter than k): every step's tokens are the CPU reference's
+/// greedy decoding's. Negative control: the launches planned at the first step's positions leave
+/// the reference's tokens in every case.
+#[test]
+#[ignore = "needs a GPU"]
+fn sixteen_replayed_greedy_steps_give_the_references_tokens_on_the_gpu() {
+    use greedy::{device_greedy, first_difference, reference_greedy, Case, Kernels, Planning};
+    let dev = gpu();
+    let mut kernels = Kernels::default();
+    let mut failures = Vec::new();
+    for (contexts, rows) in [
+        (vec![50], 1),
+        (vec![50], 4),
+        (vec![50, 20, 3], 1),
+        (vec![50, 20, 3], 4),
+    ] {
+        let case = Case {
+            contexts,
+            rows,
+            steps: 16,
+        };
+        let started = Instant::now();
+        match greedy::check(&dev, &mut kernels, &case) {
+            Ok(line) => println!("{line} ({:.1} s)", started.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("FAILED {e}");
+                failures.push(e);
+            }
+        }
+        let want = reference_greedy(&case);
+        let old = device_greedy(&dev, &mut kernels, &case, Planning::FirstPositions);
+        match first_difference(&old, &want) {
+            Some(d) => println!("  planned at the first step's positions: {d}"),
+            None => {
+                let e = format!(
+                    "{}: launches planned at the first step's positions gave the reference's \
+                     tokens",
+                    case.name()
+                );
+                println!("FAILED {e}");
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -62,15 +62,28 @@ pub fn split_choice(cfg: &ModelConfig) -> SplitChoice {
     }
 }
 
-/// The requests of `batch` as the planner takes them.
+/// The requests of `batch` as the planner takes them: over the pages each request has, not its
+/// rows' positions. A request's rows are planned at the last positions its pages hold (`pages *
+/// page_tokens - rows ..`), so the score runs cover every page it has and select's row lengths
+/// reach past every position its rows may take; the kernels read the rows' true positions from the
+/// step slice (the indexer masks the keys past each row's position with -inf, which select never
+/// picks, and the attention skips the -1 entries after fewer than k). So the launches hold for
+/// every step whose rows lie within the request's pages, as the greedy feed moves them on.
+///
+/// A request whose rows already pass its pages is planned at its own positions, where the
+/// planner refuses it (`FrontError::ContextPastPages`): nothing runs.
 pub fn front_requests(batch: &Batch) -> Vec<FrontRequest> {
     batch
         .requests
         .iter()
-        .map(|r| FrontRequest {
-            context: r.first_position,
-            rows: r.tokens.len() as u32,
-            pages: r.pages.clone(),
+        .map(|r| {
+            let rows = r.tokens.len() as u32;
+            let capacity = (r.pages.len() as u32).saturating_mul(batch.page_tokens);
+            FrontRequest {
+                context: r.first_position.max(capacity.saturating_sub(rows)),
+                rows,
+                pages: r.pages.clone(),
+            }
         })
         .collect()
 }
