@@ -518,36 +518,3 @@ fn a_launch_bound_to_the_wrong_tensor_is_refused_by_name() {
         .expect("a wrong lm_head");
     assert!(err.to_string().contains("lm_head.weight"), "{err}");
 }
-
-#[path = "support/greedy.rs"]
-mod greedy;
-
-/// Sixteen greedy steps of the whole step on CPU threads, one request of one row (the host
-/// backend's 4 CTAs take a front half of one row), the step captured once and replayed with the
-/// greedy feed moving the row on on the device, across a page boundary: every step's token is the
-/// reference's greedy decoding's. Negative control: the launches planned at the first step's
-/// positions (the runs and select's rows stop there) leave the reference's tokens.
-#[test]
-#[ignore = "needs g++ (host emulation)"]
-fn sixteen_replayed_greedy_steps_give_the_references_tokens() {
-    use greedy::{device_greedy, first_difference, reference_greedy, Case, Kernels, Planning};
-    let dev = host();
-    let case = Case {
-        contexts: vec![50],
-        rows: 1,
-        steps: 16,
-    };
-    let mut kernels = Kernels::default();
-    let started = std::time::Instant::now();
-    match greedy::check(&dev, &mut kernels, &case) {
-        Ok(line) => eprintln!("{line} ({:.0} s)", started.elapsed().as_secs_f64()),
-        Err(e) => panic!("{e}"),
-    }
-    let want = reference_greedy(&case);
-    let old = device_greedy(&dev, &mut kernels, &case, Planning::FirstPositions);
-    let caught = first_difference(&old, &want).expect(
-        "launches planned at the first step's positions gave the reference's tokens: the check \
-         cannot tell",
-    );
-    eprintln!("planned at the first step's positions: {caught}");
-}

@@ -330,7 +330,10 @@ mod tests {
         .unwrap();
         assert_eq!(far.slots, vec![-1]);
         let err = far.check_pages().unwrap_err().to_string();
-        assert!(err.contains("row 0 (request 0) is at position 192"), "{err}");
+        assert!(
+            err.contains("row 0 (request 0) is at position 192"),
+            "{err}"
+        );
         assert!(h.check_pages().is_ok());
     }
 
