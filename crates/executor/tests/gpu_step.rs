@@ -11,6 +11,10 @@
 //!   and slots follow the CPU twin of the feed over the replays. Negative control: front halves
 //!   whose select tasks skip their wait change the digests, and the comparison names the launch
 //!   and the tensor.
+//! * The whole tiny step (every launch, the tail, the greedy feed) replayed for 16 greedy steps
+//!   gives the CPU reference's greedy tokens at 1 and 4 rows a request, 1 and 3 requests, and
+//!   every pick is the reference's over the same rows; its negative control plans the launches at
+//!   the first step's positions.
 //!
 //! `cargo test -p executor --release --test gpu_step -- --ignored --nocapture --test-threads 1`
 
@@ -394,4 +398,86 @@ fn the_captured_step_replays_bit_for_bit_and_feeds_greedy_tokens() {
         }
         Comparison::Equal { .. } => panic!("skipped waits were not caught by the digests"),
     }
+}
+
+#[path = "support/greedy.rs"]
+mod greedy;
+
+/// The greedy check's own negative control, on the CPU: the reference's picks pass it, and a
+/// list with one pick changed is caught at that pick, over the free-running decoding and over the
+/// same rows.
+#[test]
+fn the_greedy_check_catches_a_wrong_pick() {
+    use greedy::{first_difference, flips_over_the_same_rows, reference_greedy, Case};
+    let case = Case {
+        contexts: vec![62, 5],
+        rows: 2,
+        steps: 3,
+    };
+    let want = reference_greedy(&case);
+    let mut picks: Vec<Vec<u32>> = want.iter().map(|s| s.argmax.clone()).collect();
+    assert_eq!(first_difference(&picks, &want), None);
+    assert!(flips_over_the_same_rows(&case, &picks).is_empty());
+    picks[1][2] = (picks[1][2] + 1) % 2048;
+    let free = first_difference(&picks, &want).expect("a changed pick");
+    assert!(free.starts_with("step 1, row 2:"), "{free}");
+    let flips = flips_over_the_same_rows(&case, &picks);
+    assert!(
+        matches!(flips.first(), Some(f) if (f.step, f.row) == (1, 2) && f.gap >= f.margin),
+        "{flips:?}"
+    );
+}
+
+/// The whole tiny step on the GPU (every layer's launch, the tail, the greedy feed), captured once
+/// and replayed for 16 greedy steps with 1 and 4 rows a request and 1 and 3 requests (contexts
+/// that cross page boundaries, one shorter than k): every step's tokens are the CPU reference's
+/// greedy decoding's, and every pick the reference's over the same rows. Negative control: the
+/// launches planned at the first step's positions give picks the reference's step over the same
+/// rows does not, in every case.
+#[test]
+#[ignore = "needs a GPU"]
+fn sixteen_replayed_greedy_steps_give_the_references_tokens_on_the_gpu() {
+    use greedy::{device_greedy, flips_over_the_same_rows, Case, Kernels, Planning};
+    let dev = gpu();
+    let mut kernels = Kernels::default();
+    let mut failures = Vec::new();
+    for (contexts, rows) in [
+        (vec![50], 1),
+        (vec![50], 4),
+        (vec![50, 20, 3], 1),
+        (vec![50, 20, 3], 4),
+    ] {
+        let case = Case {
+            contexts,
+            rows,
+            steps: 16,
+        };
+        let started = Instant::now();
+        match greedy::check(&dev, &mut kernels, &case) {
+            Ok(line) => println!("{line} ({:.1} s)", started.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("FAILED {e}");
+                failures.push(e);
+            }
+        }
+        let old = device_greedy(&dev, &mut kernels, &case, Planning::FirstPositions);
+        let flips = flips_over_the_same_rows(&case, &old);
+        match flips.first() {
+            Some(f) => println!(
+                "  planned at the first step's positions: {} picks differ over the same rows, \
+                 the first {f}",
+                flips.len()
+            ),
+            None => {
+                let e = format!(
+                    "{}: launches planned at the first step's positions gave the reference's \
+                     picks",
+                    case.name()
+                );
+                println!("FAILED {e}");
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

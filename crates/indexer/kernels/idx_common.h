@@ -74,14 +74,17 @@ static_assert(IDX_ROPE_INTERLEAVED || (IDX_ROPE_DIM / 2 >= IDX_LANE_DIMS && (IDX
 
 typedef mono_page_row idx_row;
 typedef mono_page_request idx_request;
+// The group's rows' positions come from idx_args::positions (idx_position and below), never from
+// the descriptors: a captured launch's task lists hold for every position the request's pages
+// allow, the positions moving on the device between replays. planned_last is the last row's
+// position the plan was made for: the group's runs cover its pages, and only the tail fill
+// (idx_write_tail) reads it.
 struct idx_group {
   u32 request;
   u32 first_row;
   u32 n_rows;
-  u32 last_position;
+  u32 planned_last;
 };
-// Position of the group's row r: its rows are at consecutive positions, ending at last_position.
-MONO_DEV u32 idx_row_position(const idx_group& grp, u32 r) { return grp.last_position - (grp.n_rows - 1u - r); }
 struct idx_run {
   u32 group;
   u32 first_page;
@@ -107,6 +110,7 @@ struct idx_args {
   const float* gates;        // [rows][HEADS]: W_w x̂
   const double* inv_freq;    // [ROPE_DIM / 2]: theta^(-2i / ROPE_DIM)
   const idx_row* rows;
+  const u32* positions;  // [rows]: each row's position this step (read on the device, never planned)
   const idx_request* requests;
   const idx_run_task* runs;
   const u32* page_list;  // every request's physical pages, at its page_offset
@@ -123,6 +127,19 @@ struct idx_args {
   u32 run_box_stride;
   float weight_scale;  // (HEADS * HEAD_DIM)^-1/2
 };
+
+// Row `row`'s position this step.
+MONO_DEV u32 idx_position(const idx_args& a, u32 row) { return a.positions[row]; }
+// The position of the group's row r (rows of a group are at consecutive positions).
+MONO_DEV u32 idx_row_position(const idx_args& a, const idx_group& grp, u32 r) {
+  return idx_position(a, grp.first_row + r);
+}
+// The group's last row's position: the group reads keys up to it.
+MONO_DEV u32 idx_group_last(const idx_args& a, const idx_group& grp) {
+  return idx_position(a, grp.first_row + grp.n_rows - 1u);
+}
+// The request's first row's position: its first key this launch writes.
+MONO_DEV u32 idx_request_first(const idx_args& a, const idx_request& q) { return idx_position(a, q.first_row); }
 
 MONO_DEV u32 idx_key_box(const idx_args& a, u32 row, u32 word) { return a.key_box_offset + row * a.key_box_stride + word; }
 MONO_DEV u32 idx_query_box(const idx_args& a, u32 row, u32 word) {

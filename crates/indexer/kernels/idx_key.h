@@ -14,6 +14,7 @@ MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, c
   const u32 row = task.args[0];
   const u32 lane = idx_unhoisted(team.lane());
   const idx_row r = a.rows[row];
+  const u32 position = idx_position(a, row);
   float v[IDX_LANE_DIMS];
 #pragma unroll
   for (u32 i = 0; i < IDX_LANE_DIMS; ++i)
@@ -34,7 +35,7 @@ MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, c
     v[i] = (v[i] - mean) * inv_std * a.norm_weight[d] + a.norm_bias[d];
   }
 
-  idx_rope(v, lane, r.position, a.inv_freq);
+  idx_rope(v, lane, position, a.inv_freq);
 #if IDX_HADAMARD
   idx_hadamard(v, lane);
 #endif
@@ -45,8 +46,8 @@ MONO_DEV bool idx_key_task(const Team& team, const mbx_task& task, mbx_ctx& c, c
   const bool owner = idx_pack_codes(codes, lane, &word);
 
   const idx_request q = a.requests[r.request];
-  const u32 page = a.page_list[q.page_offset + r.position / IDX_PAGE_TOKENS];
-  const u32 slot = r.position % IDX_PAGE_TOKENS;
+  const u32 page = a.page_list[q.page_offset + position / IDX_PAGE_TOKENS];
+  const u32 slot = position % IDX_PAGE_TOKENS;
   const u32 w = lane * IDX_LANE_DIMS / 4;
   if (owner) {
     *(u32*)(a.cache_write + idx_key_offset(page, slot) + 4u * w) = word;

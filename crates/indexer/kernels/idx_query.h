@@ -16,7 +16,7 @@ MONO_DEV bool idx_query_task(const Team& team, const mbx_task& task, mbx_ctx& c,
   if (!idx_wait_inputs(team, task, c)) return false;
   const u32 row = task.args[0];
   const u32 lane = idx_unhoisted(team.lane());
-  const u32 position = a.rows[row].position;
+  const u32 position = idx_position(a, row);
   for (u32 h = idx_unhoisted(team.wave()); h < IDX_HEADS; h += Team::waves) {
     const u16* in = a.query_proj + ((u64)row * IDX_HEADS + h) * IDX_HEAD_DIM + lane * IDX_LANE_DIMS;
     float v[IDX_LANE_DIMS];

@@ -97,12 +97,13 @@ MONO_DEV void idx_store_batch(idx_score_smem& sm, u32 thread, const idx_prefetch
 
 // The first token whose key this launch writes and the group reads from its published pairs:
 // the request's first row's (the group's own first row's, under the fault PATCH_GROUP_ONLY).
-MONO_DEV u32 idx_patch_lowest(const idx_request& q, const idx_group& grp) {
+MONO_DEV u32 idx_patch_lowest(const idx_args& a, const idx_request& q, const idx_group& grp) {
 #if MONO_FAULT == MONO_FAULT_IDX_PATCH_GROUP_ONLY
-  return q.first_position + (grp.first_row - q.first_row);
+  (void)q;
+  return idx_row_position(a, grp, 0);
 #else
   (void)grp;
-  return q.first_position;
+  return idx_request_first(a, q);
 #endif
 }
 
@@ -113,11 +114,12 @@ MONO_DEV u32 idx_patch_lowest(const idx_request& q, const idx_group& grp) {
 template <class Team>
 MONO_DEV bool idx_patch_tokens(const Team& team, const idx_args& a, const mbx_ctx& c, const idx_request& q,
                                const idx_group& grp, u32 t0, u32 tokens, u8* keys, float* scales) {
-  const u32 lowest = idx_patch_lowest(q, grp);
+  const u32 lowest = idx_patch_lowest(a, q, grp);
+  const u32 group_last = idx_group_last(a, grp);
   const u32 first = lowest > t0 ? lowest : t0;
-  const u32 last = grp.last_position < t0 + tokens - 1u ? grp.last_position : t0 + tokens - 1u;
+  const u32 last = group_last < t0 + tokens - 1u ? group_last : t0 + tokens - 1u;
   if (first > last) return true;
-  const u32 row0 = q.first_row + (first - q.first_position);
+  const u32 row0 = q.first_row + (first - idx_request_first(a, q));
   bool ok = true;
   for (u32 i = team.thread(); i < (last - first + 1u) * IDX_KEY_WORDS && ok; i += Team::size) {
     const u32 key = i / IDX_KEY_WORDS, word = i % IDX_KEY_WORDS;
@@ -168,16 +170,18 @@ MONO_DEV void idx_combine(const idx_args& a, u32 thread, const idx_group& grp, c
     float s = 0.0f;
 #pragma unroll
     for (u32 hg = 0; hg < IDX_HEAD_GROUPS; ++hg) s += sm.partial[buf][hg][r][n];
-    const u32 position = idx_row_position(grp, r);
+    const u32 position = idx_row_position(a, grp, r);
     a.scores[(u64)(grp.first_row + r) * a.stride + t0 + n] = t0 + n <= position ? s : minus_inf;
   }
 }
 
-// The group's last run also fills the rows' scores past the group's pages, up to the stride (the
-// run's team, thread `thread`).
+// The group's last planned run also fills the rows' scores past the group's planned pages, up to
+// the stride (the run's team, thread `thread`). Planned, not this step's positions: the runs cover
+// the planned pages whatever the rows' positions, and the scores between a row's position and the
+// planned end are -inf by the scorers' position test.
 MONO_DEV void idx_write_tail(const idx_args& a, u32 thread, const idx_group& grp, const idx_run& run) {
   const float minus_inf = mono_bits_f32(0xff800000u);
-  const u32 end = grp.last_position / IDX_PAGE_TOKENS + 1u;
+  const u32 end = grp.planned_last / IDX_PAGE_TOKENS + 1u;
   if (run.first_page + run.n_pages != end) return;
   const u32 begin = end * IDX_PAGE_TOKENS;
   for (u32 r = 0; r < grp.n_rows; ++r)

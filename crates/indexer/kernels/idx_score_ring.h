@@ -234,7 +234,7 @@ MONO_DEV bool idx_ring_queries(const Team& team, const idx_args& a, const mbx_ct
 // warpgroup for the group's R rows and written out, a row by each lane of a quad; meanwhile() runs
 // while the tensor units work.
 // t: the thread of the warpgroup; position: the lane's row's position (idx_row_position of row
-// t % 4); out: the lane's row's score of its first token, idx_wg_token(t) into the page (both
+// t % 4, when the group has that row); out: the lane's row's score of its first token, idx_wg_token(t) into the page (both
 // unused when the lane has no row).
 template <u32 R, class Meanwhile>
 MONO_DEV void idx_ring_page(u32 t, const idx_ring& ring, u32 at, u32 t0, u32 position, float* out, Meanwhile meanwhile) {
@@ -280,7 +280,7 @@ MONO_DEV bool idx_ring_run(const Warpgroup& wg, const idx_args& a, const mbx_ctx
   // computed from the row every page, its 64-bit address costs about a dozen instructions a page.
   float* out = a.scores + (u64)(grp.first_row + (t & 3u)) * a.stride + (run.first_page + w) * IDX_PAGE_TOKENS +
                idx_wg_token(t);
-  const u32 position = idx_row_position(grp, t & 3u);
+  const u32 position = (t & 3u) < grp.n_rows ? idx_row_position(a, grp, t & 3u) : 0u;
   const u32 end = run.first_page + run.n_pages;
   // The page's slot, j % RING for the warpgroup's j-th, and its barrier's phase parity, (j / RING)
   // % 2, kept as the page goes up rather than two divisions a page.
@@ -342,7 +342,7 @@ MONO_DEV bool idx_score_run(const Team& team, const mbx_ctx& c, const idx_args& 
   if (team.leader()) {
     for (u32 s = 0; s < IDX_BATCH_PAGES * IDX_RING; ++s) mono_lds_barrier_init(idx_ring_landed(ring) + 8u * s);
     *(u32*)(ring.query + IDX_RING_RUN_AT) = run_index;
-    *(u32*)(ring.query + IDX_RING_LOWEST_AT) = idx_patch_lowest(q, grp);
+    *(u32*)(ring.query + IDX_RING_LOWEST_AT) = idx_patch_lowest(a, q, grp);
     *(u32*)(ring.query + IDX_RING_LIST_AT) = q.page_offset;
 #if IDX_TRACE
     *(u32*)(ring.query + IDX_RING_FIRST_AT) = run.first_page;

@@ -367,7 +367,7 @@ impl RunTask {
     }
 }
 
-/// `idx_args` of `kernels/idx_common.h`, field for field: 14 addresses then 8 words, no padding.
+/// `idx_args` of `kernels/idx_common.h`, field for field: 15 addresses then 8 words, no padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct StageArgs {
@@ -378,6 +378,10 @@ pub struct StageArgs {
     pub gates: u64,
     pub inv_freq: u64,
     pub rows: u64,
+    /// `[rows]` u32: each row's position this step. The kernels read the rows' positions from
+    /// here alone (rope, the new keys' slots, the -inf past each row), so a launch's task lists
+    /// hold for any positions its pages allow.
+    pub positions: u64,
     pub requests: u64,
     pub runs: u64,
     pub page_list: u64,
@@ -398,6 +402,8 @@ pub struct StageArgs {
 /// A score plan, its page table and its task lists in device memory.
 pub struct PlanBuffers {
     pub rows: Buffer<Row>,
+    /// The rows' positions (`StageArgs::positions`), as the plan has them.
+    pub positions: Buffer<u32>,
     pub requests: Buffer<RequestDesc>,
     pub runs: Buffer<RunTask>,
     pub pages: Buffer<u32>,
@@ -441,6 +447,7 @@ impl PlanBuffers {
         };
         Ok(PlanBuffers {
             rows: dev.upload(&plan.rows)?,
+            positions: dev.upload(&plan.rows.iter().map(|r| r.position).collect::<Vec<_>>())?,
             requests: dev.upload(&plan.requests)?,
             runs: dev.upload(&RunTask::of(plan, pages))?,
             pages: dev.upload(&flat)?,
@@ -556,6 +563,7 @@ impl StageBuffers<'_> {
             gates: self.gates.device_ptr(),
             inv_freq: self.inv_freq.device_ptr(),
             rows: self.plan.rows.device_ptr(),
+            positions: self.plan.positions.device_ptr(),
             requests: self.plan.requests.device_ptr(),
             runs: self.plan.runs.device_ptr(),
             page_list: self.plan.pages.device_ptr(),

@@ -84,7 +84,10 @@ pub struct GroupDesc {
     pub request: u32,
     pub first_row: u32,
     pub n_rows: u32,
-    /// The last row's position: the group reads keys 0..=last_position.
+    /// The last row's position as planned: the group's runs cover its pages
+    /// (`pages_through(last_position)`). The kernels read the rows' positions from the device
+    /// (`StageArgs::positions`); this one only says where the group's last run fills −inf up to
+    /// the stride (`planned_last` of `idx_group`).
     pub last_position: u32,
 }
 

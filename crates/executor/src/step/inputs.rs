@@ -102,6 +102,19 @@ impl HostRows {
         Ok(h)
     }
 
+    /// Fails when a row's position is past its request's pages: its new token would have no
+    /// cache slot, and the launches, planned over the pages, do not reach it.
+    pub fn check_pages(&self) -> Result<()> {
+        match self.slots.iter().position(|&s| s < 0) {
+            None => Ok(()),
+            Some(r) => Err(StepError::Invalid(format!(
+                "row {r} (request {}) is at position {}, past its request's pages; give the \
+                 request the pages of every step it runs",
+                self.row_request[r], self.positions[r]
+            ))),
+        }
+    }
+
     /// The next step's rows after greedy decoding picked `argmax` (one token per row): what the
     /// feed node computes on the device.
     pub fn fed(&self, argmax: &[i32], batch: &Batch) -> HostRows {
@@ -140,8 +153,10 @@ pub struct StepInputs {
 }
 
 impl StepInputs {
+    /// Fails on a row past its request's pages ([`HostRows::check_pages`]).
     pub fn new(dev: &Device, batch: &Batch) -> Result<Self> {
         let h = HostRows::new(batch)?;
+        h.check_pages()?;
         Ok(StepInputs {
             tokens: dev.upload(&h.tokens)?,
             positions: dev.upload(&h.positions)?,
@@ -161,9 +176,11 @@ impl StepInputs {
     }
 
     /// Rewrites the inputs for the next replay (the stream running the graph must be idle). The
-    /// batch must have the rows per request and table width the launches were built for.
+    /// batch must have the rows per request and table width the launches were built for, and
+    /// every row within its request's pages.
     pub fn write(&self, batch: &Batch) -> Result<()> {
         let h = HostRows::new(batch)?;
+        h.check_pages()?;
         if batch.pages_per_request != self.pages_per_request
             || batch.page_tokens != self.page_tokens
             || h.row_request != self.row_request.download()?
@@ -312,6 +329,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(far.slots, vec![-1]);
+        let err = far.check_pages().unwrap_err().to_string();
+        assert!(
+            err.contains("row 0 (request 0) is at position 192"),
+            "{err}"
+        );
+        assert!(h.check_pages().is_ok());
     }
 
     #[test]

@@ -42,6 +42,14 @@
 //! are the first `rows` rows of them (`StepSlices::rows_of`), so the parts see dense
 //! `[rows][...]` tensors. Everything after the step slices is the launch's own.
 //!
+//! Every task that needs a row's position reads it from `positions` (the MLA's ropes and cache
+//! writes through `new_slots`, the indexer's ropes, its new keys' slots and the -inf past each row
+//! through `idx_args::positions`); none is planned from it. The front half is planned over the
+//! pages each request has (`step::layer::step::front_requests`: the rows at the last positions
+//! its pages hold), so its score runs and select's row lengths cover every position the pages
+//! allow. A captured step therefore holds for every position its pages allow: the greedy feed
+//! moves the positions on the device and the next replay decodes the next step.
+//!
 //! Outside the arena, per layer: the MLA cache and the index-key cache of that layer.
 //!
 //! # What the binding fills

@@ -100,10 +100,8 @@ pub fn cache_format(cfg: &ModelConfig) -> CacheFormat {
 /// rows each step, so each request gets the pages of its last step's positions too (past them a
 /// new token's cache slot would be -1).
 ///
-/// The launches' task lists are planned once, from the first step's positions (the score runs,
-/// select's row lengths, the index keys' slots); the feed moves the positions the MLA tasks read
-/// on the device. Until the planned lists follow the positions, a step after the first is a
-/// timing replay of the first step's shape, not an exact decode step.
+/// The launches' task lists are planned once, over those pages (`front_requests`), and read the
+/// rows' positions on the device: each replay after the feed decodes the next step.
 fn with_step<T>(
     dev: &Device,
     cfg: &ModelConfig,

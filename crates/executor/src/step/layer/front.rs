@@ -25,6 +25,10 @@ pub struct FrontAt {
     pub norm_bias: u64,
     /// `[rope / 2]` f64.
     pub inv_freq: u64,
+    /// `[rows]` u32: the rows' positions this step (the step slice the feed moves on): the
+    /// indexer reads them on the device, so the task lists hold for every position the pages
+    /// allow.
+    pub positions: u64,
     /// The layer's index-key cache.
     pub cache: u64,
     /// `[rows][stride]` f32.
@@ -76,6 +80,7 @@ pub fn bind_front(
         gates: at.gates,
         inv_freq: at.inv_freq,
         rows: tables[0].device_ptr(),
+        positions: at.positions,
         requests: tables[1].device_ptr(),
         runs: tables[2].device_ptr(),
         page_list: tables[3].device_ptr(),

@@ -317,6 +317,7 @@ impl<'a> LayerLaunch<'a> {
                 norm_weight: iw.k_norm_weight,
                 norm_bias: iw.k_norm_bias,
                 inv_freq: arena + plan.slices.inv_freq.offset,
+                positions: arena + plan.slices.positions.offset,
                 cache: keys.device_ptr(),
                 scores: arena + ix.scores.offset,
                 lists: arena + plan.slices.slot_lists.offset,

@@ -62,15 +62,28 @@ pub fn split_choice(cfg: &ModelConfig) -> SplitChoice {
     }
 }
 
-/// The requests of `batch` as the planner takes them.
+/// The requests of `batch` as the planner takes them: over the pages each request has, not its
+/// rows' positions. A request's rows are planned at the last positions its pages hold (`pages *
+/// page_tokens - rows ..`), so the score runs cover every page it has and select's row lengths
+/// reach past every position its rows may take; the kernels read the rows' true positions from the
+/// step slice (the indexer masks the keys past each row's position with -inf, which select never
+/// picks, and the attention skips the -1 entries after fewer than k). So the launches hold for
+/// every step whose rows lie within the request's pages, as the greedy feed moves them on.
+///
+/// A request whose rows already pass its pages is planned at its own positions, where the
+/// planner refuses it (`FrontError::ContextPastPages`): nothing runs.
 pub fn front_requests(batch: &Batch) -> Vec<FrontRequest> {
     batch
         .requests
         .iter()
-        .map(|r| FrontRequest {
-            context: r.first_position,
-            rows: r.tokens.len() as u32,
-            pages: r.pages.clone(),
+        .map(|r| {
+            let rows = r.tokens.len() as u32;
+            let capacity = (r.pages.len() as u32).saturating_mul(batch.page_tokens);
+            FrontRequest {
+                context: r.first_position.max(capacity.saturating_sub(rows)),
+                rows,
+                pages: r.pages.clone(),
+            }
         })
         .collect()
 }
@@ -230,4 +243,78 @@ pub fn step_graph<'a>(
     }
     let feed = pieces.feed.map(|kernel| Feed { kernel, inputs });
     StepGraph::new(dev, frame, launches, feed, pieces.variant)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::inputs::RequestInput;
+    use model::paging::PAGE_TOKENS;
+
+    fn batch(first_position: u32, rows: usize, pages: u32) -> Batch {
+        Batch {
+            requests: vec![
+                RequestInput {
+                    tokens: vec![1; rows],
+                    first_position,
+                    pages: (0..pages).collect(),
+                },
+                RequestInput {
+                    tokens: vec![2],
+                    first_position: 3,
+                    pages: vec![pages],
+                },
+            ],
+            page_tokens: PAGE_TOKENS,
+            pages_per_request: pages,
+        }
+    }
+
+    fn build(cfg: &ModelConfig, b: &Batch) -> LayerBuild {
+        LayerBuild {
+            ctas: 132,
+            tp: 1,
+            rank: 0,
+            weights: model::WeightFormat::Bf16,
+            cache: CacheFormat::Bf16,
+            cache_pages: 64,
+            step: StepDims::new(cfg, 8, 2, b.pages_per_request),
+            union: 128,
+            choice: split_choice(cfg),
+        }
+    }
+
+    #[test]
+    fn the_front_half_is_planned_over_the_pages_a_request_has() {
+        let b = batch(70, 4, 3);
+        let requests = front_requests(&b);
+        // 3 pages hold positions 0..192: the 4 rows are planned at 188..192; one page, at 63.
+        assert_eq!(
+            (requests[0].context, requests[0].rows, requests[1].context),
+            (3 * PAGE_TOKENS - 4, 4, PAGE_TOKENS - 1)
+        );
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let plan = LayerPlan::plan(&cfg, LaunchAt::Layer(0), &requests, &build(&cfg, &b)).unwrap();
+        let front = &plan.index.as_ref().unwrap().front;
+        // The runs cover every page, select's rows reach the last position the pages hold.
+        let pages: u32 = front
+            .plan
+            .runs
+            .iter()
+            .filter(|r| front.plan.groups[r.group as usize].request == 0)
+            .map(|r| r.n_pages)
+            .sum();
+        assert_eq!(pages, 3);
+        assert_eq!(front.lens, vec![189, 190, 191, 192, 64]);
+    }
+
+    #[test]
+    fn a_request_past_its_pages_is_refused_before_anything_runs() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let b = batch(190, 4, 3);
+        let err = plan_step(&cfg, &front_requests(&b), &build(&cfg, &b))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("request 0: its 190 cached tokens and 4 new ones need 4 pages; its page table has 3"), "{err}");
+    }
 }
