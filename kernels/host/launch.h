@@ -9,8 +9,12 @@
 // nothing while its CTAs spend `stall_seconds` of CPU time (threads spinning in polls that never
 // end), or while every thread of them sleeps for `stall_seconds` (threads parked at barriers that
 // never fill), is killed.
-// Neither counts the time a loaded machine leaves the threads waiting to run, so a busy machine
-// slows a launch without failing it.
+// A thread that polls in the prelude's back-off (sleeping between polls of a box that stays empty)
+// counts as asleep, whatever state it is in when looked at. Neither counts the time a loaded
+// machine leaves the threads waiting to run, so a busy machine slows a launch without failing it.
+// The first time a launch stalls so, the waits are told (emu_stalled): a debug build's bounded
+// waits give up and report what they waited on, and the CTAs end as they would on a GPU. A launch
+// that stalls a second time (waits that cannot give up) is killed.
 #pragma once
 #include "prelude.h"
 
@@ -20,6 +24,7 @@
 #include <cstring>
 #include <ctime>
 #include <dirent.h>
+#include <unordered_set>
 #include <mutex>
 #include <string>
 #include <sys/mman.h>
@@ -32,6 +37,12 @@ thread_local u32 emu_thread;
 u32 emu_block, emu_block_dim, emu_grid_dim;
 u64 emu_exchange[64][64];
 u32 emu_agree[MONO_BARRIERS];
+thread_local u32 emu_idle_loads;
+// Shared with the launcher: a word a thread of the launch (1 while it backs off), and the stall flag.
+u32* emu_backoff;
+u32* emu_stalled;
+// Shared: the kernel thread id of each thread of the launch, so the launcher knows which backs off.
+static pid_t* emu_tids;
 
 // Zeroed memory shared by every CTA process forked after the call.
 template <class T>
@@ -55,11 +66,18 @@ static std::barrier<emu_tick>* emu_wave_barrier[64];
 static std::barrier<emu_tick>* emu_named_barrier[MONO_BARRIERS];
 static std::mutex emu_named_lock;
 
-void emu_sync_block() { emu_block_barrier->arrive_and_wait(); }
-void emu_sync_wave(u32 wave) { emu_wave_barrier[wave]->arrive_and_wait(); }
+void emu_sync_block() {
+  emu_busy();
+  emu_block_barrier->arrive_and_wait();
+}
+void emu_sync_wave(u32 wave) {
+  emu_busy();
+  emu_wave_barrier[wave]->arrive_and_wait();
+}
 // Named barrier `id` of `threads` threads: made on first use, as the hardware's take their count
 // from the first arrival.
 void emu_sync_named(u32 id, u32 threads) {
+  emu_busy();
   std::barrier<emu_tick>* b;
   {
     std::lock_guard<std::mutex> hold(emu_named_lock);
@@ -69,12 +87,13 @@ void emu_sync_named(u32 id, u32 threads) {
   b->arrive_and_wait();
 }
 
-// CPU time (clock ticks) of every thread of the live CTAs, and whether all of them sleep.
+// CPU time (clock ticks) of every thread of the live CTAs, and whether all of them sleep (or back
+// off: `backing_off` holds their thread ids).
 struct emu_usage {
   u64 ticks;
   bool asleep;
 };
-static emu_usage emu_usage_of(const std::vector<pid_t>& ctas) {
+static emu_usage emu_usage_of(const std::vector<pid_t>& ctas, const std::unordered_set<pid_t>& backing_off) {
   emu_usage u{0, true};
   for (pid_t pid : ctas) {
     if (pid == 0) continue;
@@ -96,7 +115,7 @@ static emu_usage emu_usage_of(const std::vector<pid_t>& ctas) {
       unsigned long long utime, stime;
       if (sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &state, &utime, &stime) != 3) continue;
       u.ticks += utime + stime;
-      if (state != 'S' && state != 'Z') u.asleep = false;
+      if (state != 'S' && state != 'Z' && !backing_off.count((pid_t)atoi(e->d_name))) u.asleep = false;
     }
     closedir(d);
   }
@@ -106,7 +125,7 @@ static emu_usage emu_usage_of(const std::vector<pid_t>& ctas) {
 // Statuses of emu_launch.
 #define EMU_OK 0
 #define EMU_CTA_FAILED 1  // a CTA trapped, crashed or exited with an error
-#define EMU_STALLED 3     // no barrier passed in any CTA while it spun or slept for stall_seconds
+#define EMU_STALLED 3     // no barrier passed in any CTA while it spun or slept for stall_seconds, twice
 
 // Runs `grid` CTAs of `block` threads, body() on every thread (mono_thread() and mono_block() set),
 // every CTA resident at once.
@@ -117,6 +136,21 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
     return EMU_CTA_FAILED;
   }
   if (!emu_progress) emu_progress = emu_device_alloc<u64>(1);
+  if (!emu_stalled) emu_stalled = emu_device_alloc<u32>(1);
+  *emu_stalled = 0;
+  const size_t n_threads = (size_t)grid * block;
+  emu_backoff = emu_device_alloc<u32>(n_threads);
+  emu_tids = emu_device_alloc<pid_t>(n_threads);
+  const auto backing_off = [&] {
+    std::unordered_set<pid_t> tids;
+    for (size_t i = 0; i < n_threads; ++i)
+      if (__atomic_load_n(&emu_backoff[i], __ATOMIC_RELAXED)) tids.insert(__atomic_load_n(&emu_tids[i], __ATOMIC_RELAXED));
+    return tids;
+  };
+  const auto release = [&] {
+    munmap(emu_backoff, n_threads * sizeof(u32) + 64);
+    munmap(emu_tids, n_threads * sizeof(pid_t) + 64);
+  };
   std::vector<pid_t> ctas;
   for (u32 b = 0; b < grid; ++b) {
     const pid_t pid = fork();
@@ -124,6 +158,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       perror("fork");
       for (pid_t p : ctas) kill(p, SIGKILL);
       for (pid_t p : ctas) waitpid(p, nullptr, 0);
+      release();
       return EMU_CTA_FAILED;
     }
     if (pid == 0) {
@@ -133,8 +168,9 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       emu_block_barrier = new std::barrier<emu_tick>(block);
       for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w] = new std::barrier<emu_tick>(MONO_WAVE);
       std::vector<std::thread> threads;
-      for (u32 t = 0; t < block; ++t) threads.emplace_back([t, &body] {
+      for (u32 t = 0; t < block; ++t) threads.emplace_back([t, b, block, &body] {
           emu_thread = t;
+          __atomic_store_n(&emu_tids[(size_t)b * block + t], gettid(), __ATOMIC_RELAXED);
           body();
         });
       for (auto& t : threads) t.join();
@@ -145,7 +181,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
   int status = EMU_OK;
   const u64 tick = (u64)sysconf(_SC_CLK_TCK);
   u64 seen = __atomic_load_n(emu_progress, __ATOMIC_RELAXED);
-  u64 ticks_then = emu_usage_of(ctas).ticks;
+  u64 ticks_then = emu_usage_of(ctas, {}).ticks;
   time_t asleep_since = 0;
   size_t running = ctas.size();
   bool finished = false;
@@ -160,7 +196,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
     }
     usleep(2000);
     if (running == 0 || polls % 50 != 0) continue;  // the threads' state every 0.1 s
-    const emu_usage u = emu_usage_of(ctas);
+    const emu_usage u = emu_usage_of(ctas, backing_off());
     const u64 now = __atomic_load_n(emu_progress, __ATOMIC_RELAXED);
     // A CTA that ends is progress too (a kernel may pass no barrier at all), and the CPU time
     // of the CTAs still running starts again from what they have spent.
@@ -175,15 +211,22 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       asleep_since = time(nullptr);
     const bool spun = u.ticks - ticks_then > (u64)stall_seconds * tick;
     const bool slept = asleep_since != 0 && time(nullptr) - asleep_since > (time_t)stall_seconds;
-    if (spun || slept) {
-      fprintf(stderr, "hung: no barrier passed while %s for %u s\n",
-              spun ? "the CTAs spent CPU time" : "every thread slept", stall_seconds);
-      for (pid_t p : ctas)
-        if (p) kill(p, SIGKILL);
-      for (pid_t p : ctas)
-        if (p) waitpid(p, nullptr, 0);
-      return EMU_STALLED;
+    if (!spun && !slept) continue;
+    const char* why = spun ? "the CTAs spent CPU time" : "every thread slept or backed off";
+    if (!*emu_stalled) {
+      fprintf(stderr, "stalled: no barrier passed while %s for %u s; the waits are told\n", why, stall_seconds);
+      __atomic_store_n(emu_stalled, 1u, __ATOMIC_RELAXED);
+      seen = now, ticks_then = u.ticks, asleep_since = 0;
+      continue;
     }
+    fprintf(stderr, "hung: no barrier passed while %s for %u s, twice\n", why, stall_seconds);
+    for (pid_t p : ctas)
+      if (p) kill(p, SIGKILL);
+    for (pid_t p : ctas)
+      if (p) waitpid(p, nullptr, 0);
+    release();
+    return EMU_STALLED;
   }
+  release();
   return status;
 }

@@ -106,19 +106,57 @@ MONO_DEV u64 mono_ballot(bool pred) {
 MONO_DEV u32 mono_popc64(u64 v) { return (u32)__builtin_popcountll(v); }
 MONO_DEV u32 mono_popc32(u32 v) { return (u32)__builtin_popcount(v); }
 
-// Polls yield: the CTAs of a launch far outnumber the cores.
+// Waiting threads give the cores up: the CTAs' threads of a launch far outnumber the cores. A
+// thread's box loads since it last stored or passed a barrier (a poll that keeps finding its box
+// empty) yield for the first EMU_YIELD_LOADS, then sleep, twice as long each time up to
+// EMU_SLEEP_MAX_NS: hundreds of yielding pollers kept a 2-core machine's run queue full and
+// starved the threads that had work. A thread that sleeps so says it in emu_backoff (one word a
+// thread of the launch, shared), so that the launcher counts it as waiting, not running.
+#define EMU_YIELD_LOADS 256u
+#define EMU_SLEEP_MAX_NS 200000u
+extern thread_local u32 emu_idle_loads;
+extern u32* emu_backoff;
+extern u32* emu_stalled;
+MONO_DEV u32* emu_backoff_word() { return emu_backoff + (u64)emu_block * emu_block_dim + emu_thread; }
+// The thread made progress (stored, or passed a barrier): its next wait starts from yields.
+MONO_DEV void emu_busy() {
+  if (emu_idle_loads > EMU_YIELD_LOADS && emu_backoff) __atomic_store_n(emu_backoff_word(), 0u, __ATOMIC_RELAXED);
+  emu_idle_loads = 0;
+}
+MONO_DEV void emu_poll_pause() {
+  if (emu_idle_loads < EMU_YIELD_LOADS) {
+    ++emu_idle_loads;
+    sched_yield();
+    return;
+  }
+  if (emu_idle_loads == EMU_YIELD_LOADS && emu_backoff) __atomic_store_n(emu_backoff_word(), 1u, __ATOMIC_RELAXED);
+  const u32 doublings = emu_idle_loads - EMU_YIELD_LOADS;
+  if (doublings < 8) ++emu_idle_loads;
+  const u64 ns = 1000ull << doublings;
+  const timespec t{0, (long)(ns < EMU_SLEEP_MAX_NS ? ns : EMU_SLEEP_MAX_NS)};
+  nanosleep(&t, nullptr);
+}
+// The launcher saw no progress for its stall time: a bounded wait (mailbox.h, MBX_DEBUG) that
+// has polled long enough gives up and reports, as it would on a GPU after MBX_POLL_LIMIT polls.
+MONO_DEV bool emu_launch_stalled() { return __atomic_load_n(emu_stalled, __ATOMIC_RELAXED) != 0; }
 MONO_DEV u64 mono_ld_relaxed_u64(const u64* p) {
-  sched_yield();
+  emu_poll_pause();
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 MONO_DEV u64 mono_ld_acquire_u64(const u64* p) {
-  sched_yield();
+  emu_poll_pause();
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 MONO_DEV u32 mono_ld_acquire_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-MONO_DEV void mono_st_release_u64(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) {
+  emu_busy();
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+MONO_DEV void mono_st_release_u64(u64* p, u64 v) {
+  emu_busy();
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 MONO_DEV void mono_st_release_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -191,6 +191,18 @@ MONO_DEV void mbx_report(const mbx_ctx& c, u32 box, u64 seen) {
 }
 #endif
 
+#if MBX_DEBUG
+// A bounded wait's `polls` are enough to give up: MBX_POLL_LIMIT of them, or, on CPU threads (the
+// host prelude), 10000 once the launcher has seen the launch stall (no barrier passed in any CTA
+// for its stall time). There polls back off to sleeps, so a count alone would take hours.
+MONO_DEV bool mbx_bound_expired(u32 polls) {
+#if MONO_HOST
+  if (polls >= 10000u && emu_launch_stalled()) return true;
+#endif
+  return polls >= (u32)MBX_POLL_LIMIT;
+}
+#endif
+
 // Polls one box until it holds c.tag. Returns false only in debug builds:
 // the bound expired (reported), or another poller already gave up.
 MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
@@ -201,7 +213,7 @@ MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
 #endif
   while (mbx_tag_of(word) != c.tag) {
 #if MBX_DEBUG
-    if (polls >= (u32)MBX_POLL_LIMIT) {
+    if (mbx_bound_expired(polls)) {
       mbx_report(c, box, word);
       return false;
     }

@@ -285,6 +285,7 @@ pub struct SplitChoice {
     /// Most rows of one request a split serves together (their shared slots are loaded once).
     pub group_rows: u32,
     /// Slots of each row a split takes, at most; lowered so that a group's blocks fit the union.
+    /// At most k, and a group's splits must not reach past k ([`AttendPlan::new`] refuses both).
     pub block: u32,
     /// Queries (row, head) a combine task finishes.
     pub combine_queries: u32,
@@ -350,6 +351,19 @@ impl AttendPlan {
                 "block and combine_queries must be positive (combine_queries below 2^16)",
             ));
         }
+        // A split waits on `block` slot boxes of each of its rows from `split * block`; boxes past
+        // a row's k are never written (line padding or the next row's list), so such a split would
+        // wait forever or read another row's slots.
+        if choice.block > topk {
+            return Err(invalid(
+                "MLA attention plan",
+                format!(
+                    "a split block of {} slots is larger than k = {topk}: a split waits on its \
+                     block's slot boxes of each row, and a row has k of them",
+                    choice.block
+                ),
+            ));
+        }
         if let Some(r) = requests.iter().find(|r| r.selected > topk) {
             return Err(invalid(
                 "MLA attention plan",
@@ -370,6 +384,17 @@ impl AttendPlan {
                     ));
                 }
                 let n_splits = req.selected.div_ceil(block).max(1);
+                if u64::from(n_splits) * u64::from(block) > u64::from(topk) {
+                    return Err(invalid(
+                        "MLA attention plan",
+                        format!(
+                            "request {index}: {n_splits} splits of {block} slots (a group of \
+                             {rows} rows in a union of {}) wait on slot boxes past k = {topk}; \
+                             pick a block that divides k",
+                            shape.union
+                        ),
+                    ));
+                }
                 let n_combines = (rows * heads).div_ceil(choice.combine_queries);
                 groups.push(Group {
                     request: index as u32,

@@ -91,3 +91,89 @@ fn new_tokens_go_to_their_page_table_slots() {
         "{past}"
     );
 }
+
+fn attend_shape(union: usize) -> mla::layout::AttendShape {
+    let cfg = ModelConfig::preset("glm-5").unwrap();
+    let cache = CacheLayout::new(&cfg, CacheFormat::Fp8).unwrap();
+    mla::layout::AttendShape::new(cache, 8, union).unwrap()
+}
+
+fn split(group_rows: u32, block: u32) -> mla::layout::SplitChoice {
+    mla::layout::SplitChoice {
+        group_rows,
+        block,
+        combine_queries: 1,
+    }
+}
+
+fn rows(rows: u32, selected: u32) -> mla::layout::RequestRows {
+    mla::layout::RequestRows { rows, selected }
+}
+
+#[test]
+fn a_split_block_larger_than_k_is_refused() {
+    use mla::layout::AttendPlan;
+    let shape = attend_shape(128);
+    let err = AttendPlan::new(&shape, 16, &[rows(1, 16)], split(1, 64))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("block of 64") && err.contains("k = 16"),
+        "{err}"
+    );
+    // Even when no slot is selected: the one split still waits on a block of boxes.
+    assert!(AttendPlan::new(&shape, 16, &[rows(1, 0)], split(1, 17)).is_err());
+    assert!(AttendPlan::new(&shape, 16, &[rows(1, 16)], split(1, 16)).is_ok());
+}
+
+#[test]
+fn splits_reaching_past_k_are_refused() {
+    use mla::layout::AttendPlan;
+    // Three rows in a union of 128: a block of 42, which does not divide 2048.
+    let shape = attend_shape(128);
+    let err = AttendPlan::new(&shape, 2048, &[rows(3, 2048)], split(4, 64))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("49 splits of 42") && err.contains("k = 2048"),
+        "{err}"
+    );
+    // The same cut is fine while the splits stay inside the row's k.
+    let plan = AttendPlan::new(&shape, 2048, &[rows(3, 1500)], split(4, 64)).unwrap();
+    assert_eq!((plan.groups[0].block, plan.groups[0].splits), (42, 36));
+}
+
+proptest! {
+    /// Every plan accepted keeps each split's wait (`block` boxes of each row from
+    /// `split * block`) inside the row's k and covers the row's selected slots.
+    #[test]
+    fn accepted_plans_wait_inside_k(
+        topk in 1u32..3000,
+        block in 1u32..300,
+        group_rows in 1u32..8,
+        union in 1usize..16,
+        requests in prop::collection::vec((1u32..10, 0u32..=100), 1..4),
+    ) {
+        use mla::layout::AttendPlan;
+        let shape = attend_shape(16 * union);
+        let requests: Vec<_> = requests
+            .iter()
+            .map(|&(r, percent)| rows(r, topk * percent / 100))
+            .collect();
+        let plan = AttendPlan::new(&shape, topk, &requests, split(group_rows, block));
+        if let Ok(plan) = &plan {
+            for g in &plan.groups {
+                prop_assert!(g.block <= block && g.splits >= 1);
+                prop_assert!(g.splits * g.block <= topk);
+                prop_assert!(g.splits * g.block >= requests[g.request as usize].selected);
+            }
+        }
+        if block > topk {
+            prop_assert!(plan.is_err());
+        }
+        // A block that divides k and fits the union at every group size is never refused.
+        if topk % block == 0 && (block * group_rows) as usize <= 16 * union {
+            prop_assert!(plan.is_ok(), "{:?}", plan.err());
+        }
+    }
+}

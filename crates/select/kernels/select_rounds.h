@@ -110,7 +110,7 @@ MONO_DEV bool sel_poll_all(const mbx_ctx& c, u32 first, u32 n, Take take) {
         }
       }
 #if MBX_DEBUG
-      if (pending && ++sweeps >= (u32)MBX_POLL_LIMIT) {
+      if (pending && mbx_bound_expired(++sweeps)) {
         const u32 box = first + base + mono_popc64((pending & (~pending + 1)) - 1) * SEL_BLOCK + mono_thread();
         mbx_report(c, box, mbx_load(c.scratch + box));  // w stays in registers: no dynamic index
         ok = false;

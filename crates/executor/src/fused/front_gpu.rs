@@ -6,7 +6,7 @@
 //! timeline ([`FrontLaunch::trace`]).
 
 use super::front::{front_source_with, reader_stage, FrontBuild, FrontError, FrontGraph, MAX_ROWS};
-use super::{CtaShape, ENTRY};
+use super::{CtaShape, FitError, FusedKernel};
 use crate::step::LaunchSlot;
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
 use indexer::gpu::{inv_freq, Grid, KernelConfig, PlanBuffers, StageArgs, StageBuffers};
@@ -28,6 +28,8 @@ pub enum FrontGpuError {
     #[error(transparent)]
     Device(#[from] DeviceError),
     #[error(transparent)]
+    Fit(#[from] FitError),
+    #[error(transparent)]
     Mailbox(#[from] mailbox::gpu::GpuError),
     #[error(transparent)]
     Indexer(#[from] indexer::IndexerError),
@@ -44,6 +46,9 @@ pub enum FrontGpuError {
 }
 
 pub type Result<T, E = FrontGpuError> = std::result::Result<T, E>;
+
+/// The kernel's name in messages.
+const NAME: &str = "the front half's fused kernel";
 
 /// A sabotage a test builds in to show that its check catches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,9 +131,7 @@ impl FrontKernel {
             trace,
         } = options;
         let readers = readers || fault == Some(FrontFault::ReaderSkipsWait);
-        let shape = CtaShape::for_device(dev.info()).ok_or_else(|| {
-            FrontGpuError::Shape(format!("no fused CTA shape for {}", dev.info().arch))
-        })?;
+        let shape = CtaShape::of_device(dev, NAME)?;
         let config = KernelConfig::production(cfg, &dev.info().arch)?;
         let top = TopK::of(cfg)
             .and_then(TopK::for_kernels)
@@ -147,35 +150,16 @@ impl FrontKernel {
         if trace {
             source = trace::traced(source).define("SEL_TRACE", 1);
         }
-        let module = dev.build(&source)?;
-        let kernel = module.kernel(ENTRY)?;
-        // The CTA's shared memory less what the kernel declares statically (a debug build's
-        // report words), and at least what every stage's tasks take.
-        let fixed = kernel.resources()?.shared_bytes;
-        let shape = CtaShape {
-            shared_bytes: shape
-                .shared_bytes
-                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
-            ..shape
-        };
         let select_lds = SelectShape::production(top)
             .map_err(|e| FrontError::Select(e.to_string()))?
             .lds_bytes();
         let need = config.score_lds_bytes().max(select_lds);
-        if shape.shared_bytes < need {
-            return Err(FrontGpuError::Shape(format!(
-                "the stages' tasks take {need} bytes of shared memory; a CTA of this kernel gets {}",
-                shape.shared_bytes
-            )));
-        }
         let ctas = dev.info().multiprocessors;
-        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
-        if resident < ctas {
-            return Err(FrontGpuError::Shape(format!(
-                "{resident} CTAs of {} threads and {} bytes of shared memory are resident at once; the launch needs one on each of {ctas} SMs",
-                shape.threads, shape.shared_bytes
-            )));
-        }
+        let FusedKernel {
+            kernel,
+            module,
+            shape,
+        } = FusedKernel::build(dev, NAME, &source, shape, need, ctas)?;
         Ok(FrontKernel {
             kernel,
             epoch: EpochNode::build(dev, variant)?,

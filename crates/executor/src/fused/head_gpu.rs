@@ -4,7 +4,7 @@
 //! launch of one CTA a SM.
 
 use super::head::{head_source, HeadDescriptors};
-use super::{CtaShape, PlannedLaunch, ENTRY};
+use super::{CtaShape, FitError, FusedKernel, PlannedLaunch};
 use device::{Args, Buffer, Device, DeviceError, Kernel, Launch, Module, Stream};
 use head::gpu::HeadArgs;
 use linear::gpu::{LinArgs, LinMatrix};
@@ -18,6 +18,8 @@ pub enum HeadGpuError {
     #[error(transparent)]
     Device(#[from] DeviceError),
     #[error(transparent)]
+    Fit(#[from] FitError),
+    #[error(transparent)]
     Mailbox(#[from] mailbox::gpu::GpuError),
     #[error("{0}")]
     Shape(String),
@@ -28,6 +30,9 @@ pub enum HeadGpuError {
 }
 
 pub type Result<T, E = HeadGpuError> = std::result::Result<T, E>;
+
+/// The kernel's name in messages.
+const NAME: &str = "the head's fused kernel";
 
 /// The built fused kernel of the head's parts, and its epoch node.
 pub struct HeadKernel {
@@ -53,9 +58,7 @@ impl HeadKernel {
     }
 
     fn build_as(dev: &Device, variant: Variant, fault: Option<u32>, traced: bool) -> Result<Self> {
-        let shape = CtaShape::for_device(dev.info()).ok_or_else(|| {
-            HeadGpuError::Shape(format!("no fused CTA shape for {}", dev.info().arch))
-        })?;
+        let shape = CtaShape::of_device(dev, NAME)?;
         let mut source =
             head_source(shape, variant).map_err(|e| HeadGpuError::Shape(e.to_string()))?;
         if let Some(f) = fault {
@@ -64,24 +67,12 @@ impl HeadKernel {
         if traced {
             source = mailbox::trace::traced(source);
         }
-        let module = dev.build(&source)?;
-        let kernel = module.kernel(ENTRY)?;
-        // The CTA's shared memory less what the kernel declares statically.
-        let fixed = kernel.resources()?.shared_bytes;
-        let shape = CtaShape {
-            shared_bytes: shape
-                .shared_bytes
-                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
-            ..shape
-        };
         let ctas = dev.info().multiprocessors;
-        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
-        if resident < ctas {
-            return Err(HeadGpuError::Shape(format!(
-                "{resident} CTAs of {} threads and {} bytes of shared memory are resident at once; the launch needs one on each of {ctas} SMs",
-                shape.threads, shape.shared_bytes
-            )));
-        }
+        let FusedKernel {
+            kernel,
+            module,
+            shape,
+        } = FusedKernel::build(dev, NAME, &source, shape, 0, ctas)?;
         Ok(HeadKernel {
             kernel,
             epoch: EpochNode::build(dev, variant)?,

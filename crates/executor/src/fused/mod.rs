@@ -15,5 +15,5 @@ pub mod shape;
 pub mod source;
 
 pub use graph::{ArenaSlice, Completion, GraphError, Handoff, LaunchGraph, PlannedLaunch};
-pub use shape::CtaShape;
+pub use shape::{CtaShape, FitError, FusedKernel};
 pub use source::{fused_source, FusedSourceError, ENTRY};

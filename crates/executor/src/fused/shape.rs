@@ -18,7 +18,9 @@
 //! and 94-96 registers, no spills). 384 threads, the other candidate on sm_90a, was not measured:
 //! the wgmma scorer's page pairs and the attention's splits are laid out in warpgroup pairs.
 
-use device::DeviceInfo;
+use device::{Device, DeviceError, DeviceInfo, Kernel, KernelSource, Module};
+
+use super::ENTRY;
 
 /// Threads, the per-thread register cap that follows from one CTA a SM, and the dynamic shared
 /// memory every task may use.
@@ -56,6 +58,83 @@ impl CtaShape {
         Some(CtaShape {
             shared_bytes: shape.shared_bytes.min(info.max_shared_per_block),
             ..shape
+        })
+    }
+}
+
+/// Why a fused kernel was not built: the device's error, or a CTA that does not fit (the message
+/// names the kernel and what did not fit).
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("{0}")]
+    Fit(String),
+}
+
+impl CtaShape {
+    /// The fused shape of the device in hand, or an error naming `kernel` and the device.
+    pub fn of_device(dev: &Device, kernel: &str) -> Result<CtaShape, FitError> {
+        CtaShape::for_device(dev.info()).ok_or_else(|| {
+            FitError::Fit(format!(
+                "{kernel}: no fused CTA shape for {}",
+                dev.info().arch
+            ))
+        })
+    }
+}
+
+/// A fused kernel built for the device in hand, and the CTA it runs in.
+pub struct FusedKernel {
+    // Declared before the module: a kernel must not outlive its module.
+    pub kernel: Kernel,
+    pub module: Module,
+    /// The shape the source was generated for, its shared memory less what the kernel declares
+    /// statically (a debug build's report words).
+    pub shape: CtaShape,
+}
+
+impl FusedKernel {
+    /// Builds `source` (the fused kernel `name`, generated for `shape`) and checks that it fits:
+    /// its CTA keeps at least `need_shared` bytes of dynamic shared memory (what the stages' tasks
+    /// take) beside what it declares statically, and `ctas` CTAs of it are resident at once (a
+    /// persistent launch whose CTAs wait on each other hangs otherwise).
+    pub fn build(
+        dev: &Device,
+        name: &str,
+        source: &KernelSource,
+        shape: CtaShape,
+        need_shared: u32,
+        ctas: u32,
+    ) -> Result<Self, FitError> {
+        let module = dev.build(source)?;
+        let kernel = module.kernel(ENTRY)?;
+        let fixed = kernel.resources()?.shared_bytes;
+        let shape = CtaShape {
+            shared_bytes: shape
+                .shared_bytes
+                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
+            ..shape
+        };
+        if shape.shared_bytes < need_shared {
+            return Err(FitError::Fit(format!(
+                "{name}: the stages' tasks take {need_shared} bytes of shared memory; a CTA of \
+                 this kernel gets {} ({fixed} declared statically)",
+                shape.shared_bytes
+            )));
+        }
+        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
+        if resident < ctas {
+            return Err(FitError::Fit(format!(
+                "{name}: {resident} CTAs of {} threads and {} bytes of shared memory are resident \
+                 at once; the launch needs {ctas}",
+                shape.threads, shape.shared_bytes
+            )));
+        }
+        Ok(FusedKernel {
+            kernel,
+            module,
+            shape,
         })
     }
 }

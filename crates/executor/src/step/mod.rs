@@ -33,6 +33,8 @@ pub enum StepError {
     Weights(#[from] model::weights::WeightError),
     #[error(transparent)]
     Front(#[from] crate::fused::front_gpu::FrontGpuError),
+    #[error(transparent)]
+    Fit(#[from] crate::fused::FitError),
     #[error(
         "{what} need {:.2} GB and {:.2} GB more for the step; the device has {:.2} GB",
         *need as f64 / 1e9,

@@ -6,7 +6,7 @@
 use super::half::{place, u16s, Case, Placed, Weights};
 use device::{Args, Buffer, Device, Kernel, Launch, Module, Stream};
 use executor::fused::attention::{half_source, HalfBuild, HalfPlan};
-use executor::fused::{CtaShape, Handoff, LaunchGraph, PlannedLaunch, ENTRY};
+use executor::fused::{CtaShape, FusedKernel, Handoff, LaunchGraph, PlannedLaunch};
 use linear::gpu::{LinArgs, LinMatrix};
 use mailbox::gpu::{DeviceTable, EpochNode, LaunchTable, Variant};
 use mailbox::layout::{BoxRange, Tags};
@@ -33,27 +33,17 @@ impl GpuKernel {
         variant: Variant,
         trace: bool,
     ) -> Result<Self, Error> {
-        let shape = CtaShape::for_device(dev.info()).ok_or("no fused CTA shape on this device")?;
+        let shape = CtaShape::of_device(dev, "the attention half")?;
         let mut src = half_source(shape, attend, style, variant)?;
         if trace {
             src = mailbox::trace::traced(src);
         }
-        let module = dev.build(&src)?;
-        let kernel = module.kernel(ENTRY)?;
-        let fixed = kernel.resources()?.shared_bytes;
-        let shape = CtaShape {
-            shared_bytes: shape
-                .shared_bytes
-                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
-            ..shape
-        };
         let ctas = dev.info().multiprocessors;
-        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
-        if resident < ctas {
-            return Err(
-                format!("{resident} CTAs resident at once; the launch needs {ctas}").into(),
-            );
-        }
+        let FusedKernel {
+            kernel,
+            module,
+            shape,
+        } = FusedKernel::build(dev, "the attention half", &src, shape, 0, ctas)?;
         Ok(GpuKernel {
             kernel,
             _module: module,

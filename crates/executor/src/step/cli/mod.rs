@@ -1,8 +1,9 @@
 //! The GPU side of `mono step`, `mono dump`, `mono compare` and `mono bench`.
 //!
 //! The step built here is the whole decode step of one rank: every layer's fused launch in order
-//! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights made on the
-//! device and hashed caches holding each request's context.
+//! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights and hashed
+//! caches holding each request's context. The weights are made on a GPU by the hash kernel, and
+//! on the host backend by the same rule on the CPU, then uploaded (the same values either way).
 
 mod bench;
 mod dump;
@@ -24,7 +25,7 @@ use super::layer::step::{
 };
 use super::layer::{CacheImages, ModelWeights};
 use super::scene::SceneRequest;
-use super::weights::DeviceWeights;
+use super::weights::{DeviceWeights, WeightPlan};
 use super::{Result, StepError};
 use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use model::{CacheFormat, WeightFormat};
@@ -35,6 +36,8 @@ pub struct StepShape {
     /// Model preset: glm-5, glm-5.2 or tiny.
     #[arg(long, default_value = "glm-5.2")]
     pub preset: String,
+    /// Seed of the synthetic weights (made on a GPU by the hash kernel; on the host backend,
+    /// MONO_BACKEND=host, the same values made on the CPU and uploaded) and of the caches.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
     /// Requests, each with --rows rows.
@@ -65,7 +68,9 @@ pub struct GpuWeights {
     pub bound: ModelWeights,
 }
 
-/// Makes rank `rank` of `tp`'s synthetic weights on `dev` (progress on stderr) and binds them.
+/// Makes rank `rank` of `tp`'s synthetic weights on `dev` and binds them: on a GPU by the hash
+/// kernel (progress on stderr); on the host backend by the same rule on the CPU, uploaded (the
+/// hash kernel on CPU threads takes a minute at the tiny preset).
 pub fn gpu_weights(
     dev: &Device,
     cfg: &ModelConfig,
@@ -74,7 +79,11 @@ pub fn gpu_weights(
     format: WeightFormat,
     seed: u64,
 ) -> Result<GpuWeights> {
-    let device = make_weights(dev, cfg, tp, rank, format, seed)?;
+    let device = if dev.info().backend == "host" {
+        DeviceWeights::from_host(dev, WeightPlan::new(cfg, tp, rank, format)?, seed)?
+    } else {
+        make_weights(dev, cfg, tp, rank, format, seed)?
+    };
     let started = std::time::Instant::now();
     let bound = ModelWeights::bind(dev, cfg, &device)?;
     eprintln!(

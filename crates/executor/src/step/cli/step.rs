@@ -114,13 +114,17 @@ fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
     let started = Instant::now();
     let weights = gpu_weights(dev, &cfg, gpu.tp, gpu.rank, format, args.seed)?;
     println!(
-        "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made on the GPU and bound in \
-         {:.1} s",
+        "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made {} and bound in {:.1} s",
         gpu.rank,
         gpu.tp,
         format,
         weights.device.plan.bytes as f64 / 1e9,
         weights.device.plan.tensors.len(),
+        if dev.info().backend == "host" {
+            "on the CPU"
+        } else {
+            "on the GPU"
+        },
         started.elapsed().as_secs_f64()
     );
     let requests = scene_requests(gpu.requests, args.rows as u32, args.context as u32)?;

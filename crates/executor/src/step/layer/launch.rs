@@ -28,7 +28,7 @@ use crate::fused::head::HeadDescriptors;
 use crate::fused::layer::{
     layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
 };
-use crate::fused::{ArenaSlice, CtaShape, ENTRY};
+use crate::fused::{ArenaSlice, CtaShape, FusedKernel};
 use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchSlot, Output, StepLaunch};
 use crate::step::{Result, StepError};
 
@@ -38,18 +38,7 @@ fn invalid(reason: impl Into<String>) -> StepError {
 
 /// The fused CTA shape of `dev` (the host backend runs the production shape on CPU threads).
 pub fn cta_shape(dev: &Device) -> Result<CtaShape> {
-    let info = dev.info();
-    let target = if info.arch == "host" {
-        "sm_90a"
-    } else {
-        info.arch.as_str()
-    };
-    let shape = CtaShape::for_target(target)
-        .ok_or_else(|| invalid(format!("no fused CTA shape for {}", info.arch)))?;
-    Ok(CtaShape {
-        shared_bytes: shape.shared_bytes.min(info.max_shared_per_block),
-        ..shape
-    })
+    Ok(CtaShape::of_device(dev, "the step's fused kernels")?)
 }
 
 /// The fused kernel of one launch kind.
@@ -76,27 +65,12 @@ impl LayerKernel {
         let shape = cta_shape(dev)?;
         let source = layer_source(cfg, build, shape, kind, variant)
             .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
-        let module = dev.build(&source)?;
-        let kernel = module.kernel(ENTRY)?;
-        // The CTA's shared memory less what the kernel declares statically.
-        let fixed = kernel.resources()?.shared_bytes;
-        let shape = CtaShape {
-            shared_bytes: shape
-                .shared_bytes
-                .min(dev.info().max_shared_per_block.saturating_sub(fixed)),
-            ..shape
-        };
         let ctas = build.ctas;
-        let resident = kernel.max_coresident_grid(shape.threads, shape.shared_bytes)?;
-        if resident < ctas {
-            return Err(invalid(format!(
-                "{}: {resident} CTAs of {} threads and {} bytes of shared memory are resident at \
-                 once; the launch needs {ctas}",
-                kind.name(),
-                shape.threads,
-                shape.shared_bytes
-            )));
-        }
+        let FusedKernel {
+            kernel,
+            module,
+            shape,
+        } = FusedKernel::build(dev, kind.name(), &source, shape, 0, ctas)?;
         Ok(LayerKernel {
             kernel,
             _module: module,
