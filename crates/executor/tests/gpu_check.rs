@@ -5,21 +5,17 @@
 //!   list to the attention) run twice as planned gives equal digests; with the Slots task's wait
 //!   on select removed it reads the list before select wrote it, and the layer's rows differ.
 //!   On the emulator's CPU threads the early read is a race the Slots task usually but not
-//!   always wins, so this is a GPU test;
-//! * the tiny preset's launch kinds build for sm_90a (what the GPU runs `mono check` with).
+//!   always wins, so this is a GPU test.
 //!
 //! `cargo test -p executor --release --test gpu_check -- --ignored --nocapture --test-threads 1`
 
 use device::Device;
-use executor::fused::layer::{layer_source, LaunchAt, LayerBuild, StepDims};
-use executor::fused::CtaShape;
+use executor::fused::layer::LaunchAt;
 use executor::step::check::{wait_control, CheckScene};
-use executor::step::layer::step::split_choice;
 use executor::step::scene::SceneRequest;
 use executor::step::Comparison;
 use mailbox::gpu::{DebugBound, Variant};
-use model::traffic::LaunchKind;
-use model::{CacheFormat, ModelConfig, WeightFormat};
+use model::ModelConfig;
 
 fn variant() -> Variant {
     Variant {
@@ -59,39 +55,5 @@ fn a_launch_without_one_wait_changes_the_digests() {
             assert_eq!(tensor.as_deref(), Some("hidden"));
         }
         Comparison::Equal { .. } => panic!("the removed wait was not caught by the digests"),
-    }
-}
-
-/// Every launch kind of the tiny step, as `mono check` builds them on an H200 (132 CTAs, bf16
-/// weights and MLA cache), compiles for sm_90a.
-#[test]
-fn the_tiny_launch_kinds_build_for_sm_90a() {
-    let Some(compiler) = device::optional_compiler("sm_90a").unwrap() else {
-        return;
-    };
-    let cfg = ModelConfig::preset("tiny").unwrap();
-    let build = LayerBuild {
-        ctas: 132,
-        tp: 1,
-        rank: 0,
-        weights: WeightFormat::Bf16,
-        cache: CacheFormat::Bf16,
-        cache_pages: 8,
-        step: StepDims::new(&cfg, 4, 3, 2),
-        union: 128,
-        choice: split_choice(&cfg),
-    };
-    let shape = CtaShape::for_target("sm_90a").unwrap();
-    for kind in [
-        LaunchKind::DenseFull,
-        LaunchKind::MoeFull,
-        LaunchKind::MoeShared,
-        LaunchKind::Tail,
-    ] {
-        let source = layer_source(&cfg, &build, shape, kind, variant()).unwrap();
-        if let Err(e) = compiler.compile(&source) {
-            panic!("{}: {e}", kind.name());
-        }
-        println!("{} builds for sm_90a", kind.name());
     }
 }

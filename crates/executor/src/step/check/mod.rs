@@ -635,3 +635,28 @@ pub fn wait_control(
         broken_stopped: faulty.stopped,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_error_is_relative_l2_per_row_and_catches_nan() {
+        let want = vec![vec![1.0f32, 2.0, -2.0, 0.5], vec![4.0, 0.0, 0.0, 3.0]];
+        assert_eq!(rows_error(&bf16_bytes(&want), &want), 0.0);
+        // Row 1 off by 0.25 in one entry: 0.25 / 5.
+        let mut got = want.clone();
+        got[1][0] = 4.25;
+        let e = rows_error(&bf16_bytes(&got), &want);
+        assert!((e - 0.05).abs() < 1e-12, "{e}");
+        got[0][2] = f32::NAN;
+        assert_eq!(rows_error(&bf16_bytes(&got), &want), f64::INFINITY);
+        assert_eq!(rows_error(&[0u8; 6], &want), f64::INFINITY);
+        let check = LaunchCheck::Rows {
+            name: "layer 0".into(),
+            error: e,
+            tolerance: TOLERANCE,
+        };
+        assert!(!check.passed() && check.to_string().contains("FAILED"));
+    }
+}

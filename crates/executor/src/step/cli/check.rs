@@ -288,6 +288,13 @@ fn check_select(dev: &Device, args: &CheckArgs) -> Result<()> {
                     Ok(())
                 })?;
                 checked += 1;
+                if checked % 100 == 0 {
+                    println!(
+                        "step {}: {checked} steps checked, {lists} row lists, {:.1} s",
+                        step + 1,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
             }
             let secs = started.elapsed().as_secs_f64();
             println!(
