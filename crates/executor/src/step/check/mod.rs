@@ -6,9 +6,9 @@
 //! [`CheckScene`] is the reference's side (its prefill and its step), [`run_launches`] runs
 //! launches of the step on a device from it (chained, each launch's outputs read back before the
 //! next runs), [`compare_with_reference`] says how far each launch is from the reference.
-//! [`without_cross_wait`] removes one hand-off's wait from a planned launch, the negative control
-//! of the digests ([`super::digest`]); [`lists`] checks the selected slots of a full-indexer
-//! launch against the reference radix select of its own scores.
+//! [`without_cross_wait`] removes one hand-off's wait from a planned launch, and [`wait_control`]
+//! shows that the digests ([`super::digest`]) catch it; [`lists`] checks the selected slots of a
+//! full-indexer launch against the reference radix select of its own scores.
 
 pub mod lists;
 

@@ -1,4 +1,4 @@
-//! The GPU side of `mono step`, `mono dump`, `mono compare` and `mono bench`.
+//! The GPU side of `mono step`, `mono dump`, `mono compare`, `mono check` and `mono bench`.
 //!
 //! The step built here is the whole decode step of one rank: every layer's fused launch in order
 //! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights made on the
