@@ -44,11 +44,7 @@ fn a_launch_without_one_wait_changes_the_digests() {
         "{}; two intact runs: {}; intact against broken: {}",
         c.removed, c.intact, c.broken
     );
-    assert!(
-        matches!(c.intact, Comparison::Equal { .. }),
-        "{}",
-        c.intact
-    );
+    assert!(matches!(c.intact, Comparison::Equal { .. }), "{}", c.intact);
     match &c.broken {
         Comparison::Differ { launch, tensor, .. } => {
             assert_eq!(launch.0, 0);

@@ -249,8 +249,7 @@ pub fn run_launches(
     edit: &mut dyn FnMut(&mut [LayerPlan]) -> Result<()>,
 ) -> Result<StepRun> {
     let cfg = &scene.cfg;
-    let images =
-        CacheImages::from_reference(cfg, scene.cache, &scene.prefilled, &scene.table)?;
+    let images = CacheImages::from_reference(cfg, scene.cache, &scene.prefilled, &scene.table)?;
     let caches = images.upload(dev)?;
     let bound = ModelWeights::bind(dev, cfg, weights)?;
     let build = step_build(dev, cfg, &scene.batch, &bound, scene.cache, caches.pages);
@@ -258,14 +257,11 @@ pub fn run_launches(
     let mut plans = ats
         .iter()
         .map(|&at| {
-            LayerPlan::plan(cfg, at, &requests, &build)
-                .map_err(|e| invalid(format!("{at:?}: {e}")))
+            LayerPlan::plan(cfg, at, &requests, &build).map_err(|e| invalid(format!("{at:?}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     edit(&mut plans)?;
-    let first = *ats
-        .first()
-        .ok_or_else(|| invalid("no launch to run"))?;
+    let first = *ats.first().ok_or_else(|| invalid("no launch to run"))?;
     let kernels = StepKernels::build(dev, cfg, &build, &plans, variant)?;
     let arena = StepArena::new(dev, cfg, &plans)?;
     seed_arena(scene, &arena, &plans[0], first)?;
@@ -339,9 +335,10 @@ fn seed_arena(
                 lists.push(if p < 0 {
                     -1
                 } else {
-                    scene.table.slot(q, p as u32).ok_or_else(|| {
-                        invalid(format!("row {row}: position {p} past its pages"))
-                    })?
+                    scene
+                        .table
+                        .slot(q, p as u32)
+                        .ok_or_else(|| invalid(format!("row {row}: position {p} past its pages")))?
                 });
             }
         }

@@ -105,10 +105,7 @@ fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
         .map(|dir| dir.join("config.json"))
         .filter(|p| p.is_file());
     Ok(match (beside, &args.preset) {
-        (Some(path), _) => (
-            ModelConfig::from_file(&path)?,
-            path.display().to_string(),
-        ),
+        (Some(path), _) => (ModelConfig::from_file(&path)?, path.display().to_string()),
         (None, preset) => {
             let name = preset.as_deref().unwrap_or(default);
             (ModelConfig::preset(name)?, format!("preset {name}"))
@@ -198,11 +195,16 @@ fn corruption_control(plan: &crate::fused::layer::LayerPlan, out: &FrontOutputs)
     let len = ix.front.lens[0] as usize;
     let mut scores = out.clone();
     let row = &mut scores.scores[..len];
-    let (best, _) = row
+    let (best, _) =
+        row.iter().enumerate().fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &s)| if s > b.1 { (i, s) } else { b },
+        );
+    let worst = row
         .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &s)| if s > b.1 { (i, s) } else { b });
-    let worst = row.iter().copied().filter(|s| s.is_finite()).fold(0f32, f32::min);
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(0f32, f32::min);
     row[best] = worst - 1.0;
     let score_caught = check_lists(plan, &scores)?;
     match (caught, score_caught) {
