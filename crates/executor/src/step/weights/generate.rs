@@ -16,6 +16,9 @@ pub const SOURCE: (&str, &str) = (
     include_str!("../../../kernels/synthetic_weights.hip"),
 );
 
+/// A tensor's bytes and fp32 scales as the device holds them.
+type Stored = (Vec<u8>, Vec<f32>);
+
 /// Device memory left beside the weights for the context, caches and activations: a plan that
 /// leaves less is refused before anything is allocated.
 pub const RESERVE_BYTES: usize = 2 << 30;
@@ -197,7 +200,7 @@ impl DeviceWeights {
         dev: &Device,
         plan: WeightPlan,
         seed: u64,
-        stored: &mut dyn FnMut(&DeviceTensor) -> Result<(Vec<u8>, Vec<f32>)>,
+        stored: &mut dyn FnMut(&DeviceTensor) -> Result<Stored>,
     ) -> Result<Self> {
         let mut bytes = vec![0u8; plan.bytes.max(1)];
         for tensor in &plan.tensors {
