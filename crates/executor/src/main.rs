@@ -39,6 +39,12 @@ enum Command {
     },
     /// SHA-256 of every tensor each launch of a GPU step writes, one launch at a time.
     Dump(executor::step::cli::DumpArgs),
+    /// The device step against the CPU reference step on the same weights, caches and rows
+    /// (tiny preset, or --weights DIR): each launch's largest error beside the tolerance, the
+    /// tokens of both; fails when they differ beyond it. Runs on a GPU, or on the CPU emulator with
+    /// MONO_BACKEND=host. With --select: a large preset's step replayed, every full-indexer
+    /// launch's selected slots checked against the reference select of its own scores.
+    Check(executor::step::cli::CheckArgs),
     /// Compare two dumps: equal, or the first launch and tensor that differ.
     Compare { first: PathBuf, second: PathBuf },
     /// Time the GPU step from graph replays beside its HBM floor, and each launch kind.
@@ -115,6 +121,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Step { args, gpu } => executor::step::cli::run_step(&args, &gpu),
         Command::Dump(args) => executor::step::cli::run_dump(&args),
+        Command::Check(args) => executor::step::cli::run_check(&args),
         Command::Compare { first, second } => executor::step::cli::run_compare(&first, &second),
         Command::Bench(args) => executor::step::cli::run_bench(&args),
         Command::Info {

@@ -10,7 +10,9 @@ use executor::fused::layer::source::launch_kind;
 use executor::fused::layer::{LaunchAt, LayerBuild, LayerPlan, StepDims, StepSlices};
 use executor::fused::moe::check_moe_handoff;
 use executor::fused::LaunchGraph;
-use mailbox::{Limits, Placement, Stage, Task};
+use executor::step::check::lists::{check_lists, reference_lists, FrontOutputs};
+use executor::step::check::without_cross_wait;
+use mailbox::Stage;
 use mla::layout::{MlaKind, SplitChoice};
 use model::paging::pages_through;
 use model::traffic::LaunchKind;
@@ -190,20 +192,9 @@ fn wide_tiny() -> ModelConfig {
     }
 }
 
-/// `placement` with the inputs of the first task `pick` chooses removed, checked again by the
-/// placement rule (which still passes: a task that waits on less breaks no rule of boxes).
-fn without_waits(placement: &Placement, pick: impl Fn(&Task) -> bool) -> Placement {
-    let mut p = placement.clone();
-    let task = p
-        .lists_mut()
-        .iter_mut()
-        .flatten()
-        .find(|t| pick(t))
-        .expect("a task to strip");
-    *task = Task::new(task.kind, task.order, task.out, &[], task.args).unwrap();
-    p
-}
-
+/// A launch whose plan lost one task's waits (`step::check::without_cross_wait`, which the
+/// placement rule alone still passes: a task that waits on less breaks no rule of boxes) is
+/// refused by the dependency checker, naming the reader.
 #[test]
 fn a_task_missing_its_wait_is_caught() {
     let cfg = ModelConfig::preset("glm-5.2").unwrap();
@@ -213,23 +204,57 @@ fn a_task_missing_its_wait_is_caught() {
         .find(|&at| launch_kind(&cfg, at).unwrap() == LaunchKind::MoeFull)
         .unwrap();
     let p = LayerPlan::plan(&cfg, at, &requests(&[8192], 4), &b).unwrap();
-    let placement = p.launch.placement.placement();
-    check_dependencies(&p, placement).unwrap();
+    check_dependencies(&p, p.launch.placement.placement()).unwrap();
     let key = indexer::layout::TaskKind::Key.kind();
     let slots = MlaKind::Slots.kind();
     for (what, kind) in [("an index key task", key), ("a Slots task", slots)] {
-        let stripped = without_waits(placement, |t| t.kind == kind && t.n_inputs > 0);
-        let limits = Limits {
-            max_resident: CTAS,
-            scratch_boxes: p.launch.layout.boxes(),
-        };
-        let valid = stripped.clone().check(limits);
-        assert!(valid.is_ok(), "{what}: the placement rule alone passes it");
-        match check_dependencies(&p, &stripped) {
+        let mut broken = p.clone();
+        let removed = without_cross_wait(&mut broken, kind).unwrap();
+        assert_eq!(removed.kind, kind);
+        match check_dependencies(&broken, broken.launch.placement.placement()) {
             Err(DependencyError::Missed { reader_kind, .. }) => assert_eq!(reader_kind, kind),
-            other => panic!("{what} without its wait: {other:?}"),
+            other => panic!("{what} without its wait ({removed}): {other:?}"),
         }
     }
+}
+
+/// A full-indexer launch's lists against the reference select of its scores
+/// (`step::check::lists`): the reference's own lists pass; one changed slot, and one row's best
+/// score made its worst, are each caught at their row.
+#[test]
+fn selected_slots_are_checked_against_the_reference_select_of_the_scores() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    let at = one_of_each(&cfg)
+        .into_iter()
+        .find(|&at| launch_kind(&cfg, at).unwrap() == LaunchKind::MoeFull)
+        .unwrap();
+    let p = LayerPlan::plan(&cfg, at, &requests(&[8192, 3000], 2), &b).unwrap();
+    let front = &p.index.as_ref().unwrap().front;
+    let stride = front.plan.stride as usize;
+    let mut scores = vec![f32::NEG_INFINITY; p.rows as usize * stride];
+    for (r, &len) in front.lens.iter().enumerate() {
+        for (i, s) in scores[r * stride..][..len as usize].iter_mut().enumerate() {
+            let z = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ r as u64;
+            *s = (z >> 40) as f32 / 1e4 - 800.0;
+        }
+    }
+    let lists = reference_lists(&p, &scores).unwrap();
+    let out = FrontOutputs { scores, lists };
+    assert_eq!(check_lists(&p, &out).unwrap(), None);
+    let k = cfg.index_topk;
+    let mut slot = out.clone();
+    slot.lists[3 * k + 5] = slot.lists[3 * k + 6];
+    let m = check_lists(&p, &slot).unwrap().expect("a changed slot");
+    assert_eq!((m.row, m.entry), (3, 5));
+    let mut score = out.clone();
+    let row = &mut score.scores[2 * stride..][..front.lens[2] as usize];
+    let best = (0..row.len())
+        .max_by(|&a, &c| row[a].total_cmp(&row[c]))
+        .unwrap();
+    row[best] = -1e4;
+    let m = check_lists(&p, &score).unwrap().expect("a corrupted score");
+    assert_eq!(m.row, 2, "{m}");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use model::{IndexerKind, MlpKind, ModelConfig, WeightFormat};
 use super::{DecodeState, ReferenceModel, ReferenceOptions, Row};
 
 /// Refuse configs whose weights would not fit in memory as f32 (the reference holds them so).
-const MAX_REFERENCE_PARAMETERS: u64 = 1 << 30;
+pub const MAX_REFERENCE_PARAMETERS: u64 = 1 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Numerics {

@@ -1,12 +1,14 @@
 //! The decode step on a device: one rank's weights made there ([`weights`]), the step's inputs in
 //! device buffers with the greedy feed ([`inputs`]), every launch of the step captured once and
-//! replayed ([`graph`]), digests of what each launch wrote ([`digest`]), timing beside the HBM
+//! replayed ([`graph`]), digests of what each launch wrote ([`digest`]), the step checked against
+//! the CPU reference step and the reference select ([`check`]), timing beside the HBM
 //! floor ([`mod@bench`]), and the GPU side of `mono step`, `dump`, `compare` and `bench` ([`cli`]).
 //!
 //! The launches that exist so far join through [`graph::StepLaunch`]; the fused front half
 //! ([`front`]) is the first.
 
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod digest;
 pub mod front;

@@ -1,4 +1,4 @@
-//! The GPU side of `mono step`, `mono dump`, `mono compare` and `mono bench`.
+//! The GPU side of `mono step`, `mono dump`, `mono compare`, `mono check` and `mono bench`.
 //!
 //! The step built here is the whole decode step of one rank: every layer's fused launch in order
 //! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights and hashed
@@ -6,10 +6,13 @@
 //! on the host backend by the same rule on the CPU, then uploaded (the same values either way).
 
 mod bench;
+mod check;
 mod dump;
 mod step;
 
+pub use super::check::cache_format;
 pub use bench::{run_bench, BenchArgs};
+pub use check::{run_check, CheckArgs};
 pub use dump::{run_compare, run_dump, DumpArgs};
 pub use step::{make_weights, run_step, GpuArgs};
 
@@ -27,8 +30,9 @@ use super::layer::{CacheImages, ModelWeights};
 use super::scene::SceneRequest;
 use super::weights::{DeviceWeights, WeightPlan};
 use super::{Result, StepError};
+use crate::fused::layer::LayerPlan;
 use model::paging::{pages_through, PageTable, PAGE_TOKENS};
-use model::{CacheFormat, WeightFormat};
+use model::WeightFormat;
 
 /// The shape of a GPU step: preset, seed, and the batch.
 #[derive(Debug, Clone, Args)]
@@ -94,15 +98,6 @@ pub fn gpu_weights(
     Ok(GpuWeights { device, bound })
 }
 
-/// The MLA cache's format for `cfg`: FP8 where its record is whole 16-byte pieces (the
-/// attention's loads), else bf16 (the tiny preset).
-pub fn cache_format(cfg: &ModelConfig) -> CacheFormat {
-    match mla::CacheLayout::new(cfg, CacheFormat::Fp8) {
-        Ok(l) if l.bytes_per_token() % 16 == 0 => CacheFormat::Fp8,
-        _ => CacheFormat::Bf16,
-    }
-}
-
 /// Builds the whole step (every layer's launch, the tail, the greedy feed) for `requests` over
 /// hashed caches and hands it to `body` with its inputs. `steps` is how many steps `body` runs
 /// (eager, replayed or launch by launch): the greedy feed moves every row on by its request's
@@ -119,6 +114,29 @@ fn with_step<T>(
     seed: u64,
     steps: u32,
     body: impl FnOnce(&mut StepGraph, &StepInputs) -> Result<T>,
+) -> Result<T> {
+    with_built_step(dev, cfg, weights, requests, seed, steps, |graph, built| {
+        body(graph, built.inputs)
+    })
+}
+
+/// What a step graph was built from, for a body that reads the arena after a launch.
+struct BuiltStep<'a> {
+    inputs: &'a StepInputs,
+    /// Every launch's plan, in step order.
+    plans: &'a [LayerPlan],
+    arena: &'a StepArena,
+}
+
+/// [`with_step`], the body also given the plans and the arena.
+fn with_built_step<T>(
+    dev: &Device,
+    cfg: &ModelConfig,
+    weights: &GpuWeights,
+    requests: &[SceneRequest],
+    seed: u64,
+    steps: u32,
+    body: impl FnOnce(&mut StepGraph, &BuiltStep) -> Result<T>,
 ) -> Result<T> {
     let mut next_page = 0;
     let pages: Vec<Vec<u32>> = requests
@@ -186,8 +204,13 @@ fn with_step<T>(
         feed: Some(&feed_kernel),
         variant: Variant::default(),
     };
-    let mut graph = step_graph(dev, &pieces, plans)?;
-    body(&mut graph, &inputs)
+    let mut graph = step_graph(dev, &pieces, plans.clone())?;
+    let built = BuiltStep {
+        inputs: &inputs,
+        plans: &plans,
+        arena: &arena,
+    };
+    body(&mut graph, &built)
 }
 
 fn scene_requests(requests: u32, rows: u32, context: u32) -> Result<Vec<SceneRequest>> {

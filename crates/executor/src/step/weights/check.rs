@@ -44,12 +44,18 @@ fn bf16_bits(values: &[f32]) -> Vec<u16> {
 
 /// The bytes and fp32 scales `tensor` must hold.
 pub fn expected(seed: u64, tensor: &DeviceTensor) -> Result<(Vec<u8>, Vec<f32>)> {
-    let (rows, cols) = tensor.shape();
     let values: Vec<Vec<f32>> = tensor
         .sources
         .iter()
         .map(|s| shard_values(seed, s))
         .collect();
+    stored_form(tensor, &values)
+}
+
+/// The bytes and fp32 scales `tensor` holds for its source shards' `values` (row-major, each
+/// shard's, bf16-exact where the tensor is bf16).
+pub fn stored_form(tensor: &DeviceTensor, values: &[Vec<f32>]) -> Result<(Vec<u8>, Vec<f32>)> {
+    let (rows, cols) = tensor.shape();
     let quantised = match tensor.element {
         Element::Fp8 => values
             .iter()

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module};
 use model::weights::packed::Pairing;
-use model::weights::{SyntheticKind, SyntheticRule};
+use model::weights::{SyntheticKind, SyntheticRule, WeightSource};
 
 use super::plan::{DeviceTensor, Element, Form, Shard, WeightPlan};
 use crate::step::{Result, StepError};
@@ -15,6 +15,9 @@ pub const SOURCE: (&str, &str) = (
     "synthetic_weights.hip",
     include_str!("../../../kernels/synthetic_weights.hip"),
 );
+
+/// A tensor's bytes and fp32 scales as the device holds them.
+type Stored = (Vec<u8>, Vec<f32>);
 
 /// Device memory left beside the weights for the context, caches and activations: a plan that
 /// leaves less is refused before anything is allocated.
@@ -153,9 +156,55 @@ impl DeviceWeights {
     /// uploaded: the same bytes [`Self::generate`] makes on the device, for a device whose
     /// kernels are slow to launch (the host backend) at a small preset.
     pub fn from_host(dev: &Device, plan: WeightPlan, seed: u64) -> Result<Self> {
+        Self::upload_with(dev, plan, seed, &mut |tensor| {
+            super::check::expected(seed, tensor)
+        })
+    }
+
+    /// `plan`'s weights from `source` (a checkpoint), each tensor's shards cut from the whole
+    /// tensor, quantised or packed on the host and uploaded. A bf16 tensor must hold bf16 values
+    /// (the device keeps bf16); one that does not is refused by name. `seed` is recorded only.
+    pub fn from_source(
+        dev: &Device,
+        plan: WeightPlan,
+        source: &dyn WeightSource,
+        seed: u64,
+    ) -> Result<Self> {
+        Self::upload_with(dev, plan, seed, &mut |tensor| {
+            let values = tensor
+                .sources
+                .iter()
+                .map(|s| shard_of(source, s))
+                .collect::<Result<Vec<_>>>()?;
+            if tensor.element == Element::Bf16 {
+                let exact = |v: &f32| v.to_bits() & 0xffff == 0;
+                if let Some((s, v)) = tensor
+                    .sources
+                    .iter()
+                    .zip(&values)
+                    .find(|(_, v)| !v.iter().all(exact))
+                {
+                    let bad = v.iter().find(|x| !exact(x)).copied().unwrap_or_default();
+                    return Err(StepError::Invalid(format!(
+                        "{} holds {bad}, which is not a bf16 value; the device keeps this \
+                         tensor as bf16",
+                        s.name
+                    )));
+                }
+            }
+            super::check::stored_form(tensor, &values)
+        })
+    }
+
+    fn upload_with(
+        dev: &Device,
+        plan: WeightPlan,
+        seed: u64,
+        stored: &mut dyn FnMut(&DeviceTensor) -> Result<Stored>,
+    ) -> Result<Self> {
         let mut bytes = vec![0u8; plan.bytes.max(1)];
         for tensor in &plan.tensors {
-            let (data, scales) = super::check::expected(seed, tensor)?;
+            let (data, scales) = stored(tensor)?;
             bytes[tensor.offset..tensor.offset + data.len()].copy_from_slice(&data);
             if let Some((at, _)) = tensor.scales {
                 let scales: &[u8] = bytemuck::cast_slice(&scales);
@@ -304,4 +353,16 @@ impl DeviceWeights {
         }
         Ok(())
     }
+}
+
+/// Shard `shard` of its tensor in `source`, row-major.
+fn shard_of(source: &dyn WeightSource, shard: &Shard) -> Result<Vec<f32>> {
+    let whole = source.tensor(&shard.name, &shard.full_shape)?;
+    let full_cols = shard.full_cols();
+    Ok((shard.row0..shard.row0 + shard.rows)
+        .flat_map(|r| {
+            let start = r * full_cols + shard.col0;
+            whole[start..start + shard.cols].iter().copied()
+        })
+        .collect())
 }

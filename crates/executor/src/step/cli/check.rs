@@ -1,0 +1,312 @@
+//! `mono check`: the device step against the CPU reference step (every launch's rows beside the
+//! tolerance, the tokens of both), or with `--select` a large step's replays with every
+//! full-indexer launch's selected slots checked against the reference select of its own scores.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use device::{Device, DeviceError};
+use mailbox::gpu::{DebugBound, Variant};
+use model::weights::{checkpoint_tensors, Checkpoint, Synthetic, WeightSource};
+use model::{ModelConfig, WeightFormat};
+
+use super::{gpu_weights, scene_requests, with_built_step};
+use crate::reference::cli::MAX_REFERENCE_PARAMETERS;
+use crate::step::check::lists::{check_lists, read_front, FrontOutputs};
+use crate::step::check::{compare_with_reference, run_launches, CheckScene};
+use crate::step::scene::SceneRequest;
+use crate::step::weights::{DeviceWeights, WeightPlan};
+use crate::step::{Result, StepError};
+
+/// `mono check`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Model preset: tiny by default (the CPU reference holds every weight as f32); with
+    /// --select, glm-5.2 by default.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// A checkpoint folder (model.safetensors or its index and shards, with the published tensor
+    /// names, and its config.json) for both steps instead of the preset's synthetic weights.
+    #[arg(long, conflicts_with = "select")]
+    pub weights: Option<PathBuf>,
+    /// Seed of the synthetic weights (and, with --select, of the caches and tokens).
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Requests, each with --rows rows.
+    #[arg(long, default_value_t = 1)]
+    pub requests: u32,
+    /// Rows per request (1: plain decode; 4: MTP verify of 3 drafts).
+    #[arg(long, default_value_t = 1)]
+    pub rows: u32,
+    /// Tokens each request has cached (default 20, or 8192 with --select).
+    #[arg(long)]
+    pub context: Option<u32>,
+    /// Instead of the reference: run --replays steps of the preset's step (one rank of --tp,
+    /// synthetic FP8 weights made on the GPU), and check every full-indexer launch's selected
+    /// slots against the reference radix select of that launch's own scores.
+    #[arg(long)]
+    pub select: bool,
+    /// Steps of --select.
+    #[arg(long, default_value_t = 1000, requires = "select")]
+    pub replays: u32,
+    /// With --select: every this many steps one is run launch by launch and checked; the others
+    /// are graph replays (1: every step checked).
+    #[arg(long, default_value_t = 1, requires = "select")]
+    pub check_every: u32,
+    /// With --select: tensor-parallel size of the weights; the GPU holds rank 0's.
+    #[arg(long, default_value_t = 8, requires = "select")]
+    pub tp: usize,
+}
+
+/// `mono check`; an error when the steps differ beyond the tolerance.
+pub fn run_check(args: &CheckArgs) -> Result<(), String> {
+    let dev = open(args)?;
+    let outcome = if args.select {
+        check_select(&dev, args)
+    } else {
+        check_reference(&dev, args)
+    };
+    outcome.map_err(|e| e.to_string())
+}
+
+fn open(args: &CheckArgs) -> Result<Device, String> {
+    match Device::open(0) {
+        Ok(dev) => Ok(dev),
+        Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => Err(format!(
+            "mono check needs a GPU, or MONO_BACKEND=host for the CPU emulator of one (it \
+             compiles the kernels with g++): {e}{}",
+            if args.select {
+                ""
+            } else {
+                " (mono step --cpu runs the CPU reference step alone)"
+            }
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Debug builds: a wait that gives up names its task instead of hanging the check.
+fn variant() -> Variant {
+    Variant {
+        debug: Some(DebugBound {
+            poll_limit: 1 << 22,
+            trap: false,
+        }),
+        ..Variant::default()
+    }
+}
+
+/// The config: beside the checkpoint, else the preset.
+fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
+    let beside = args
+        .weights
+        .as_ref()
+        .map(|dir| dir.join("config.json"))
+        .filter(|p| p.is_file());
+    Ok(match (beside, &args.preset) {
+        (Some(path), _) => (ModelConfig::from_file(&path)?, path.display().to_string()),
+        (None, preset) => {
+            let name = preset.as_deref().unwrap_or(default);
+            (ModelConfig::preset(name)?, format!("preset {name}"))
+        }
+    })
+}
+
+fn check_reference(dev: &Device, args: &CheckArgs) -> Result<()> {
+    let (cfg, from) = config(args, "tiny")?;
+    let parameters: u64 = checkpoint_tensors(&cfg)?
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
+    if parameters > MAX_REFERENCE_PARAMETERS {
+        return Err(StepError::Invalid(format!(
+            "{from} has {parameters} parameters; the CPU reference holds them all as f32 and \
+             takes at most {MAX_REFERENCE_PARAMETERS} (--preset tiny; --select checks a large \
+             preset's selections without the reference)"
+        )));
+    }
+    let context = args.context.unwrap_or(20);
+    let requests = scene_requests(args.requests, args.rows, context)?;
+    let info = dev.info();
+    println!(
+        "mono check on {} ({}): {from}, {} request(s) x {} row(s), context {context}",
+        info.name, info.arch, args.requests, args.rows
+    );
+    let started = Instant::now();
+    let (source, weights_from): (Box<dyn WeightSource>, String) = match &args.weights {
+        Some(dir) => (
+            Box::new(Checkpoint::open(dir)?),
+            format!("checkpoint {}", dir.display()),
+        ),
+        None => (
+            Box::new(Synthetic::new(&cfg, args.seed, WeightFormat::Bf16)?),
+            format!("synthetic bf16 weights, seed {}", args.seed),
+        ),
+    };
+    let scene = CheckScene::new(&cfg, source.as_ref(), &requests)?;
+    let plan = WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16)?;
+    let weights = match &args.weights {
+        Some(_) => DeviceWeights::from_source(dev, plan, source.as_ref(), args.seed)?,
+        None => DeviceWeights::from_host(dev, plan, args.seed)?,
+    };
+    println!(
+        "{weights_from}; the reference's prefill and step ({:?} MLA cache) and the device's \
+         weights in {:.1} s",
+        scene.cache,
+        started.elapsed().as_secs_f64()
+    );
+    let started = Instant::now();
+    let run = run_launches(
+        dev,
+        &scene,
+        &weights,
+        &scene.every_launch(),
+        variant(),
+        &mut |_| Ok(()),
+    )?;
+    println!(
+        "the device step: {} launches, chained, in {:.1} s (kernels built, each launch read back)",
+        run.launches.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let report = compare_with_reference(&scene, &run);
+    print!("{report}");
+    if report.passed() {
+        println!("the device step follows the CPU reference step");
+        Ok(())
+    } else {
+        Err(StepError::Invalid(
+            "the device step differs from the CPU reference step beyond the tolerance".into(),
+        ))
+    }
+}
+
+/// A copy of `out` with one list entry changed, and one with row 0's best score made its worst:
+/// each must be caught.
+fn corruption_control(plan: &crate::fused::layer::LayerPlan, out: &FrontOutputs) -> Result<()> {
+    let mut lists = out.clone();
+    lists.lists[0] = if lists.lists[0] == 0 { 1 } else { 0 };
+    let caught = check_lists(plan, &lists)?;
+    let ix = plan
+        .index
+        .as_ref()
+        .ok_or_else(|| StepError::Invalid("the launch runs no indexer".into()))?;
+    let len = ix.front.lens[0] as usize;
+    let mut scores = out.clone();
+    let row = &mut scores.scores[..len];
+    let (best, _) =
+        row.iter().enumerate().fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &s)| if s > b.1 { (i, s) } else { b },
+        );
+    let worst = row
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(0f32, f32::min);
+    row[best] = worst - 1.0;
+    let score_caught = check_lists(plan, &scores)?;
+    match (caught, score_caught) {
+        (Some(a), Some(b)) => {
+            println!("negative control: a changed slot list is caught ({a}); row 0's best score made its worst is caught ({b})");
+            Ok(())
+        }
+        (None, _) => Err(StepError::Invalid(
+            "negative control: a changed slot list was not caught".into(),
+        )),
+        (_, None) if len <= plan.slices.dims.topk as usize => {
+            println!(
+                "negative control: a changed slot list is caught; row 0 has {len} keys, no more \
+                 than k, so every key is selected whatever its score"
+            );
+            Ok(())
+        }
+        (_, None) => Err(StepError::Invalid(
+            "negative control: a corrupted score was not caught".into(),
+        )),
+    }
+}
+
+fn check_select(dev: &Device, args: &CheckArgs) -> Result<()> {
+    let (cfg, from) = config(args, "glm-5.2")?;
+    let context = args.context.unwrap_or(8192);
+    let requests: Vec<SceneRequest> = scene_requests(args.requests, args.rows, context)?;
+    let every = args.check_every.max(1);
+    println!(
+        "mono check --select on {}: {from}, TP {} rank 0, {} request(s) x {} row(s), context \
+         {context}, {} steps (one in {every} launch by launch and checked)",
+        dev.info().name,
+        args.tp,
+        args.requests,
+        args.rows,
+        args.replays
+    );
+    let weights = gpu_weights(dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
+    let steps = args.replays.saturating_add(1);
+    with_built_step(
+        dev,
+        &cfg,
+        &weights,
+        &requests,
+        args.seed,
+        steps,
+        |graph, built| {
+            let full: Vec<usize> = (0..built.plans.len())
+                .filter(|&i| built.plans[i].index.is_some())
+                .collect();
+            println!(
+                "{} launches a step, {} with the full indexer",
+                built.plans.len(),
+                full.len()
+            );
+            graph.run_eager()?;
+            graph.capture()?;
+            let started = Instant::now();
+            let (mut checked, mut replayed, mut lists) = (0u32, 0u32, 0u64);
+            let mut control = false;
+            for step in 0..args.replays {
+                if step % every != 0 {
+                    graph.replay(1)?;
+                    replayed += 1;
+                    continue;
+                }
+                graph.run_inspected(&mut |i, launch| {
+                    let plan = &built.plans[i];
+                    let Some(out) = read_front(plan, &built.arena.arena)? else {
+                        return Ok(());
+                    };
+                    if let Some(m) = check_lists(plan, &out)? {
+                        return Err(StepError::Invalid(format!(
+                            "step {step}, {}: {m}",
+                            launch.name()
+                        )));
+                    }
+                    if !control {
+                        corruption_control(plan, &out)?;
+                        control = true;
+                    }
+                    lists += u64::from(plan.rows);
+                    Ok(())
+                })?;
+                checked += 1;
+                if checked % 100 == 0 {
+                    println!(
+                        "step {}: {checked} steps checked, {lists} row lists, {:.1} s",
+                        step + 1,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "{} steps in {secs:.1} s: {checked} launch by launch with every full-indexer \
+                 launch's lists checked ({lists} row lists, each equal to the reference select \
+                 of its launch's scores), {replayed} graph replays; epoch now {}",
+                args.replays,
+                graph.frame().epoch()?
+            );
+            Ok(())
+        },
+    )
+}
