@@ -29,7 +29,9 @@ use crate::fused::layer::{
     layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
 };
 use crate::fused::{ArenaSlice, CtaShape, ENTRY};
-use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchSlot, Output, StepLaunch};
+use crate::step::graph::{
+    ChosenFloor, DeviceBytes, LaunchRecords, LaunchSlot, Output, StepLaunch,
+};
 use crate::step::{Result, StepError};
 
 fn invalid(reason: impl Into<String>) -> StepError {
@@ -61,6 +63,8 @@ pub struct LayerKernel {
     pub shape: CtaShape,
     pub ctas: u32,
     variant: Variant,
+    /// Built to record every task's start and end (`mailbox::trace::traced`).
+    pub traced: bool,
 }
 
 impl LayerKernel {
@@ -73,9 +77,37 @@ impl LayerKernel {
         kind: LaunchKind,
         variant: Variant,
     ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, kind, variant, false)
+    }
+
+    /// The same kernel recording every task's start and end into its launch's trace buffer
+    /// (`mono trace`; the stamps cost time, so nothing else runs it).
+    pub fn build_traced(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+    ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, kind, variant, true)
+    }
+
+    fn build_as(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+        traced: bool,
+    ) -> Result<Self> {
         let shape = cta_shape(dev)?;
         let source = layer_source(cfg, build, shape, kind, variant)
             .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
+        let source = if traced {
+            mailbox::trace::traced(source)
+        } else {
+            source
+        };
         let module = dev.build(&source)?;
         let kernel = module.kernel(ENTRY)?;
         // The CTA's shared memory less what the kernel declares statically.
@@ -104,6 +136,7 @@ impl LayerKernel {
             shape,
             ctas,
             variant,
+            traced,
         })
     }
 }
@@ -166,6 +199,8 @@ pub struct LayerLaunch<'a> {
     traffic: Option<LaunchTraffic>,
     /// Select's flags, `[rows][FLAG_NAMES]` (full layers).
     flags: Option<Buffer<u32>>,
+    /// The task records of a traced kernel's launch.
+    trace: Option<Buffer<u64>>,
 }
 
 fn upload_list<T: bytemuck::Pod + Default>(dev: &Device, list: &[T]) -> Result<Buffer<T>> {
@@ -425,11 +460,18 @@ impl<'a> LayerLaunch<'a> {
             let lists = plan.slices.rows_of(plan.slices.slot_lists, plan.rows);
             views.push(("slot lists".to_owned(), view(lists)));
         }
+        let table = DeviceTable::upload(dev, &plan.launch.placement)?;
+        let trace = if kernel.traced {
+            Some(table.trace_buffer(dev)?)
+        } else {
+            None
+        };
         Ok(LayerLaunch {
             views,
             name,
             kernel,
-            table: DeviceTable::upload(dev, &plan.launch.placement)?,
+            table,
+            trace,
             diag: dev.alloc_zeroed(DIAG_WORDS)?,
             flags: flags_buf,
             plan,
@@ -578,6 +620,14 @@ impl StepLaunch for LayerLaunch<'_> {
             self.slot.tags,
             self.slot.launch_index,
         )?;
+        // Records start unwritten each launch, so one a task never wrote is missing, not stale.
+        let table = match &self.trace {
+            Some(trace) => {
+                stream.memset(trace.device_ptr(), 0, trace.bytes())?;
+                table.with_trace(&self.table, trace)?
+            }
+            None => table,
+        };
         let k = self.kernel;
         let launch = Launch::new(self.table.ctas, k.shape.threads)
             .shared(k.shape.shared_bytes)
@@ -625,6 +675,19 @@ impl StepLaunch for LayerLaunch<'_> {
             bytes: fixed + u64::from(experts) * traffic.routed_expert_bytes,
             experts,
             most_experts: traffic.experts_touched as u32,
+        }))
+    }
+
+    fn trace(&self) -> Result<Option<LaunchRecords>> {
+        let Some(trace) = &self.trace else {
+            return Ok(None);
+        };
+        let table = self.plan.launch.placement.placement().table();
+        let names = crate::trace::names::TaskNames::new(&self.plan);
+        Ok(Some(LaunchRecords {
+            task_names: table.tasks.iter().map(|t| names.task(t)).collect(),
+            table,
+            words: trace.download()?,
         }))
     }
 
