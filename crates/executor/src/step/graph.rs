@@ -91,8 +91,9 @@ pub trait StepLaunch {
     fn check(&self) -> Result<()> {
         Ok(())
     }
-    /// After the launch ran: its task records, when its kernel was built traced.
-    fn trace(&self) -> Result<Option<LaunchRecords>> {
+    /// After the launch ran: its task records, when its kernel was built traced, which are then
+    /// cleared for the next run.
+    fn take_trace(&self) -> Result<Option<LaunchRecords>> {
         Ok(None)
     }
 }
@@ -251,11 +252,15 @@ impl<'a> StepGraph<'a> {
     /// One step launched directly, every launch back to back as the graph runs them, then each
     /// launch's task records in step order; every launch's kernel must be built traced.
     pub fn run_traced(&self) -> Result<Vec<TracedLaunch>> {
+        // Earlier runs' records are dropped, so each record read is this step's.
+        for launch in &self.launches {
+            launch.take_trace()?;
+        }
         self.run_eager()?;
         self.launches
             .iter()
             .map(|launch| {
-                let records = launch.trace()?.ok_or_else(|| StepError::Launch {
+                let records = launch.take_trace()?.ok_or_else(|| StepError::Launch {
                     launch: launch.name(),
                     message: "its kernel was not built traced".into(),
                 })?;

@@ -86,8 +86,8 @@ pub fn step_timeline(launches: &[DecodedLaunch], base: TimeBase, title: &str) ->
     Timeline::join(title, parts)
 }
 
-/// The first launch of each kind laid end to end, `gap_us` apart (not their times in the step):
-/// a picture small enough to read every launch kind's tasks.
+/// The first launch of each kind laid end to end, each a fiftieth of its span after the last (not
+/// where they fall in the step): a picture small enough to read every launch kind's tasks.
 pub fn kinds_timeline(launches: &[DecodedLaunch], base: TimeBase, title: &str) -> Timeline {
     let mut seen: Vec<&str> = Vec::new();
     let mut parts = Vec::new();

@@ -129,14 +129,14 @@ pub fn trace_step(
         _ => TimeBase::Timer,
     };
     let what = format!(
-        "preset {}, TP {} rank 0, {} request(s) x {} row(s), context {}, on {}",
+        "{} TP{} rank 0, {} x {} row(s), context {}, {}",
         shape.preset, shape.tp, shape.requests, shape.rows, shape.context, info.name
     );
-    let timeline = step_timeline(&launches, base, &format!("one decode step: {what}"));
+    let timeline = step_timeline(&launches, base, &format!("{what}: one decode step"));
     let kinds = kinds_timeline(
         &launches,
         base,
-        &format!("the first launch of each kind, end to end (gaps not to scale): {what}"),
+        &format!("{what}: each launch kind's first, end to end"),
     );
     let files = write_step(out, &timeline, &kinds).map_err(invalid)?;
     let summary = summary(&launches, &timeline);

@@ -620,12 +620,8 @@ impl StepLaunch for LayerLaunch<'_> {
             self.slot.tags,
             self.slot.launch_index,
         )?;
-        // Records start unwritten each launch, so one a task never wrote is missing, not stale.
         let table = match &self.trace {
-            Some(trace) => {
-                stream.memset(trace.device_ptr(), 0, trace.bytes())?;
-                table.with_trace(&self.table, trace)?
-            }
+            Some(trace) => table.with_trace(&self.table, trace)?,
             None => table,
         };
         let k = self.kernel;
@@ -678,16 +674,20 @@ impl StepLaunch for LayerLaunch<'_> {
         }))
     }
 
-    fn trace(&self) -> Result<Option<LaunchRecords>> {
+    fn take_trace(&self) -> Result<Option<LaunchRecords>> {
         let Some(trace) = &self.trace else {
             return Ok(None);
         };
+        let words = trace.download()?;
+        // Cleared between runs (not in the launch, which would put a memset between launches):
+        // a record the next run's task never writes then reads as missing, not stale.
+        trace.write(&vec![0u64; words.len()])?;
         let table = self.plan.launch.placement.placement().table();
         let names = crate::trace::names::TaskNames::new(&self.plan);
         Ok(Some(LaunchRecords {
             task_names: table.tasks.iter().map(|t| names.task(t)).collect(),
             table,
-            words: trace.download()?,
+            words,
         }))
     }
 
