@@ -29,9 +29,7 @@ use crate::fused::layer::{
     layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
 };
 use crate::fused::{ArenaSlice, CtaShape, ENTRY};
-use crate::step::graph::{
-    ChosenFloor, DeviceBytes, LaunchRecords, LaunchSlot, Output, StepLaunch,
-};
+use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchRecords, LaunchSlot, Output, StepLaunch};
 use crate::step::{Result, StepError};
 
 fn invalid(reason: impl Into<String>) -> StepError {
