@@ -80,32 +80,14 @@ enum Command {
         #[arg(long)]
         gpu: bool,
     },
-    /// Record every task's start and end in a launch and draw them: `trace.json` (Chrome /
-    /// Perfetto trace events, one track per CTA; open in ui.perfetto.dev) and `trace.svg` (a row
-    /// per CTA, a bar per task coloured by stage and kind, a time axis in microseconds). The
-    /// launch traced for now is a synthetic placement (a random DAG of hash tasks): on the CPU
-    /// emulator (a thread per CTA, host clock) into OUT/emulator, and on the GPU when one is
-    /// present into OUT/gpu (SM cycles placed from each CTA's first start on the shared clock).
-    Trace {
-        /// Trace the synthetic placement (the only launch traced so far).
-        #[arg(long, required = true)]
-        synthetic: bool,
-        /// Folder for the drawings.
-        #[arg(long)]
-        out: PathBuf,
-        /// CTAs of the placement (default: 8 on the emulator, one per SM on the GPU).
-        #[arg(long)]
-        ctas: Option<u32>,
-        /// Tasks per CTA (the DAG has CTAs times this many).
-        #[arg(long, default_value_t = 8)]
-        tasks_per_cta: u32,
-        /// Seed of the DAG, its placement and its inputs.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// The emulator only, even when a GPU is present.
-        #[arg(long)]
-        no_gpu: bool,
-    },
+    /// Record every task's start and end in one decode step and draw them: OUT/step.json (Chrome /
+    /// Perfetto trace events, a process per launch in time order, a track per CTA; open in
+    /// ui.perfetto.dev), OUT/step.svg (a row per CTA, a bar per task coloured by stage and kind,
+    /// the launches marked, a time axis in microseconds) and OUT/kinds.svg (the first launch of
+    /// each kind); prints each launch kind's time, its stages' shares and the idle CTA share.
+    /// The step is built as `mono step` builds it, every kernel a traced build; MONO_BACKEND=host
+    /// runs it on CPU threads (--preset tiny --tp 1). --synthetic traces a synthetic placement.
+    Trace(executor::step::cli::TraceArgs),
     /// Build every kernel for sm_90a and gfx950 and print registers, spills, scratch and shared memory.
     Kernels {
         /// Targets to build for.
@@ -181,29 +163,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Trace {
-            synthetic: _,
-            out,
-            ctas,
-            tasks_per_cta,
-            seed,
-            no_gpu,
-        } => {
-            let req = executor::trace::SyntheticRequest {
-                ctas,
-                tasks_per_cta,
-                seed,
-            };
-            for w in executor::trace::run_synthetic(&req, &out, !no_gpu)? {
-                println!(
-                    "{}\n  {}\n  {}",
-                    w.summary,
-                    w.json.display(),
-                    w.svg.display()
-                );
-            }
-            Ok(())
-        }
+        Command::Trace(args) => executor::step::cli::run_trace(&args),
         Command::Kernels {
             target,
             require_compilers,

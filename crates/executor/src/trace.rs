@@ -1,7 +1,10 @@
-//! `mono trace`: every task's start and end in a launch, drawn as a Chrome / Perfetto trace and an
-//! SVG of the per-CTA timeline (`mailbox::trace`). The launch traced for now is a synthetic
-//! placement (a random DAG of hash tasks), on the CPU emulator and on the GPU; the fused launches
-//! record the same way (their task loop is the same).
+//! `mono trace`: every task's start and end, drawn as a Chrome / Perfetto trace and an SVG of the
+//! per-CTA timeline (`mailbox::trace`). The step's launches ([`step`], run by
+//! `step::cli::trace_step`), each task named in words ([`names`]); or a synthetic placement (a
+//! random DAG of hash tasks, here), on the CPU emulator and on the GPU.
+
+pub mod names;
+pub mod step;
 
 use device::Device;
 use mailbox::emulator::{run_traced, EmuConfig, Scratch};

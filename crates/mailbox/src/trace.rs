@@ -400,24 +400,39 @@ impl Trace {
     }
 }
 
-/// A trace placed on a time axis and named, ready to draw.
+/// A trace placed on a time axis and named, ready to draw: one launch, or several launches in
+/// time order ([`Timeline::join`]), each a [`Section`].
 #[derive(Clone, Debug)]
 pub struct Timeline {
     pub title: String,
     pub base: TimeBase,
     pub ctas: u32,
     pub bars: Vec<Bar>,
+    pub sections: Vec<Section>,
+}
+
+/// One launch's stretch of a timeline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Section {
+    pub title: String,
+    /// Its first task's start and its last task's end, in microseconds on the timeline's axis.
+    pub start_us: f64,
+    pub end_us: f64,
 }
 
 /// One span on the axis.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bar {
     pub span: Span,
-    /// Microseconds after the launch's first start.
+    /// Microseconds after the timeline's first start.
     pub start_us: f64,
     pub end_us: f64,
     /// What the legend calls its kind.
     pub label: String,
+    /// The task itself, in words (its kind's label unless [`Timeline::name_tasks`] named it).
+    pub name: String,
+    /// The index of its launch's [`Section`].
+    pub section: u32,
 }
 
 impl Timeline {
@@ -427,19 +442,67 @@ impl Timeline {
             .spans
             .iter()
             .zip(trace.times(base))
-            .map(|(s, (a, b))| Bar {
-                span: *s,
-                start_us: a / 1e3,
-                end_us: b / 1e3,
-                label: name(s.kind),
+            .map(|(s, (a, b))| {
+                let label = name(s.kind);
+                Bar {
+                    span: *s,
+                    start_us: a / 1e3,
+                    end_us: b / 1e3,
+                    name: label.clone(),
+                    label,
+                    section: 0,
+                }
             })
             .collect();
-        Timeline {
+        let mut t = Timeline {
             title: title.to_string(),
             base,
             ctas: trace.ctas,
             bars,
+            sections: Vec::new(),
+        };
+        t.sections = vec![Section {
+            title: title.to_string(),
+            start_us: 0.0,
+            end_us: t.end_us(),
+        }];
+        t
+    }
+
+    /// Each bar named by `name` of its span (say which matrix, row or slice the task works on).
+    pub fn name_tasks(mut self, name: &dyn Fn(&Span) -> String) -> Self {
+        for b in &mut self.bars {
+            b.name = name(&b.span);
         }
+        self
+    }
+
+    /// `parts` (each one launch's timeline and where its first start falls, in microseconds
+    /// after the first part's) on one axis, one section each, under `title`.
+    pub fn join(title: &str, parts: Vec<(Timeline, f64)>) -> Timeline {
+        let base = parts.first().map_or(TimeBase::Timer, |p| p.0.base);
+        let mut joined = Timeline {
+            title: title.to_string(),
+            base,
+            ctas: 0,
+            bars: Vec::new(),
+            sections: Vec::new(),
+        };
+        for (i, (part, offset)) in parts.into_iter().enumerate() {
+            joined.ctas = joined.ctas.max(part.ctas);
+            joined.sections.push(Section {
+                title: part.title.clone(),
+                start_us: offset,
+                end_us: offset + part.end_us(),
+            });
+            joined.bars.extend(part.bars.into_iter().map(|b| Bar {
+                start_us: b.start_us + offset,
+                end_us: b.end_us + offset,
+                section: i as u32,
+                ..b
+            }));
+        }
+        joined
     }
 
     /// The last end, in microseconds.

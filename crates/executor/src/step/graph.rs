@@ -13,6 +13,7 @@ use std::sync::Arc;
 use device::{Buffer, Device, DeviceError, Event, Graph, Stream};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::layout::Tags;
+use mailbox::placement::TaskTable;
 
 use super::digest::{Dump, LaunchDigest};
 use super::inputs::Feed;
@@ -90,6 +91,30 @@ pub trait StepLaunch {
     fn check(&self) -> Result<()> {
         Ok(())
     }
+    /// After the launch ran: its task records, when its kernel was built traced, which are then
+    /// cleared for the next run.
+    fn take_trace(&self) -> Result<Option<LaunchRecords>> {
+        Ok(None)
+    }
+}
+
+/// A traced launch's task records as read back, with what it ran.
+#[derive(Clone, Debug)]
+pub struct LaunchRecords {
+    /// The launch's task table (`mailbox::trace::decode` reads the records against it).
+    pub table: TaskTable,
+    /// `mailbox::trace::RECORD_WORDS` words per task of the table.
+    pub words: Vec<u64>,
+    /// Each task of the table in words, in table order.
+    pub task_names: Vec<String>,
+}
+
+/// One traced launch of a step: its name, its kind and its records.
+#[derive(Clone, Debug)]
+pub struct TracedLaunch {
+    pub name: String,
+    pub kind: String,
+    pub records: LaunchRecords,
 }
 
 /// The step's epoch word, scratch and tags, made before the launches that are built against them.
@@ -222,6 +247,30 @@ impl<'a> StepGraph<'a> {
         self.enqueue_step()?;
         self.stream.sync()?;
         self.check()
+    }
+
+    /// One step launched directly, every launch back to back as the graph runs them, then each
+    /// launch's task records in step order; every launch's kernel must be built traced.
+    pub fn run_traced(&self) -> Result<Vec<TracedLaunch>> {
+        // Earlier runs' records are dropped, so each record read is this step's.
+        for launch in &self.launches {
+            launch.take_trace()?;
+        }
+        self.run_eager()?;
+        self.launches
+            .iter()
+            .map(|launch| {
+                let records = launch.take_trace()?.ok_or_else(|| StepError::Launch {
+                    launch: launch.name(),
+                    message: "its kernel was not built traced".into(),
+                })?;
+                Ok(TracedLaunch {
+                    name: launch.name(),
+                    kind: launch.kind(),
+                    records,
+                })
+            })
+            .collect()
     }
 
     /// Captures the step once; later [`replay`](Self::replay)s run it.

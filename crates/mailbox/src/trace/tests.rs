@@ -102,8 +102,8 @@ fn chrome_json_parses_back() {
     let t = timeline();
     let doc: serde_json::Value = serde_json::from_str(&chrome::json(&t)).unwrap();
     let events = doc["traceEvents"].as_array().unwrap();
-    // The process name, a name and a sort index per CTA, a complete event per span.
-    assert_eq!(events.len(), 1 + 2 * 2 + 3);
+    // The process's name and sort index, a name and a sort index per CTA, an event per span.
+    assert_eq!(events.len(), 2 + 2 * 2 + 3);
     let spans: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     assert_eq!(spans.len(), 3);
     assert_eq!(spans[2]["tid"], 1);
@@ -127,6 +127,7 @@ fn svg_has_a_bar_per_span_and_a_key_per_kind() {
     assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
     assert_eq!(doc.matches(r#"<rect class="span""#).count(), 3);
     assert_eq!(doc.matches(r#"<rect class="key""#).count(), 3);
+    assert_eq!(doc.matches(r#"<rect class="row""#).count(), 2);
     assert!(doc.contains("two &lt;CTAs&gt;") && !doc.contains("<CTAs>"));
     assert!(doc.contains(">indexer 3</text>"));
 }
@@ -236,4 +237,48 @@ fn the_recorder_writes_what_decode_reads() {
             position: 1
         }
     );
+}
+
+#[test]
+fn joined_launches_are_sections_in_time_order() {
+    let a = timeline();
+    let b = timeline().name_tasks(&|s| format!("task {} of CTA {}", s.order, s.cta));
+    let end = a.end_us();
+    let joined = Timeline::join("a step", vec![(a, 0.0), (b, end + 2.0)]);
+    assert_eq!(joined.sections.len(), 2);
+    assert_eq!(joined.sections[1].start_us, end + 2.0);
+    assert_eq!(joined.end_us(), 2.0 * end + 2.0);
+    assert_eq!(joined.bars.len(), 6);
+    assert!(joined.bars[3..].iter().all(|b| b.section == 1));
+    let doc: serde_json::Value = serde_json::from_str(&chrome::json(&joined)).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let processes: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .collect();
+    assert_eq!(processes.len(), 2);
+    let last = events.iter().rfind(|e| e["ph"] == "X").unwrap();
+    assert_eq!(last["pid"], 1);
+    assert_eq!(last["name"], "task 1 of CTA 1");
+    assert_eq!(last["args"]["kind"], "indexer 3");
+    let picture = svg::svg(&joined);
+    assert_eq!(picture.matches(r#"<rect class="span""#).count(), 6);
+    assert_eq!(picture.matches(r#"<rect class="row""#).count(), 2);
+    assert_eq!(picture.matches(r#"<rect class="section""#).count(), 1);
+}
+
+#[test]
+fn a_picture_of_many_bars_merges_neighbours_of_one_kind() {
+    let (table, records) = good();
+    let trace = decode(&table, &words(&records)).unwrap();
+    let one = Timeline::new(&trace, TimeBase::Timer, "one", &kind_name);
+    let end = one.end_us();
+    let parts: Vec<(Timeline, f64)> = (0..2000).map(|i| (one.clone(), i as f64 * end)).collect();
+    let many = Timeline::join("many", parts);
+    assert_eq!(many.bars.len(), 6000);
+    let picture = svg::svg(&many);
+    // CTA 0 alternates two kinds: every bar drawn; CTA 1's one kind back to back: one bar.
+    assert_eq!(picture.matches(r#"<rect class="span""#).count(), 4000);
+    assert_eq!(picture.matches(r#"<rect class="spans""#).count(), 1);
+    assert!(picture.contains("2000 tasks of indexer 3 CTA 1"));
 }

@@ -9,12 +9,14 @@ mod bench;
 mod check;
 mod dump;
 mod step;
+mod trace;
 
 pub use super::check::cache_format;
 pub use bench::{run_bench, BenchArgs};
 pub use check::{run_check, CheckArgs};
 pub use dump::{run_compare, run_dump, DumpArgs};
 pub use step::{make_weights, run_step, GpuArgs};
+pub use trace::{run_trace, trace_step, StepTraced, TraceArgs};
 
 use clap::Args;
 use device::Device;
@@ -138,6 +140,34 @@ fn with_built_step<T>(
     steps: u32,
     body: impl FnOnce(&mut StepGraph, &BuiltStep) -> Result<T>,
 ) -> Result<T> {
+    let kernels = KernelChoice {
+        variant: Variant::default(),
+        traced: false,
+    };
+    with_step_of(dev, cfg, weights, requests, seed, steps, kernels, body)
+}
+
+/// How [`with_step_of`] builds the launch kinds' kernels.
+#[derive(Clone, Copy, Debug)]
+struct KernelChoice {
+    variant: Variant,
+    /// Every task's start and end recorded (`mono trace`).
+    traced: bool,
+}
+
+/// [`with_built_step`] with the kernels built as `kernels` says.
+#[allow(clippy::too_many_arguments)]
+fn with_step_of<T>(
+    dev: &Device,
+    cfg: &ModelConfig,
+    weights: &GpuWeights,
+    requests: &[SceneRequest],
+    seed: u64,
+    steps: u32,
+    kernels: KernelChoice,
+    body: impl FnOnce(&mut StepGraph, &BuiltStep) -> Result<T>,
+) -> Result<T> {
+    let choice = kernels;
     let mut next_page = 0;
     let pages: Vec<Vec<u32>> = requests
         .iter()
@@ -184,7 +214,11 @@ fn with_built_step<T>(
         started.elapsed().as_secs_f64()
     );
     let started = std::time::Instant::now();
-    let kernels = StepKernels::build(dev, cfg, &build, &plans, Variant::default())?;
+    let kernels = if choice.traced {
+        StepKernels::build_traced(dev, cfg, &build, &plans, choice.variant)?
+    } else {
+        StepKernels::build(dev, cfg, &build, &plans, choice.variant)?
+    };
     eprintln!(
         "{} launch kinds' kernels built in {:.1} s",
         kernels.kernels.len(),
@@ -202,7 +236,7 @@ fn with_built_step<T>(
         arena: &arena,
         inputs: &inputs,
         feed: Some(&feed_kernel),
-        variant: Variant::default(),
+        variant: choice.variant,
     };
     let mut graph = step_graph(dev, &pieces, plans.clone())?;
     let built = BuiltStep {

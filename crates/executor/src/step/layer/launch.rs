@@ -29,7 +29,7 @@ use crate::fused::layer::{
     layer_source, IndexWeights, LaunchAt, LayerBuild, LayerPlan, MatrixSource,
 };
 use crate::fused::{ArenaSlice, CtaShape, FusedKernel};
-use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchSlot, Output, StepLaunch};
+use crate::step::graph::{ChosenFloor, DeviceBytes, LaunchRecords, LaunchSlot, Output, StepLaunch};
 use crate::step::{Result, StepError};
 
 fn invalid(reason: impl Into<String>) -> StepError {
@@ -50,6 +50,8 @@ pub struct LayerKernel {
     pub shape: CtaShape,
     pub ctas: u32,
     variant: Variant,
+    /// Built to record every task's start and end (`mailbox::trace::traced`).
+    pub traced: bool,
 }
 
 impl LayerKernel {
@@ -62,9 +64,37 @@ impl LayerKernel {
         kind: LaunchKind,
         variant: Variant,
     ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, kind, variant, false)
+    }
+
+    /// The same kernel recording every task's start and end into its launch's trace buffer
+    /// (`mono trace`; the stamps cost time, so nothing else runs it).
+    pub fn build_traced(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+    ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, kind, variant, true)
+    }
+
+    fn build_as(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+        traced: bool,
+    ) -> Result<Self> {
         let shape = cta_shape(dev)?;
         let source = layer_source(cfg, build, shape, kind, variant)
             .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
+        let source = if traced {
+            mailbox::trace::traced(source)
+        } else {
+            source
+        };
         let ctas = build.ctas;
         let FusedKernel {
             kernel,
@@ -78,6 +108,7 @@ impl LayerKernel {
             shape,
             ctas,
             variant,
+            traced,
         })
     }
 }
@@ -140,6 +171,8 @@ pub struct LayerLaunch<'a> {
     traffic: Option<LaunchTraffic>,
     /// Select's flags, `[rows][FLAG_NAMES]` (full layers).
     flags: Option<Buffer<u32>>,
+    /// The task records of a traced kernel's launch.
+    trace: Option<Buffer<u64>>,
 }
 
 fn upload_list<T: bytemuck::Pod + Default>(dev: &Device, list: &[T]) -> Result<Buffer<T>> {
@@ -399,11 +432,18 @@ impl<'a> LayerLaunch<'a> {
             let lists = plan.slices.rows_of(plan.slices.slot_lists, plan.rows);
             views.push(("slot lists".to_owned(), view(lists)));
         }
+        let table = DeviceTable::upload(dev, &plan.launch.placement)?;
+        let trace = if kernel.traced {
+            Some(table.trace_buffer(dev)?)
+        } else {
+            None
+        };
         Ok(LayerLaunch {
             views,
             name,
             kernel,
-            table: DeviceTable::upload(dev, &plan.launch.placement)?,
+            table,
+            trace,
             diag: dev.alloc_zeroed(DIAG_WORDS)?,
             flags: flags_buf,
             plan,
@@ -552,6 +592,10 @@ impl StepLaunch for LayerLaunch<'_> {
             self.slot.tags,
             self.slot.launch_index,
         )?;
+        let table = match &self.trace {
+            Some(trace) => table.with_trace(&self.table, trace)?,
+            None => table,
+        };
         let k = self.kernel;
         let launch = Launch::new(self.table.ctas, k.shape.threads)
             .shared(k.shape.shared_bytes)
@@ -599,6 +643,23 @@ impl StepLaunch for LayerLaunch<'_> {
             bytes: fixed + u64::from(experts) * traffic.routed_expert_bytes,
             experts,
             most_experts: traffic.experts_touched as u32,
+        }))
+    }
+
+    fn take_trace(&self) -> Result<Option<LaunchRecords>> {
+        let Some(trace) = &self.trace else {
+            return Ok(None);
+        };
+        let words = trace.download()?;
+        // Cleared between runs (not in the launch, which would put a memset between launches):
+        // a record the next run's task never writes then reads as missing, not stale.
+        trace.write(&vec![0u64; words.len()])?;
+        let table = self.plan.launch.placement.placement().table();
+        let names = crate::trace::names::TaskNames::new(&self.plan);
+        Ok(Some(LaunchRecords {
+            task_names: table.tasks.iter().map(|t| names.task(t)).collect(),
+            table,
+            words,
         }))
     }
 

@@ -117,6 +117,28 @@ impl StepKernels {
         plans: &[LayerPlan],
         variant: Variant,
     ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, plans, variant, false)
+    }
+
+    /// Every kind's kernel built to record its tasks' starts and ends (`mono trace`).
+    pub fn build_traced(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        plans: &[LayerPlan],
+        variant: Variant,
+    ) -> Result<Self> {
+        Self::build_as(dev, cfg, build, plans, variant, true)
+    }
+
+    fn build_as(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        plans: &[LayerPlan],
+        variant: Variant,
+        traced: bool,
+    ) -> Result<Self> {
         let mut kinds: Vec<LaunchKind> = Vec::new();
         for p in plans {
             if !kinds.contains(&p.kind) {
@@ -125,7 +147,10 @@ impl StepKernels {
         }
         let kernels = kinds
             .into_iter()
-            .map(|kind| LayerKernel::build(dev, cfg, build, kind, variant))
+            .map(|kind| match traced {
+                true => LayerKernel::build_traced(dev, cfg, build, kind, variant),
+                false => LayerKernel::build(dev, cfg, build, kind, variant),
+            })
             .collect::<Result<_>>()?;
         Ok(StepKernels { kernels })
     }

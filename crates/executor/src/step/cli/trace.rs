@@ -1,0 +1,150 @@
+//! `mono trace`: every task of one decode step timed in the kernels (traced builds of every
+//! launch kind), drawn as a Chrome / Perfetto trace and SVG pictures, with a summary of where each
+//! launch kind's time goes; or, with `--synthetic`, a synthetic placement (`crate::trace`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use device::Device;
+use mailbox::gpu::Variant;
+use mailbox::trace::{CycleClock, TimeBase, Timeline};
+use model::WeightFormat;
+
+use super::{config, gpu_weights, scene_requests, with_step_of, KernelChoice, StepShape};
+use crate::step::graph::TracedLaunch;
+use crate::step::Result;
+use crate::trace::step::{
+    decode_step, kinds_timeline, step_timeline, summary, write_step, DecodedLaunch, StepFiles,
+};
+
+/// `mono trace`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub shape: StepShape,
+    /// Folder for the drawings.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// bf16 weights (default FP8).
+    #[arg(long)]
+    pub bf16_weights: bool,
+    /// Trace a synthetic placement (a random DAG of hash tasks, seeded by --seed) instead of the
+    /// step: on the CPU emulator, and on the GPU when one is present.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// The synthetic placement's CTAs (default: 8 on the emulator, one per SM on the GPU).
+    #[arg(long, requires = "synthetic")]
+    pub ctas: Option<u32>,
+    /// The synthetic placement's tasks per CTA.
+    #[arg(long, default_value_t = 8, requires = "synthetic")]
+    pub tasks_per_cta: u32,
+    /// The synthetic placement on the emulator only, even when a GPU is present.
+    #[arg(long, requires = "synthetic")]
+    pub no_gpu: bool,
+}
+
+/// A traced step: its launches as read back and decoded, the drawings and the summary.
+pub struct StepTraced {
+    pub raw: Vec<TracedLaunch>,
+    pub launches: Vec<DecodedLaunch>,
+    pub timeline: Timeline,
+    pub files: StepFiles,
+    pub summary: String,
+}
+
+/// `mono trace`.
+pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
+    if args.synthetic {
+        let req = crate::trace::SyntheticRequest {
+            ctas: args.ctas,
+            tasks_per_cta: args.tasks_per_cta,
+            seed: args.shape.seed,
+        };
+        for w in crate::trace::run_synthetic(&req, &args.out, !args.no_gpu)? {
+            println!(
+                "{}\n  {}\n  {}",
+                w.summary,
+                w.json.display(),
+                w.svg.display()
+            );
+        }
+        return Ok(());
+    }
+    let dev = Device::open(0).map_err(|e| {
+        format!("{e}; MONO_BACKEND=host runs the step's kernels on CPU threads (--preset tiny)")
+    })?;
+    let format = if args.bf16_weights {
+        WeightFormat::Bf16
+    } else {
+        WeightFormat::Fp8
+    };
+    let traced = trace_step(&dev, &args.shape, format, Variant::default(), &args.out)
+        .map_err(|e| e.to_string())?;
+    print!("{}", traced.summary);
+    let f = &traced.files;
+    println!(
+        "  {}\n  {}\n  {}",
+        f.json.display(),
+        f.svg.display(),
+        f.kinds_svg.display()
+    );
+    Ok(())
+}
+
+/// Builds the step of `shape` on `dev` with every launch kind's kernel traced (`variant`
+/// otherwise), runs one step to warm up, then one traced step, and writes its drawings to `out`.
+pub fn trace_step(
+    dev: &Device,
+    shape: &StepShape,
+    format: WeightFormat,
+    variant: Variant,
+    out: &std::path::Path,
+) -> Result<StepTraced> {
+    let invalid = crate::step::StepError::Invalid;
+    let cfg = config(&shape.preset)?;
+    let requests = scene_requests(shape.requests, shape.rows, shape.context)?;
+    let weights = gpu_weights(dev, &cfg, shape.tp, 0, format, shape.seed)?;
+    let kernels = KernelChoice {
+        variant,
+        traced: true,
+    };
+    let raw = with_step_of(
+        dev,
+        &cfg,
+        &weights,
+        &requests,
+        shape.seed,
+        2,
+        kernels,
+        |graph, _| {
+            graph.run_eager()?;
+            graph.run_traced()
+        },
+    )?;
+    let launches = decode_step(&raw).map_err(invalid)?;
+    let info = dev.info();
+    // The host backend's cycles are its nanoseconds; a GPU's SM cycles are finer than its timer.
+    let base = match CycleClock::from_khz(info.clock_khz) {
+        Some(clock) if info.arch != "host" => TimeBase::Cycles(clock),
+        _ => TimeBase::Timer,
+    };
+    let what = format!(
+        "{} TP{} rank 0, {} x {} row(s), context {}, {}",
+        shape.preset, shape.tp, shape.requests, shape.rows, shape.context, info.name
+    );
+    let timeline = step_timeline(&launches, base, &format!("{what}: one decode step"));
+    let kinds = kinds_timeline(
+        &launches,
+        base,
+        &format!("{what}: each launch kind's first, end to end"),
+    );
+    let files = write_step(out, &timeline, &kinds).map_err(invalid)?;
+    let summary = summary(&launches, &timeline);
+    Ok(StepTraced {
+        raw,
+        launches,
+        timeline,
+        files,
+        summary,
+    })
+}

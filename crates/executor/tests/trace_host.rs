@@ -1,0 +1,109 @@
+//! `mono trace` of the tiny step on the host backend (the step's kernels on CPU threads, traced
+//! builds): every task of every launch has its record, times run forward within each CTA and
+//! launches follow one another, the Chrome JSON parses with an event per task and a process per
+//! launch, the pictures have a row per CTA; a trace missing one record, or with two launches out
+//! of order, is rejected, naming the launch.
+//!
+//! Needs g++ with C++20, so ignored:
+//! `cargo test --release -p executor --test trace_host -- --ignored --nocapture`
+
+use device::{BackendChoice, Device};
+use executor::step::cli::{trace_step, StepShape};
+use executor::trace::step::decode_step;
+use mailbox::gpu::{DebugBound, Variant};
+use mailbox::trace::RECORD_WORDS;
+use model::{ModelConfig, WeightFormat};
+
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn every_task_of_the_tiny_step_is_traced_and_drawn() {
+    let dev = Device::open_with(0, BackendChoice::Host).expect("the host backend");
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let shape = StepShape {
+        preset: "tiny".into(),
+        seed: 5,
+        requests: 1,
+        rows: 1,
+        context: 20,
+        tp: 1,
+    };
+    // Debug builds: a wait that gives up names its task instead of hanging the test.
+    let variant = Variant {
+        debug: Some(DebugBound {
+            poll_limit: 1 << 20,
+            trap: false,
+        }),
+        ..Default::default()
+    };
+    let out = std::env::temp_dir().join(format!("mono-trace-step-{}", std::process::id()));
+    let t = trace_step(&dev, &shape, WeightFormat::Bf16, variant, &out).unwrap();
+    eprint!("{}", t.summary);
+
+    assert_eq!(t.launches.len(), cfg.num_hidden_layers + 1);
+    let ctas = dev.info().multiprocessors;
+    let mut tasks = 0;
+    for (raw, l) in t.raw.iter().zip(&t.launches) {
+        assert_eq!(
+            l.trace.spans.len(),
+            raw.records.table.tasks.len(),
+            "{}",
+            l.name
+        );
+        assert_eq!(l.trace.ctas, ctas, "{}", l.name);
+        for pair in l.trace.spans.windows(2).filter(|p| p[0].cta == p[1].cta) {
+            assert!(pair[0].end_ns <= pair[1].start_ns, "{}", l.name);
+        }
+        assert!(l.trace.spans.iter().all(|s| s.start_ns <= s.end_ns));
+        tasks += l.trace.spans.len();
+    }
+    let mut kinds: Vec<&str> = t.launches.iter().map(|l| l.kind.as_str()).collect();
+    kinds.dedup();
+    kinds.sort();
+    kinds.dedup();
+    assert!(kinds.len() >= 3, "{kinds:?}");
+    for kind in &kinds {
+        assert!(t.summary.contains(&format!("{kind}: ")), "{kind}");
+    }
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&t.files.json).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let spans: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(spans.len(), tasks);
+    // Every task named in words by its stage and kind.
+    assert!(spans.iter().all(|e| {
+        let name = e["name"].as_str().unwrap();
+        !name.is_empty() && !name.starts_with("kind ")
+    }));
+    let processes = events
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .count();
+    assert_eq!(processes, t.launches.len());
+    for path in [&t.files.svg, &t.files.kinds_svg] {
+        let svg = std::fs::read_to_string(path).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            svg.matches(r#"<rect class="row""#).count(),
+            ctas as usize,
+            "{}",
+            path.display()
+        );
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+
+    // Negative controls: one task's record unwritten, and two launches out of order.
+    let mut missing = t.raw.clone();
+    let last = missing.len() - 1;
+    let at = missing[last].records.table.tasks.len() / 2 * RECORD_WORDS;
+    missing[last].records.words[at..at + RECORD_WORDS].fill(0);
+    let err = decode_step(&missing).unwrap_err();
+    assert!(
+        err.contains("has no record") && err.contains(&t.raw[last].name),
+        "{err}"
+    );
+    let mut swapped = t.raw.clone();
+    swapped.swap(0, 1);
+    let err = decode_step(&swapped).unwrap_err();
+    assert!(err.contains("before"), "{err}");
+}
