@@ -299,3 +299,41 @@ fn a_launch_bound_to_the_wrong_tensor_is_refused_by_name() {
         .expect("a wrong lm_head");
     assert!(err.to_string().contains("lm_head.weight"), "{err}");
 }
+
+/// A checkpoint on the device (`mono check --weights DIR`): the tiny synthetic weights written as
+/// safetensors and read back through the loader give the bytes the host's rule makes, every
+/// tensor; a bf16 tensor whose values are not bf16 is refused by name.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
+    use model::weights::{write_checkpoint, Checkpoint, WeightError, WeightSource};
+    let dev = host();
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let dir = std::env::temp_dir().join(format!("mono-check-weights-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
+    write_checkpoint(&cfg, &synthetic, &dir).unwrap();
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    let plan = || WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16).unwrap();
+    let loaded = DeviceWeights::from_source(&dev, plan(), &checkpoint, SEED).unwrap();
+    let made = weights(&dev, &cfg);
+    assert!(loaded.arena.download().unwrap() == made.arena.download().unwrap());
+
+    /// The checkpoint with one tensor's first value nudged off bf16.
+    struct Nudged<'a>(&'a Checkpoint, &'static str);
+    impl WeightSource for Nudged<'_> {
+        fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
+            let mut v = self.0.tensor(name, shape)?;
+            if name == self.1 {
+                v[0] = f32::from_bits(v[0].to_bits() | 1);
+            }
+            Ok(v)
+        }
+    }
+    let name = "model.layers.2.self_attn.o_proj.weight";
+    let err = DeviceWeights::from_source(&dev, plan(), &Nudged(&checkpoint, name), SEED)
+        .err()
+        .expect("a value off bf16");
+    assert!(err.to_string().contains(name), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

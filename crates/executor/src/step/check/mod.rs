@@ -262,7 +262,12 @@ pub fn run_launches(
         .collect::<Result<Vec<_>>>()?;
     edit(&mut plans)?;
     let first = *ats.first().ok_or_else(|| invalid("no launch to run"))?;
-    let kernels = StepKernels::build(dev, cfg, &build, &plans, variant)?;
+    let kernels = StepKernels::build(dev, cfg, &build, &plans, variant).map_err(|e| {
+        invalid(format!(
+            "the step's launch kinds do not build for this config on {}: {e}",
+            dev.info().arch
+        ))
+    })?;
     let arena = StepArena::new(dev, cfg, &plans)?;
     seed_arena(scene, &arena, &plans[0], first)?;
     let inputs = StepInputs::new(dev, &scene.batch)?;

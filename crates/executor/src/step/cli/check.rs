@@ -61,11 +61,13 @@ pub struct CheckArgs {
 
 /// `mono check`; an error when the steps differ beyond the tolerance.
 pub fn run_check(args: &CheckArgs) -> Result<(), String> {
+    let default = if args.select { "glm-5.2" } else { "tiny" };
+    let (cfg, from) = config(args, default).map_err(|e| e.to_string())?;
     let dev = open(args)?;
     let outcome = if args.select {
-        check_select(&dev, args)
+        check_select(&dev, args, &cfg, &from)
     } else {
-        check_reference(&dev, args)
+        check_reference(&dev, args, &cfg, &from)
     };
     outcome.map_err(|e| e.to_string())
 }
@@ -74,12 +76,12 @@ fn open(args: &CheckArgs) -> Result<Device, String> {
     match Device::open(0) {
         Ok(dev) => Ok(dev),
         Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => Err(format!(
-            "mono check needs a GPU, or MONO_BACKEND=host for the CPU emulator of one (it \
-             compiles the kernels with g++): {e}{}",
+            "no GPU: {e}. `mono check` runs on a GPU, or on the CPU emulator of one with \
+             MONO_BACKEND=host (it compiles the kernels with g++){}",
             if args.select {
                 ""
             } else {
-                " (mono step --cpu runs the CPU reference step alone)"
+                "; `mono step --cpu` runs the CPU reference step alone"
             }
         )),
         Err(e) => Err(e.to_string()),
@@ -113,9 +115,8 @@ fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
     })
 }
 
-fn check_reference(dev: &Device, args: &CheckArgs) -> Result<()> {
-    let (cfg, from) = config(args, "tiny")?;
-    let parameters: u64 = checkpoint_tensors(&cfg)?
+fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -> Result<()> {
+    let parameters: u64 = checkpoint_tensors(cfg)?
         .iter()
         .map(|t| t.shape.iter().product::<usize>() as u64)
         .sum();
@@ -140,12 +141,12 @@ fn check_reference(dev: &Device, args: &CheckArgs) -> Result<()> {
             format!("checkpoint {}", dir.display()),
         ),
         None => (
-            Box::new(Synthetic::new(&cfg, args.seed, WeightFormat::Bf16)?),
+            Box::new(Synthetic::new(cfg, args.seed, WeightFormat::Bf16)?),
             format!("synthetic bf16 weights, seed {}", args.seed),
         ),
     };
-    let scene = CheckScene::new(&cfg, source.as_ref(), &requests)?;
-    let plan = WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16)?;
+    let scene = CheckScene::new(cfg, source.as_ref(), &requests)?;
+    let plan = WeightPlan::new(cfg, 1, 0, WeightFormat::Bf16)?;
     let weights = match &args.weights {
         Some(_) => DeviceWeights::from_source(dev, plan, source.as_ref(), args.seed)?,
         None => DeviceWeights::from_host(dev, plan, args.seed)?,
@@ -228,8 +229,7 @@ fn corruption_control(plan: &crate::fused::layer::LayerPlan, out: &FrontOutputs)
     }
 }
 
-fn check_select(dev: &Device, args: &CheckArgs) -> Result<()> {
-    let (cfg, from) = config(args, "glm-5.2")?;
+fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -> Result<()> {
     let context = args.context.unwrap_or(8192);
     let requests: Vec<SceneRequest> = scene_requests(args.requests, args.rows, context)?;
     let every = args.check_every.max(1);
@@ -242,11 +242,11 @@ fn check_select(dev: &Device, args: &CheckArgs) -> Result<()> {
         args.rows,
         args.replays
     );
-    let weights = gpu_weights(dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
+    let weights = gpu_weights(dev, cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
     let steps = args.replays.saturating_add(1);
     with_built_step(
         dev,
-        &cfg,
+        cfg,
         &weights,
         &requests,
         args.seed,
