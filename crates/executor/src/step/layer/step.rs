@@ -52,14 +52,17 @@ pub fn step_build(
     }
 }
 
-/// The attention's split: the measured fastest at GLM-5's k, its block of slots no longer than a
-/// row's list (a split's wait covers `block` slot boxes of its row).
+/// The attention's split: the measured fastest at GLM-5's k, its block of slots the largest that
+/// divides k and is no larger than the measured one (a split's wait covers `block` slot boxes of
+/// its row, so a row's splits must end at k exactly).
 pub fn split_choice(cfg: &ModelConfig) -> SplitChoice {
     let best = SplitChoice::MEASURED_FASTEST;
-    SplitChoice {
-        block: best.block.min(cfg.index_topk as u32),
-        ..best
-    }
+    let k = (cfg.index_topk as u32).max(1);
+    let block = (1..=best.block.min(k))
+        .rev()
+        .find(|b| k % b == 0)
+        .unwrap_or(1);
+    SplitChoice { block, ..best }
 }
 
 /// The requests of `batch` as the planner takes them: over the pages each request has, not its
@@ -341,5 +344,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("request 0: its 190 cached tokens and 4 new ones need 4 pages; its page table has 3"), "{err}");
+    }
+
+    #[test]
+    fn the_split_block_divides_k_and_an_odd_k_plans() {
+        let mut cfg = ModelConfig::preset("tiny").unwrap();
+        for (k, block) in [(2048, 64), (16, 16), (100, 50), (97, 1), (96, 48)] {
+            cfg.index_topk = k;
+            assert_eq!(split_choice(&cfg).block, block, "k {k}");
+        }
+        // k = 100 with the measured block of 64 would reach past k; 50 plans.
+        cfg.index_topk = 100;
+        let b = batch(70, 4, 3);
+        let plan = LayerPlan::plan(
+            &cfg,
+            LaunchAt::Layer(0),
+            &front_requests(&b),
+            &build(&cfg, &b),
+        );
+        assert!(plan.is_ok(), "{:?}", plan.err());
     }
 }
