@@ -13,7 +13,7 @@ use executor::fused::LaunchGraph;
 use executor::step::check::lists::{check_lists, reference_lists, FrontOutputs};
 use executor::step::check::without_cross_wait;
 use mailbox::Stage;
-use mla::layout::{MlaKind, SplitChoice};
+use mla::layout::MlaKind;
 use model::paging::pages_through;
 use model::traffic::LaunchKind;
 use model::{CacheFormat, ModelConfig, WeightFormat};
@@ -31,7 +31,7 @@ fn build(cfg: &ModelConfig, tp: usize, cache: CacheFormat) -> LayerBuild {
         cache_pages: 8192,
         step: StepDims::new(cfg, 16, 4, 4096),
         union: 128,
-        choice: SplitChoice::MEASURED_FASTEST,
+        choice: executor::step::layer::step::split_choice(cfg),
     }
 }
 
