@@ -11,7 +11,7 @@ use mailbox::gpu::{DebugBound, Variant};
 use model::weights::{checkpoint_tensors, Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
-use super::{gpu_weights, scene_requests, with_built_step};
+use super::{gpu_weights, scene_requests, with_step_of, KernelChoice};
 use crate::reference::cli::MAX_REFERENCE_PARAMETERS;
 use crate::step::check::lists::{check_lists, read_front, FrontOutputs};
 use crate::step::check::{compare_with_reference, run_launches, CheckScene};
@@ -244,13 +244,14 @@ fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -
     );
     let weights = gpu_weights(dev, cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
     let steps = args.replays.saturating_add(1);
-    with_built_step(
+    with_step_of(
         dev,
         cfg,
         &weights,
         &requests,
         args.seed,
         steps,
+        KernelChoice::default(),
         |graph, built| {
             let full: Vec<usize> = (0..built.plans.len())
                 .filter(|&i| built.plans[i].index.is_some())

@@ -117,9 +117,17 @@ fn with_step<T>(
     steps: u32,
     body: impl FnOnce(&mut StepGraph, &StepInputs) -> Result<T>,
 ) -> Result<T> {
-    with_built_step(dev, cfg, weights, requests, seed, steps, |graph, built| {
-        body(graph, built.inputs)
-    })
+    let kernels = KernelChoice::default();
+    with_step_of(
+        dev,
+        cfg,
+        weights,
+        requests,
+        seed,
+        steps,
+        kernels,
+        |graph, built| body(graph, built.inputs),
+    )
 }
 
 /// What a step graph was built from, for a body that reads the arena after a launch.
@@ -130,32 +138,16 @@ struct BuiltStep<'a> {
     arena: &'a StepArena,
 }
 
-/// [`with_step`], the body also given the plans and the arena.
-fn with_built_step<T>(
-    dev: &Device,
-    cfg: &ModelConfig,
-    weights: &GpuWeights,
-    requests: &[SceneRequest],
-    seed: u64,
-    steps: u32,
-    body: impl FnOnce(&mut StepGraph, &BuiltStep) -> Result<T>,
-) -> Result<T> {
-    let kernels = KernelChoice {
-        variant: Variant::default(),
-        traced: false,
-    };
-    with_step_of(dev, cfg, weights, requests, seed, steps, kernels, body)
-}
-
-/// How [`with_step_of`] builds the launch kinds' kernels.
-#[derive(Clone, Copy, Debug)]
+/// How [`with_step_of`] builds the launch kinds' kernels (by default: untraced, the default variant).
+#[derive(Clone, Copy, Debug, Default)]
 struct KernelChoice {
     variant: Variant,
     /// Every task's start and end recorded (`mono trace`).
     traced: bool,
 }
 
-/// [`with_built_step`] with the kernels built as `kernels` says.
+/// [`with_step`] with the kernels built as `kernels` says, the body also given the plans and
+/// the arena.
 #[allow(clippy::too_many_arguments)]
 fn with_step_of<T>(
     dev: &Device,
