@@ -404,13 +404,15 @@ fn the_captured_step_replays_bit_for_bit_and_feeds_greedy_tokens() {
 #[path = "support/greedy.rs"]
 mod greedy;
 
-/// The greedy check's own negative control, on the CPU: the reference's picks and logits pass
-/// it, and a list with one pick changed (its logits the reference's, so no error explains it) is
-/// caught at that pick, over the free-running decoding and over the same rows.
+/// The greedy check's own negative controls, on the CPU: the reference's picks, logits, rows,
+/// scores and lists pass it; one pick changed (its logits the reference's, so no error explains
+/// it) is caught at that pick, over the free-running decoding and over the same rows; one list
+/// with a listed key swapped for the row's lowest-scored one, and a finite score past a row's
+/// position, are caught at that step, layer and row.
 #[test]
-fn the_greedy_check_catches_a_wrong_pick() {
+fn the_greedy_check_catches_a_wrong_pick_list_or_score() {
     use greedy::{
-        first_difference, over_the_same_rows, picks_of, reference_greedy, Case, DeviceStep,
+        first_difference, over_the_same_rows, picks_of, reference_as_device, reference_greedy, Case,
     };
     let case = Case {
         contexts: vec![62, 5],
@@ -418,25 +420,85 @@ fn the_greedy_check_catches_a_wrong_pick() {
         steps: 3,
     };
     let want = reference_greedy(&case);
-    let mut steps: Vec<DeviceStep> = want
-        .iter()
-        .map(|s| DeviceStep {
-            picks: s.argmax.clone(),
-            logits: s.logits.clone(),
-        })
-        .collect();
+    let steps = reference_as_device(&case);
     assert_eq!(first_difference(&picks_of(&steps), &want), None);
     let same = over_the_same_rows(&case, &steps);
-    assert!(same.passes() && same.flips.is_empty(), "{}", same.summary());
-    steps[1].picks[2] = (steps[1].picks[2] + 1) % 2048;
-    let free = first_difference(&picks_of(&steps), &want).expect("a changed pick");
+    assert!(
+        same.passes() && same.flips.is_empty() && same.list_flips.is_empty(),
+        "{}\n{}",
+        same.summary(),
+        same.details().join("\n")
+    );
+    assert_eq!(same.lists, 3 * 4 * 3, "3 full layers x 4 rows x 3 steps");
+    assert_eq!(same.routes, 4 * 4 * 3, "4 MoE layers x 4 rows x 3 steps");
+
+    let mut picked = steps.clone();
+    picked[1].picks[2] = (picked[1].picks[2] + 1) % 2048;
+    let free = first_difference(&picks_of(&picked), &want).expect("a changed pick");
     assert!(free.starts_with("step 1, row 2:"), "{free}");
-    let same = over_the_same_rows(&case, &steps);
+    let same = over_the_same_rows(&case, &picked);
     assert!(!same.passes(), "{}", same.summary());
     assert!(
         matches!(same.flips.first(), Some(f) if (f.step, f.row) == (1, 2) && f.gap >= f.margin && !f.explained()),
         "{:?}",
         same.flips
+    );
+
+    // Row 0 of the first full layer at step 1: its last listed key swapped for its lowest-scored.
+    let (layer, row, k) = (0, 0, 16);
+    let mut listed = steps.clone();
+    let front = listed[1].layers[layer].front.as_mut().unwrap();
+    let stride = front.scores.len() / 4;
+    let scores = &front.scores[row * stride..(row + 1) * stride];
+    let lowest = (0..=63usize)
+        .min_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+        .unwrap();
+    // Request 0's pages are [1, 0]: position p < 64 is slot 64 + p.
+    front.lists[row * k + k - 1] = 64 + lowest as i32;
+    let same = over_the_same_rows(&case, &listed);
+    assert!(!same.passes(), "{}", same.summary());
+    assert!(
+        matches!(same.list_flips.first(), Some(f) if (f.step, f.layer, f.row) == (1, layer, row) && f.device_only == vec![lowest as i32] && !f.explained()),
+        "{:?}",
+        same.list_flips
+    );
+
+    // Row 1 of the first MoE layer (2) at step 2: its last expert swapped for its lowest-scored.
+    let mut routed = steps.clone();
+    let route = routed[2].layers[2].route.as_mut().unwrap();
+    let (experts, top) = (16, 4);
+    let row_scores = &route.scores[experts..2 * experts];
+    let lowest = (0..experts)
+        .min_by(|&a, &b| row_scores[a].total_cmp(&row_scores[b]))
+        .unwrap();
+    route.experts[top + top - 1] = lowest as u32;
+    let same = over_the_same_rows(&case, &routed);
+    assert!(!same.passes(), "{}", same.summary());
+    assert!(
+        matches!(same.route_flips.first(), Some(f) if (f.step, f.layer, f.row) == (2, 2, 1) && f.device_only == vec![lowest as i32] && !f.explained()),
+        "{:?}",
+        same.route_flips
+    );
+    assert!(
+        same.faults
+            .iter()
+            .any(|f| f.starts_with("step 2 layer 2 row 1: the device routes to")),
+        "{:?}",
+        same.faults
+    );
+
+    let mut past = steps;
+    let front = past[2].layers[4].front.as_mut().unwrap();
+    // Row 3 (request 1, position 5 + 2 x 2 + 1 = 10) scores position 11.
+    front.scores[3 * stride + 11] = 0.5;
+    let same = over_the_same_rows(&case, &past);
+    assert!(!same.passes(), "{}", same.summary());
+    assert!(
+        same.faults
+            .iter()
+            .any(|f| f.starts_with("step 2 layer 4 row 3: a finite score at position 11")),
+        "{:?}",
+        same.faults
     );
 }
 
@@ -451,7 +513,7 @@ fn the_greedy_check_catches_a_wrong_pick() {
 #[test]
 #[ignore = "needs a GPU"]
 fn sixteen_replayed_greedy_steps_follow_the_reference_on_the_gpu() {
-    use greedy::{device_greedy, over_the_same_rows, Case, Kernels, Planning};
+    use greedy::{device_greedy, over_the_same_rows, Case, Kernels, Planning, Steps};
     let dev = gpu();
     let mut kernels = Kernels::default();
     let mut failures = Vec::new();
@@ -474,7 +536,13 @@ fn sixteen_replayed_greedy_steps_follow_the_reference_on_the_gpu() {
                 failures.push(e);
             }
         }
-        let old = device_greedy(&dev, &mut kernels, &case, Planning::FirstPositions);
+        let old = device_greedy(
+            &dev,
+            &mut kernels,
+            &case,
+            Planning::FirstPositions,
+            Steps::Inspected,
+        );
         let same = over_the_same_rows(&case, &old);
         match same.passes() {
             false => println!(

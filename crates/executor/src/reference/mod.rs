@@ -41,7 +41,7 @@ mod step;
 
 pub use model_weights::{LayerWeights, MlpBlock, ReferenceModel};
 pub use state::DecodeState;
-pub use step::{LayerProgress, Row, StepOutput};
+pub use step::{Choices, LayerProgress, Row, StepOutput};
 
 use indexer::reference::IndexerOptions;
 use mla::reference::{CacheStore, MlaOptions};

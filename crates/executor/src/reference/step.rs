@@ -7,7 +7,7 @@ use mla::reference::{attend, project, Projection};
 use mla::HeadLayout;
 use model::numerics::{bf16_round, rms_norm};
 use model::{IndexerKind, LayerPlan};
-use moe::reference::{mlp, moe, Routing};
+use moe::reference::{choose, mlp, moe_with_routes, scores as router_scores, weigh, Routing};
 use moe::Route;
 use select::{select_row, TopK};
 
@@ -41,6 +41,9 @@ pub struct StepOutput {
     pub topk: Vec<Vec<Vec<i32>>>,
     /// `[layer]`, on MoE layers: `[row]` the routed experts and their weights.
     pub routes: Vec<Option<Vec<Vec<Route>>>>,
+    /// `[layer]`, on MoE layers: `[row]` the router's scores (sigmoid of its logits, before the
+    /// bias), which choose the experts.
+    pub router_scores: Vec<Option<Vec<Vec<f32>>>>,
     /// `[row][vocab]`.
     pub logits: Vec<Vec<f32>>,
     /// `[row]`: the first index of the largest logit.
@@ -95,6 +98,77 @@ fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// Discrete choices a step can take from outside instead of making them: a check of a device's
+/// steps follows the device's, so that where the two order a near-tie differently they do not
+/// compute (and cache) different things from then on. Indexed by layer; `None` (or a short
+/// vector) leaves a layer's choice to the reference.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Choices {
+    /// A full-indexer layer's top-k lists: positions, -1 padded, a list a row. The layers that
+    /// share its lists take them.
+    pub lists: Vec<Option<Vec<Vec<i32>>>>,
+    /// An MoE layer's routed experts, a list a row in rank order; their weights follow the
+    /// reference's rule over its own router scores.
+    pub experts: Vec<Option<Vec<Vec<usize>>>>,
+}
+
+/// Whether `experts` are `top_k` distinct experts of `count` for each of `rows` rows.
+fn check_experts(
+    experts: &[Vec<usize>],
+    rows: usize,
+    top_k: usize,
+    count: usize,
+) -> std::result::Result<(), String> {
+    if experts.len() != rows {
+        return Err(format!("experts for {} rows, not {rows}", experts.len()));
+    }
+    for (r, chosen) in experts.iter().enumerate() {
+        if chosen.len() != top_k {
+            return Err(format!("row {r} has {} experts, not {top_k}", chosen.len()));
+        }
+        if let Some(e) = chosen.iter().find(|&&e| e >= count) {
+            return Err(format!("row {r} routes to expert {e} of {count}"));
+        }
+        let mut sorted = chosen.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(format!("row {r} routes to an expert twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `lists` are top-k lists of `rows`: one a row, `k` entries, each -1 or a position no
+/// later than the row's, no position twice.
+fn check_chosen(lists: &[Vec<i32>], rows: &[Row], k: usize) -> std::result::Result<(), String> {
+    if lists.len() != rows.len() {
+        return Err(format!("{} lists for {} rows", lists.len(), rows.len()));
+    }
+    for (r, (list, row)) in lists.iter().zip(rows).enumerate() {
+        if list.len() != k {
+            return Err(format!(
+                "row {r}'s list has {} entries, not k = {k}",
+                list.len()
+            ));
+        }
+        let mut seen: Vec<i32> = list.iter().copied().filter(|&p| p >= 0).collect();
+        if let Some(&p) = seen.iter().find(|&&p| p as usize > row.position) {
+            return Err(format!(
+                "row {r} lists position {p}, past its own ({})",
+                row.position
+            ));
+        }
+        if list.iter().any(|&p| p < -1) {
+            return Err(format!("row {r} lists an entry below -1"));
+        }
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("row {r} lists position {} twice", w[0]));
+        }
+    }
+    Ok(())
+}
+
 impl ReferenceModel {
     /// Runs one step. Rows of a request must be at consecutive positions starting where its
     /// caches end (they may be interleaved with other requests' rows). On error the state may be
@@ -110,6 +184,28 @@ impl ReferenceModel {
         rows: &[Row],
         progress: &mut dyn FnMut(LayerProgress),
     ) -> Result<StepOutput> {
+        self.run_step(state, rows, &Choices::default(), progress)
+    }
+
+    /// [`ReferenceModel::step`] taking the top-k lists and routed experts of `chosen` where it
+    /// has them instead of its own ([`Choices`]); its index and router scores are still its own
+    /// ([`StepOutput::index_scores`], [`StepOutput::router_scores`]).
+    pub fn step_choosing(
+        &self,
+        state: &mut DecodeState,
+        rows: &[Row],
+        chosen: &Choices,
+    ) -> Result<StepOutput> {
+        self.run_step(state, rows, chosen, &mut |_| {})
+    }
+
+    fn run_step(
+        &self,
+        state: &mut DecodeState,
+        rows: &[Row],
+        chosen: &Choices,
+        progress: &mut dyn FnMut(LayerProgress),
+    ) -> Result<StepOutput> {
         self.check_rows(state, rows)?;
         let cfg = &self.cfg;
         let mut x: Vec<Vec<f32>> = rows
@@ -121,12 +217,13 @@ impl ReferenceModel {
             index_scores: Vec::new(),
             topk: Vec::new(),
             routes: Vec::new(),
+            router_scores: Vec::new(),
             logits: Vec::new(),
             argmax: Vec::new(),
         };
         for layer in &self.layers {
             let started = Instant::now();
-            x = self.layer(layer, state, rows, &x, &mut out)?;
+            x = self.layer(layer, state, rows, &x, chosen, &mut out)?;
             out.hidden.push(x.clone());
             progress(LayerProgress {
                 layer: &layer.plan,
@@ -191,6 +288,7 @@ impl ReferenceModel {
         state: &mut DecodeState,
         rows: &[Row],
         x: &[Vec<f32>],
+        chosen: &Choices,
         out: &mut StepOutput,
     ) -> Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
@@ -226,8 +324,18 @@ impl ReferenceModel {
             }
         }
 
-        let Selection { lists, scores } =
+        let Selection { mut lists, scores } =
             self.select_top_k(layer, state, rows, &projections, &x_hat, out)?;
+        if let Some(Some(chosen)) = chosen.lists.get(l) {
+            if layer.plan.indexer != IndexerKind::Full {
+                return Err(invalid(format!(
+                    "layer {l} was given top-k lists, but it shares another layer's"
+                )));
+            }
+            check_chosen(chosen, rows, cfg.index_topk)
+                .map_err(|e| invalid(format!("layer {l}: {e}")))?;
+            lists = chosen.clone();
+        }
 
         let mut h = Vec::with_capacity(rows.len());
         for ((row, proj), list) in rows.iter().zip(&projections).zip(&lists) {
@@ -239,6 +347,7 @@ impl ReferenceModel {
             .iter()
             .map(|h_r| store.rms_norm(h_r, &layer.post_norm, cfg.rms_norm_eps))
             .collect::<Result<Vec<_>>>()?;
+        let mut router = Vec::new();
         let (y, routes) = match &layer.mlp {
             MlpBlock::Dense(w) => (
                 h_hat
@@ -248,13 +357,43 @@ impl ReferenceModel {
                 None,
             ),
             MlpBlock::Moe(w) => {
-                let result = moe(w, &Routing::new(cfg), &h_hat, opts.bf16_activations)?;
-                (result.rows, Some(result.routes))
+                let routing = Routing::new(cfg);
+                let scores = h_hat
+                    .iter()
+                    .map(|x| router_scores(&w.router, x))
+                    .collect::<moe::Result<Vec<_>>>()?;
+                let experts = match chosen.experts.get(l) {
+                    Some(Some(given)) => {
+                        check_experts(given, rows.len(), routing.top_k, w.experts.len())
+                            .map_err(|e| invalid(format!("layer {l}: {e}")))?;
+                        given.clone()
+                    }
+                    _ => scores
+                        .iter()
+                        .map(|s| choose(s, &w.router.bias, &routing))
+                        .collect::<moe::Result<Vec<_>>>()?,
+                };
+                let routes: Vec<Vec<Route>> = scores
+                    .iter()
+                    .zip(&experts)
+                    .map(|(s, e)| weigh(s, e, &routing))
+                    .collect();
+                let y = moe_with_routes(
+                    &w.shared,
+                    &|e| w.experts.get(e),
+                    w.experts.len(),
+                    &routes,
+                    &h_hat,
+                    opts.bf16_activations,
+                )?;
+                router.push(scores);
+                (y, Some(routes))
             }
         };
         out.topk.push(lists);
         out.index_scores.push(scores);
         out.routes.push(routes);
+        out.router_scores.push(router.pop());
         Ok(h.iter()
             .zip(&y)
             .map(|(h_r, y_r)| store.add(h_r, y_r))

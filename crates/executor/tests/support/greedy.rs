@@ -1,13 +1,20 @@
 //! Greedy decoding with the whole captured step against the CPU reference's greedy decoding, at
 //! the tiny preset: each request's context prefilled by the reference (its caches placed in the
 //! device's through a page table), then the step graph (every layer's launch, the tail, the greedy
-//! feed) run once and replayed, the feed moving every row on on the device, and each step's
-//! tokens compared with the reference's step over the same rows.
+//! feed) run once and replayed, the feed moving every row on on the device. The replays equal the
+//! same steps run launch by launch, and each of those is compared with the reference's step over
+//! the same rows and the device's own top-k lists: the indexer's FP8 scores order near-ties at
+//! the k-th key differently from the reference's, and a step that attends over other keys caches
+//! other entries, so a reference left to choose its own lists parts from the device for every
+//! step after such a tie. Where the device's list or pick is not the reference's own, the
+//! measured error must explain it.
 #![allow(dead_code)]
 
 use device::Device;
 use executor::fused::front::FrontRequest;
-use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row};
+use executor::reference::{Choices, DecodeState, MlpBlock, ReferenceModel, ReferenceOptions, Row};
+use executor::step::check::lists::{check_lists, read_front, ListMismatch};
+use executor::step::check::rows_error;
 use executor::step::inputs::{Batch, FeedKernel, HostRows, RequestInput, StepInputs};
 use executor::step::layer::step::{
     front_requests, plan_step, step_build, step_graph, StepArena, StepKernels, StepPieces,
@@ -18,6 +25,8 @@ use mailbox::gpu::{DebugBound, Variant};
 use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use model::weights::Synthetic;
 use model::{CacheFormat, ModelConfig, WeightFormat};
+use moe::reference::{choose, Routing};
+use select::{select_row, TopK};
 
 const SEED: u64 = 5;
 
@@ -179,12 +188,83 @@ pub fn reference_greedy(case: &Case) -> Vec<RefStep> {
     steps
 }
 
+/// The reference's greedy decoding of `case` as the device's inspected steps report theirs: each
+/// layer's rows in bf16, a full layer's scores (`-inf` past each row's position) and lists (cache
+/// slots through the case's page table): what a device that computed exactly the reference's
+/// numbers would give (the negative controls change it).
+pub fn reference_as_device(case: &Case) -> Vec<DeviceStep> {
+    let cfg = config();
+    let model = reference(&cfg);
+    let mut state = prefill(&cfg, &model, &case.contexts);
+    let (batch, table) = batch(&cfg, case);
+    let stride = (batch.pages_per_request * PAGE_TOKENS) as usize;
+    let mut host = HostRows::new(&batch).unwrap();
+    let mut steps = Vec::new();
+    for _ in 0..case.steps {
+        let rows = rows_of(&host);
+        let out = model.step(&mut state, &rows).unwrap();
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| LayerLook {
+                hidden: out.hidden[l]
+                    .iter()
+                    .flatten()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+                front: out.index_scores[l].as_ref().map(|scores| FrontLook {
+                    scores: scores
+                        .iter()
+                        .flat_map(|row| {
+                            let mut v = row.clone();
+                            v.resize(stride, f32::NEG_INFINITY);
+                            v
+                        })
+                        .collect(),
+                    lists: out.topk[l]
+                        .iter()
+                        .zip(&rows)
+                        .flat_map(|(list, row)| {
+                            list.iter()
+                                .map(|&p| {
+                                    if p < 0 {
+                                        -1
+                                    } else {
+                                        table.slot(row.request, p as u32).unwrap()
+                                    }
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .collect(),
+                    own_select: None,
+                }),
+                route: out.router_scores[l].as_ref().map(|scores| RouteLook {
+                    scores: scores.iter().flatten().copied().collect(),
+                    experts: out.routes[l]
+                        .as_ref()
+                        .unwrap()
+                        .iter()
+                        .flatten()
+                        .map(|r| r.expert as u32)
+                        .collect(),
+                }),
+            })
+            .collect();
+        let argmax: Vec<i32> = out.argmax.iter().map(|&t| t as i32).collect();
+        host = host.fed(&argmax, &batch);
+        steps.push(DeviceStep {
+            picks: out.argmax,
+            logits: out.logits,
+            layers,
+        });
+    }
+    steps
+}
+
 fn inputs_rows(batch: &Batch) -> usize {
     batch.requests.iter().map(|r| r.tokens.len()).sum()
 }
 
-/// Largest relative L2 error of the device's logits of a row against the reference's, over every
-/// row and step: the tail's own tolerance is the layers' ([`LOGIT_TOLERANCE`]).
+/// Largest relative L2 error of a row's logits against the reference's, over every row and step:
+/// the tail's own tolerance is the layers' ([`LOGIT_TOLERANCE`]).
 pub const LOGIT_TOLERANCE: f64 = 3e-2;
 
 /// One row's pick where the device's and the reference's differ over the same rows.
@@ -228,18 +308,84 @@ impl std::fmt::Display for Flip {
     }
 }
 
+/// A row's top-k list (positions) or routed experts on one layer that are not the reference's
+/// own choice over the reference's own scores (the reference then takes the device's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceFlip {
+    pub step: usize,
+    pub layer: usize,
+    pub row: usize,
+    /// "lists positions" or "routes to experts".
+    pub what: &'static str,
+    /// What the device chose and the reference did not, and the other way round.
+    pub device_only: Vec<i32>,
+    pub reference_only: Vec<i32>,
+    /// The reference's score (biased, for experts) of one it chose over one the device chose
+    /// instead, for the pair hardest to explain.
+    pub gap: f32,
+    /// The device's error on the scores of that pair, summed: a gap at most this is a near-tie
+    /// that the measured score error can swap.
+    pub error: f32,
+}
+
+impl ChoiceFlip {
+    /// Whether the measured error of the scores can swap every pair the two lists differ in.
+    pub fn explained(&self) -> bool {
+        self.gap <= self.error
+    }
+}
+
+impl std::fmt::Display for ChoiceFlip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {} layer {} row {}: the device {} {:?} where the reference chose {:?} (the \
+             reference's scores {:.2e} apart; the device's error on them {:.2e}: {})",
+            self.step,
+            self.layer,
+            self.row,
+            self.what,
+            self.device_only,
+            self.reference_only,
+            self.gap,
+            self.error,
+            if self.explained() {
+                "a near-tie"
+            } else {
+                "NOT explained by the score error"
+            }
+        )
+    }
+}
+
 /// The device's steps against the reference stepped over the same rows.
 #[derive(Clone, Debug, Default)]
 pub struct SameRows {
     /// Every pick of the device that is not the reference's over the same rows.
     pub flips: Vec<Flip>,
+    /// Every list and route of the device that is not the reference's choice over its own
+    /// scores.
+    pub list_flips: Vec<ChoiceFlip>,
+    pub route_flips: Vec<ChoiceFlip>,
     /// Largest relative L2 error of a row's logits.
     pub logit_error: f64,
     /// The same, each step's.
     pub step_errors: Vec<f64>,
+    /// Largest relative L2 error of a layer's output rows, each step's.
+    pub layer_errors: Vec<f64>,
+    /// Largest error of a device's index score (a position at most the row's) against the
+    /// reference's, each step's.
+    pub score_errors: Vec<f32>,
     /// Picks that are not the argmax of the device's own logits (ties to the lower id).
     pub not_argmax: Vec<(usize, usize)>,
+    /// What else is wrong: a list that is not the select of the launch's own scores, a finite
+    /// score past a row's position, a list the reference cannot attend over, a layer's rows past
+    /// the tolerance.
+    pub faults: Vec<String>,
     pub picks: usize,
+    /// Rows' lists and routes compared (layers x rows x steps).
+    pub lists: usize,
+    pub routes: usize,
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -261,20 +407,230 @@ fn relative_l2(got: &[f32], want: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// The position of cache slot `slot` in request `q`'s pages, -1 for -1, `None` off its pages.
+fn position_of(table: &PageTable, q: usize, slot: i32) -> Option<i32> {
+    if slot < 0 {
+        return (slot == -1).then_some(-1);
+    }
+    let (page, place) = (slot as u32 / PAGE_TOKENS, slot as u32 % PAGE_TOKENS);
+    let logical = table.pages(q).iter().position(|&p| p == page)?;
+    Some((logical as u32 * PAGE_TOKENS + place) as i32)
+}
+
+/// Where a device's list of one row parts from the reference's selection over its own scores.
+fn list_flip(
+    got: &[f32],
+    want: &[f32],
+    device: &[i32],
+    reference: &[i32],
+) -> Option<(Vec<i32>, Vec<i32>, f32, f32)> {
+    let listed = |l: &[i32]| -> Vec<i32> {
+        let mut v: Vec<i32> = l.iter().copied().filter(|&p| p >= 0).collect();
+        v.sort_unstable();
+        v
+    };
+    let (d, r) = (listed(device), listed(reference));
+    let device_only: Vec<i32> = d.iter().copied().filter(|p| !r.contains(p)).collect();
+    let reference_only: Vec<i32> = r.iter().copied().filter(|p| !d.contains(p)).collect();
+    if device_only.is_empty() && reference_only.is_empty() {
+        return None;
+    }
+    let off = |p: i32| (got[p as usize] - want[p as usize]).abs();
+    // The pair hardest to explain decides: every pair must be one the error can swap.
+    let mut worst: Option<(f32, f32)> = None;
+    for &q in &reference_only {
+        for &p in &device_only {
+            let (g, e) = (want[q as usize] - want[p as usize], off(p) + off(q));
+            if worst.is_none_or(|(wg, we)| g - e > wg - we) {
+                worst = Some((g, e));
+            }
+        }
+    }
+    // One listing more keys than the other is no near-tie.
+    let (gap, error) = match worst {
+        Some(w) if device_only.len() == reference_only.len() => w,
+        _ => (f32::INFINITY, 0.0),
+    };
+    Some((device_only, reference_only, gap, error))
+}
+
 /// The reference stepped over the rows the device's feed made (its first step's rows the
-/// batch's, each next step's tokens the device's picks), so that a pick that differs does not
-/// change the steps after it: the device's logits against the reference's, and every pick of the
-/// device that is not the reference's.
+/// batch's, each next step's tokens the device's picks) and over the device's top-k lists (on
+/// every full-indexer layer the device's steps were inspected at), so that neither a pick nor a
+/// list that differs at a near-tie makes the two part for the steps after it: the device's
+/// logits, layer rows and index scores against the reference's; every pick of the device that
+/// is not the reference's, and every list that is not the reference's own selection over its own
+/// scores.
 pub fn over_the_same_rows(case: &Case, device: &[DeviceStep]) -> SameRows {
     let cfg = config();
     let model = reference(&cfg);
+    let top = TopK::of(&cfg).unwrap();
+    let routing = Routing::new(&cfg);
     let mut state = prefill(&cfg, &model, &case.contexts);
-    let (batch, _) = batch(&cfg, case);
+    let (batch, table) = batch(&cfg, case);
     let mut host = HostRows::new(&batch).unwrap();
     let mut out = SameRows::default();
     for (step, d) in device.iter().enumerate() {
-        let want = model.step(&mut state, &rows_of(&host)).unwrap();
+        let rows = rows_of(&host);
+        let layers = cfg.num_hidden_layers;
+        let mut chosen = Choices {
+            lists: vec![None; layers],
+            experts: vec![None; layers],
+        };
+        for (l, look) in d.layers.iter().enumerate() {
+            if let Some(route) = &look.route {
+                let k = route.experts.len() / rows.len();
+                chosen.experts[l] = Some(
+                    route
+                        .experts
+                        .chunks_exact(k)
+                        .map(|e| e.iter().map(|&x| x as usize).collect())
+                        .collect(),
+                );
+            }
+            let Some(front) = &look.front else { continue };
+            let k = front.lists.len() / rows.len();
+            let mut lists = Vec::new();
+            for (r, row) in rows.iter().enumerate() {
+                let slots = &front.lists[r * k..(r + 1) * k];
+                match slots.iter().map(|&s| position_of(&table, row.request, s)).collect::<Option<Vec<i32>>>() {
+                    Some(list) => lists.push(list),
+                    None => out.faults.push(format!(
+                        "step {step} layer {l} row {r}: the list {slots:?} holds a slot off its request's pages"
+                    )),
+                }
+            }
+            if lists.len() == rows.len() {
+                chosen.lists[l] = Some(lists);
+            }
+        }
+        let want = match model.step_choosing(&mut state, &rows, &chosen) {
+            Ok(w) => w,
+            Err(e) => {
+                out.faults.push(format!(
+                    "step {step}: the reference cannot attend over the device's lists: {e}"
+                ));
+                return out;
+            }
+        };
         out.step_errors.push(0.0);
+        out.layer_errors.push(0.0);
+        out.score_errors.push(0.0);
+        for (l, look) in d.layers.iter().enumerate() {
+            let e = rows_error(&look.hidden, &want.hidden[l]);
+            out.layer_errors[step] = out.layer_errors[step].max(e);
+            if e >= step_tolerance() {
+                out.faults.push(format!(
+                    "step {step} layer {l}: rows {e:.2e} from the reference's (tolerance {:.0e})",
+                    step_tolerance()
+                ));
+            }
+            if let (Some(route), Some(scores), MlpBlock::Moe(w)) =
+                (&look.route, &want.router_scores[l], &model.layers[l].mlp)
+            {
+                let experts = scores.first().map_or(0, Vec::len);
+                let k = route.experts.len() / rows.len();
+                for (r, want_s) in scores.iter().enumerate() {
+                    out.routes += 1;
+                    let biased = |s: &[f32]| -> Vec<f32> {
+                        s.iter().zip(&w.router.bias).map(|(s, b)| s + b).collect()
+                    };
+                    let got = biased(&route.scores[r * experts..(r + 1) * experts]);
+                    let want_b = biased(want_s);
+                    let device: Vec<i32> = route.experts[r * k..(r + 1) * k]
+                        .iter()
+                        .map(|&e| e as i32)
+                        .collect();
+                    let as_i32 =
+                        |v: Vec<usize>| v.into_iter().map(|e| e as i32).collect::<Vec<_>>();
+                    // The device's experts are the rule's choice over its own scores.
+                    let own = as_i32(
+                        choose(
+                            &route.scores[r * experts..(r + 1) * experts],
+                            &w.router.bias,
+                            &routing,
+                        )
+                        .unwrap(),
+                    );
+                    if let Some((d_only, o_only, gap, _)) = list_flip(&got, &got, &device, &own) {
+                        if gap > 1e-5 {
+                            out.faults.push(format!(
+                                "step {step} layer {l} row {r}: the device routes to {d_only:?} where \
+                                 its own scores choose {o_only:?} ({gap:.2e} apart)"
+                            ));
+                        }
+                    }
+                    let reference = as_i32(choose(want_s, &w.router.bias, &routing).unwrap());
+                    if let Some((device_only, reference_only, gap, error)) =
+                        list_flip(&got, &want_b, &device, &reference)
+                    {
+                        out.route_flips.push(ChoiceFlip {
+                            step,
+                            layer: l,
+                            row: r,
+                            what: "routes to experts",
+                            device_only,
+                            reference_only,
+                            gap,
+                            error,
+                        });
+                    }
+                }
+            }
+            let (Some(front), Some(scores)) = (&look.front, &want.index_scores[l]) else {
+                continue;
+            };
+            if let Some(m) = &front.own_select {
+                out.faults.push(format!(
+                    "step {step} layer {l}: the lists are not the select of the launch's own scores: {m}"
+                ));
+            }
+            let stride = front.scores.len() / rows.len();
+            for (r, row) in rows.iter().enumerate() {
+                out.lists += 1;
+                let got = &front.scores[r * stride..(r + 1) * stride];
+                if row.position >= stride {
+                    out.faults.push(format!(
+                        "step {step} layer {l} row {r}: {stride} scores a row, the row is at position {}",
+                        row.position
+                    ));
+                    continue;
+                }
+                let (mine, past) = got.split_at(row.position + 1);
+                if let Some(i) = past.iter().position(|&v| v != f32::NEG_INFINITY) {
+                    out.faults.push(format!(
+                        "step {step} layer {l} row {r}: a finite score at position {}, past the row's {}",
+                        row.position + 1 + i,
+                        row.position
+                    ));
+                }
+                let err = mine
+                    .iter()
+                    .zip(&scores[r])
+                    .map(|(g, w)| (g - w).abs())
+                    .fold(0.0f32, f32::max);
+                out.score_errors[step] = out.score_errors[step].max(err);
+                let own = select_row(&scores[r], top).unwrap().list;
+                let device_list = chosen.lists[l]
+                    .as_ref()
+                    .map(|c| c[r].clone())
+                    .unwrap_or_default();
+                if let Some((device_only, reference_only, gap, error)) =
+                    list_flip(mine, &scores[r], &device_list, &own)
+                {
+                    out.list_flips.push(ChoiceFlip {
+                        step,
+                        layer: l,
+                        row: r,
+                        what: "lists positions",
+                        device_only,
+                        reference_only,
+                        gap,
+                        error,
+                    });
+                }
+            }
+        }
         for (row, (&got, &pick)) in d.picks.iter().zip(&want.argmax).enumerate() {
             let reference = &want.logits[row];
             out.picks += 1;
@@ -309,34 +665,70 @@ pub fn over_the_same_rows(case: &Case, device: &[DeviceStep]) -> SameRows {
     out
 }
 
+/// The layers' tolerance (`step::check::TOLERANCE`, relative L2 of a layer's output rows).
+fn step_tolerance() -> f64 {
+    executor::step::check::TOLERANCE
+}
+
+fn list(v: &[f64]) -> String {
+    v.iter()
+        .map(|e| format!("{e:.1e}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl SameRows {
-    /// Whether the device's steps follow the reference: logits within [`LOGIT_TOLERANCE`], each
-    /// pick the argmax of the device's own logits, and every pick that is not the reference's a
-    /// near-tie the measured logit error explains.
+    /// Whether the device's steps follow the reference: logits and every layer's rows within
+    /// tolerance, each pick the argmax of the device's own logits, each list the select of the
+    /// launch's own scores, no finite score past a row's position, and every pick and list that
+    /// is not the reference's a near-tie the measured error explains.
     pub fn passes(&self) -> bool {
         self.logit_error < LOGIT_TOLERANCE
             && self.not_argmax.is_empty()
+            && self.faults.is_empty()
             && self.flips.iter().all(Flip::explained)
+            && self.list_flips.iter().all(ChoiceFlip::explained)
+            && self.route_flips.iter().all(ChoiceFlip::explained)
     }
 
     pub fn summary(&self) -> String {
         let explained = self.flips.iter().filter(|f| f.explained()).count();
+        let lists_explained = self.list_flips.iter().filter(|f| f.explained()).count();
+        let routes_explained = self.route_flips.iter().filter(|f| f.explained()).count();
+        let scores: Vec<f64> = self.score_errors.iter().map(|&e| f64::from(e)).collect();
         format!(
-            "over the same rows: logits within {:.2e} of the reference's (tolerance {:.0e}); {} \
-             of {} picks differ ({} near-ties the logit error explains); {} picks not the argmax \
-             of the device's own logits; each step's logit error {}",
+            "over the same rows and lists: logits within {:.2e} of the reference's (tolerance \
+             {:.0e}); {} of {} picks differ ({} near-ties the logit error explains); {} of {} \
+             top-k lists are not the reference's selection ({} near-ties the score error \
+             explains); {} of {} routes are not the reference's ({} near-ties the router score \
+             error explains); {} picks not the argmax of the device's own logits; {} faults; each \
+             step's logit error {}; its layers' {}; its index scores' {}",
             self.logit_error,
             LOGIT_TOLERANCE,
             self.flips.len(),
             self.picks,
             explained,
+            self.list_flips.len(),
+            self.lists,
+            lists_explained,
+            self.route_flips.len(),
+            self.routes,
+            routes_explained,
             self.not_argmax.len(),
-            self.step_errors
-                .iter()
-                .map(|e| format!("{e:.1e}"))
-                .collect::<Vec<_>>()
-                .join(" ")
+            self.faults.len(),
+            list(&self.step_errors),
+            list(&self.layer_errors),
+            list(&scores),
         )
+    }
+
+    /// Every fault, and every pick and list that is not the reference's, a line each.
+    pub fn details(&self) -> Vec<String> {
+        let flips = self.flips.iter().map(|f| format!("  pick {f}"));
+        let lists = self.list_flips.iter().map(|f| format!("  list {f}"));
+        let routes = self.route_flips.iter().map(|f| format!("  route {f}"));
+        let faults = self.faults.iter().map(|f| format!("  FAULT {f}"));
+        faults.chain(flips).chain(lists).chain(routes).collect()
     }
 }
 
@@ -356,11 +748,56 @@ fn variant() -> Variant {
 pub struct Kernels(Option<StepKernels>);
 
 /// One step of the device: each row's pick (the tail's argmax) and its logits (the tail's bf16
-/// logits, read from the arena after the step).
+/// logits, read from the arena after the step); in a step run launch by launch, what each layer
+/// left behind.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceStep {
     pub picks: Vec<u32>,
     pub logits: Vec<Vec<f32>>,
+    /// Each layer's launch, in order (empty for a replayed step: a later launch rewrites the
+    /// arena a launch writes).
+    pub layers: Vec<LayerLook>,
+}
+
+/// What one layer's launch left behind, read right after it ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerLook {
+    /// Its output rows, `[rows][hidden]` bf16.
+    pub hidden: Vec<u8>,
+    /// On a full-indexer layer, its index scores and top-k lists.
+    pub front: Option<FrontLook>,
+    /// On an MoE layer, its router's choices.
+    pub route: Option<RouteLook>,
+}
+
+/// An MoE layer's routing as the launch left it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteLook {
+    /// `[rows][experts]`: the router's scores (sigmoid of its logits, before the bias).
+    pub scores: Vec<f32>,
+    /// `[rows][top_k]`: the experts it routed each row to, in rank order.
+    pub experts: Vec<u32>,
+}
+
+/// A full-indexer layer's front half as the launch left it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrontLook {
+    /// `[rows][stride]`.
+    pub scores: Vec<f32>,
+    /// `[rows][k]` cache slots, -1 padded.
+    pub lists: Vec<i32>,
+    /// Where the lists first part from the reference select of the launch's own scores.
+    pub own_select: Option<ListMismatch>,
+}
+
+/// How the device's steps after the first are run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steps {
+    /// Replays of the step graph captured after the first step: what a decoder runs.
+    Replayed,
+    /// Every step launched directly, launch by launch, each launch's outputs read before the
+    /// next runs ([`DeviceStep::layers`]).
+    Inspected,
 }
 
 /// The picks of every step.
@@ -368,14 +805,15 @@ pub fn picks_of(steps: &[DeviceStep]) -> Vec<Vec<u32>> {
     steps.iter().map(|s| s.picks.clone()).collect()
 }
 
-/// The whole step of `case` on `dev`, planned by `planning`: run once, captured, replayed for
-/// the other steps, the greedy feed moving the rows on on the device. Every step's picks and
-/// logits, as far as the steps ran.
+/// The whole step of `case` on `dev`, planned by `planning`, the greedy feed moving the rows on
+/// on the device: run once, captured and replayed for the other steps, or every step run launch
+/// by launch (`steps`). Every step's picks and logits, as far as the steps ran.
 pub fn device_greedy(
     dev: &Device,
     kernels: &mut Kernels,
     case: &Case,
     planning: Planning,
+    steps: Steps,
 ) -> Vec<DeviceStep> {
     let cfg = config();
     let model = reference(&cfg);
@@ -424,6 +862,7 @@ pub fn device_greedy(
         feed: Some(&feed),
         variant: variant(),
     };
+    let kept = plans.clone();
     let mut graph = step_graph(dev, &pieces, plans).unwrap();
     let read = |inputs: &StepInputs| -> DeviceStep {
         let picks = inputs
@@ -446,25 +885,88 @@ pub fn device_greedy(
                     .collect()
             })
             .collect();
-        DeviceStep { picks, logits }
+        DeviceStep {
+            picks,
+            logits,
+            layers: Vec::new(),
+        }
     };
-    let mut steps = Vec::new();
+    let mut done = Vec::new();
+    if steps == Steps::Inspected {
+        for s in 0..case.steps {
+            let mut layers = Vec::new();
+            let ran = graph.run_inspected(&mut |i, launch| {
+                if kept[i].tail.is_some() {
+                    return Ok(());
+                }
+                let front = read_front(&kept[i], &arena.arena)?
+                    .map(|f| {
+                        Ok::<_, executor::step::StepError>(FrontLook {
+                            own_select: check_lists(&kept[i], &f)?,
+                            scores: f.scores,
+                            lists: f.lists,
+                        })
+                    })
+                    .transpose()?;
+                let route = match &kept[i].moe {
+                    Some(m) => {
+                        let words = |slice: executor::fused::ArenaSlice| -> Result<Vec<u32>, executor::step::StepError> {
+                            let at = slice.offset as usize;
+                            Ok(arena
+                                .arena
+                                .download_range(at..at + slice.bytes as usize)?
+                                .chunks_exact(4)
+                                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                                .collect())
+                        };
+                        let experts = cfg.n_routed_experts;
+                        let partial = words(m.slices.logits)?;
+                        let mut scores = vec![0f32; rows * experts];
+                        for split in partial.chunks_exact(rows * experts) {
+                            for (acc, &v) in scores.iter_mut().zip(split) {
+                                *acc += f32::from_bits(v);
+                            }
+                        }
+                        let experts = words(m.slices.row_experts)?;
+                        Some(RouteLook {
+                            scores: scores.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+                            experts: experts[..rows * cfg.num_experts_per_tok].to_vec(),
+                        })
+                    }
+                    None => None,
+                };
+                layers.push(LayerLook {
+                    hidden: launch.outputs()[0].data.bytes()?,
+                    front,
+                    route,
+                });
+                Ok(())
+            });
+            if let Err(e) = ran {
+                eprintln!("step {s} (launch by launch) stopped: {e}");
+                return done;
+            }
+            done.push(DeviceStep {
+                layers,
+                ..read(&inputs)
+            });
+        }
+        return done;
+    }
     if let Err(e) = graph.run_eager() {
         eprintln!("step 0 stopped: {e}");
-        return steps;
+        return done;
     }
-    steps.push(read(&inputs));
-    eprintln!("  step 0 (run directly): {:?}", steps[0].picks);
+    done.push(read(&inputs));
     graph.capture().unwrap();
     for s in 1..case.steps {
         if let Err(e) = graph.replay(1) {
             eprintln!("step {s} (a replay) stopped: {e}");
-            return steps;
+            return done;
         }
-        steps.push(read(&inputs));
-        eprintln!("  step {s} (a replay): {:?}", steps[s].picks);
+        done.push(read(&inputs));
     }
-    steps
+    done
 }
 
 /// Where the device's picks first leave the reference's: `None` when every step's picks are
@@ -504,17 +1006,30 @@ pub fn least_margin(reference: &[RefStep]) -> f32 {
         .fold(f32::INFINITY, f32::min)
 }
 
-/// The whole check of `case`: the device's greedy steps against the reference's over the same
-/// rows ([`SameRows::passes`]), and the free-running greedy decodings compared (where they part,
-/// it is at a pick of the same-rows list). The line to print, or every difference.
+/// The whole check of `case`: the replayed steps equal the steps run launch by launch bit for
+/// bit (picks and logits), and those follow the reference stepped over the same rows and lists
+/// ([`SameRows::passes`]); the free-running greedy decodings compared beside it (where they
+/// part, it is at a pick or list of the same-rows check). The line to print, or every difference.
 pub fn check(dev: &Device, kernels: &mut Kernels, case: &Case) -> Result<String, String> {
     let want = reference_greedy(case);
-    let got = device_greedy(dev, kernels, case, Planning::Pages);
-    let same = over_the_same_rows(case, &got);
-    let free = first_difference(&picks_of(&got), &want);
+    let replayed = device_greedy(dev, kernels, case, Planning::Pages, Steps::Replayed);
+    let inspected = device_greedy(dev, kernels, case, Planning::Pages, Steps::Inspected);
+    let same = over_the_same_rows(case, &inspected);
+    let free = first_difference(&picks_of(&replayed), &want);
+    let unlike: Vec<usize> = (0..case.steps)
+        .filter(|&s| {
+            let (a, b) = (replayed.get(s), inspected.get(s));
+            a.map(|a| (&a.picks, &a.logits)) != b.map(|b| (&b.picks, &b.logits))
+        })
+        .collect();
     let head = format!(
-        "{}: free-running greedy decoding {}; {}",
+        "{}: replays {}; free-running greedy decoding {}; {}",
         case.name(),
+        if unlike.is_empty() {
+            "equal the steps run launch by launch, bit for bit".to_string()
+        } else {
+            format!("DIFFER from the steps run launch by launch at steps {unlike:?}")
+        },
         free.map_or_else(
             || format!(
                 "gives the reference's tokens at every step (its least margin {:.3e})",
@@ -525,14 +1040,16 @@ pub fn check(dev: &Device, kernels: &mut Kernels, case: &Case) -> Result<String,
         same.summary()
     );
     let mut lines = vec![head];
-    lines.extend(same.flips.iter().map(|f| format!("  {f}")));
-    if same.passes() && got.len() == case.steps {
+    lines.extend(same.details());
+    let ran = replayed.len() == case.steps && inspected.len() == case.steps;
+    if same.passes() && unlike.is_empty() && ran {
         Ok(lines.join("\n"))
     } else {
-        if got.len() != case.steps {
+        if !ran {
             lines.push(format!(
-                "  the device ran {} of {} steps",
-                got.len(),
+                "  the device ran {} replayed and {} inspected steps of {}",
+                replayed.len(),
+                inspected.len(),
                 case.steps
             ));
         }
