@@ -12,10 +12,12 @@
 //!   whose select tasks skip their wait change the digests, and the comparison names the launch
 //!   and the tensor.
 //! * The whole tiny step (every launch, the tail, the greedy feed) replayed for 16 greedy steps at
-//!   1 and 4 rows a request, 1 and 3 requests, follows the CPU reference stepped over the same
-//!   rows: logits within tolerance, picks their argmax, a pick other than the reference's only at
-//!   a near-tie the measured logit error explains; its negative control plans the launches at the
-//!   first step's positions.
+//!   1 and 4 rows a request, 1 and 3 requests, equals the same steps run launch by launch bit for
+//!   bit, and those follow the CPU reference stepped over the same rows and the device's own top-k
+//!   lists and routed experts: every layer's rows and the logits within tolerance, picks their
+//!   argmax, lists the select of their own scores, and a pick, list or route other than the
+//!   reference's own only at a near-tie the measured error explains; its negative control plans
+//!   the launches at the first step's positions.
 //!
 //! `cargo test -p executor --release --test gpu_step -- --ignored --nocapture --test-threads 1`
 
@@ -504,12 +506,17 @@ fn the_greedy_check_catches_a_wrong_pick_list_or_score() {
 
 /// The whole tiny step on the GPU (every layer's launch, the tail, the greedy feed), captured once
 /// and replayed for 16 greedy steps with 1 and 4 rows a request and 1 and 3 requests (contexts
-/// that cross page boundaries, one shorter than k), checked against the CPU reference stepped over
-/// the same rows: every row's logits within the layers' tolerance (relative L2 3e-2), every pick
-/// the argmax of the device's own logits, and every pick that is not the reference's a near-tie
-/// (the reference's gap between the two tokens at most the device's measured error on those two
-/// logits); the free-running greedy decodings compared beside it. Negative control: the launches
-/// planned at the first step's positions fail that check, in every case.
+/// that cross page boundaries, one shorter than k). The replays equal the same steps run launch by
+/// launch, bit for bit; those are checked against the CPU reference stepped over the same rows and
+/// the same discrete choices (each full-indexer layer's top-k lists, each MoE layer's experts, as
+/// the device made them): every layer's rows and every row's logits within the layers' tolerance
+/// (relative L2 3e-2), every pick the argmax of the device's own logits, every list the select of
+/// its launch's own scores, and every pick, list or route that is not the reference's own choice
+/// a near-tie (the reference's gap between the two at most the device's measured error on them).
+/// Without the shared choices, one near-tie at the 16th key (the indexer's FP8 scores) sends the
+/// two to attend over different keys and cache different entries, and they part for good. The
+/// free-running greedy decodings are compared beside it. Negative control: the launches planned at
+/// the first step's positions fail that check, in every case.
 #[test]
 #[ignore = "needs a GPU"]
 fn sixteen_replayed_greedy_steps_follow_the_reference_on_the_gpu() {

@@ -1,12 +1,16 @@
 //! The reference step's own contract: prefill as one step, MTP verify rows and interleaved
 //! requests all give what single-row steps give; rows that break the cache order are refused;
-//! shared layers reuse their source's top-k; each "difference on purpose" switch has an effect;
+//! shared layers reuse their source's top-k; a step given its own top-k lists and experts back is
+//! the step, other ones change what the layers attend over and route to, and lists or experts
+//! that are not choices of the rows are refused; each "difference on purpose" switch has an effect;
 //! a config of widths no kernel tiles runs with every format that can hold it (through `mono step`
 //! too, from a folder as Hugging Face writes one), and the others refuse it naming the option that
 //! asked for them.
 
 use executor::reference::cli::{self, Numerics, StepArgs};
-use executor::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput};
+use executor::reference::{
+    Choices, DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput,
+};
 use indexer::reference::IndexerOptions;
 use mla::reference::{CacheStore, MlaOptions};
 use model::weights::{write_checkpoint, Synthetic, SINGLE_FILE};
@@ -162,6 +166,108 @@ fn shared_layers_reuse_their_source_top_k_and_short_rows_select_everything() {
                 "row {p} selected a future key"
             );
         }
+    }
+}
+
+/// A step taking the lists and experts of `choices`, from the state after 40 prefilled tokens.
+fn choosing(model: &ReferenceModel, choices: &Choices) -> Result<StepOutput, String> {
+    let mut state = DecodeState::new(model, 1, ReferenceOptions::engines(&tiny())).unwrap();
+    model.step(&mut state, &rows(0, 0..40)).unwrap();
+    model
+        .step_choosing(&mut state, &rows(0, 40..42), choices)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_step_takes_given_lists_and_experts() {
+    let model = model();
+    let cfg = tiny();
+    let own = choosing(&model, &Choices::default()).unwrap();
+    let layers = cfg.num_hidden_layers;
+    let given = Choices {
+        lists: (0..layers)
+            .map(|l| own.index_scores[l].as_ref().map(|_| own.topk[l].clone()))
+            .collect(),
+        experts: (0..layers)
+            .map(|l| {
+                own.routes[l].as_ref().map(|rows| {
+                    rows.iter()
+                        .map(|r| r.iter().map(|x| x.expert).collect())
+                        .collect()
+                })
+            })
+            .collect(),
+    };
+    assert!(given.lists[0].is_some() && given.experts.iter().any(Option::is_some));
+    assert_eq!(
+        choosing(&model, &given).unwrap(),
+        own,
+        "its own choices given back"
+    );
+
+    // Layer 0's list of row 1 with its first key swapped for one it did not select: the layer
+    // attends over it (and the layers sharing layer 0's lists, if any, too), its scores stay.
+    let mut list = given.clone();
+    let row = &mut list.lists[0].as_mut().unwrap()[1];
+    let outside = (0..=41).find(|p| !row.contains(p)).unwrap();
+    row[0] = outside;
+    let other = choosing(&model, &list).unwrap();
+    assert_eq!(other.topk[0][1][0], outside);
+    assert_eq!(other.index_scores[0], own.index_scores[0]);
+    assert_ne!(other.hidden[0][1], own.hidden[0][1]);
+    assert_eq!(other.hidden[0][0], own.hidden[0][0], "row 0 keeps its list");
+
+    // The first MoE layer's row 0 routed to an expert it did not choose.
+    let moe = given.experts.iter().position(Option::is_some).unwrap();
+    let mut routed = given.clone();
+    let experts = &mut routed.experts[moe].as_mut().unwrap()[0];
+    let unchosen = (0..cfg.n_routed_experts)
+        .find(|e| !experts.contains(e))
+        .unwrap();
+    experts[0] = unchosen;
+    let other = choosing(&model, &routed).unwrap();
+    assert_eq!(other.routes[moe].as_ref().unwrap()[0][0].expert, unchosen);
+    assert_eq!(other.router_scores[moe], own.router_scores[moe]);
+    assert_ne!(other.hidden[moe][0], own.hidden[moe][0]);
+
+    // Lists and experts that are not choices of the rows are refused, naming the layer.
+    let refused = |edit: &dyn Fn(&mut Choices)| {
+        let mut c = given.clone();
+        edit(&mut c);
+        choosing(&model, &c).unwrap_err()
+    };
+    let e = refused(&|c| c.lists[0].as_mut().unwrap()[0][0] = 41);
+    assert!(
+        e.contains("layer 0: row 0 lists position 41, past its own (40)"),
+        "{e}"
+    );
+    let e = refused(&|c| {
+        let r = &mut c.lists[0].as_mut().unwrap()[0];
+        r[1] = r[0];
+    });
+    assert!(e.contains("twice"), "{e}");
+    let e = refused(&|c| {
+        c.lists[0].as_mut().unwrap()[0].pop();
+    });
+    assert!(e.contains("not k = 16"), "{e}");
+    let e = refused(&|c| c.experts[moe].as_mut().unwrap()[1][0] = cfg.n_routed_experts);
+    assert!(
+        e.contains(&format!("layer {moe}: row 1 routes to expert 16 of 16")),
+        "{e}"
+    );
+    let e = refused(&|c| {
+        c.experts[moe].as_mut().unwrap().pop();
+    });
+    assert!(e.contains("experts for 1 rows, not 2"), "{e}");
+    let shared = cfg
+        .layer_plan()
+        .unwrap()
+        .iter()
+        .find(|p| matches!(p.indexer, IndexerKind::Shared { .. }))
+        .map(|p| p.index);
+    if let Some(l) = shared {
+        let e = refused(&|c| c.lists[l] = Some(own.topk[l].clone()));
+        assert!(e.contains("shares another layer's"), "{e}");
     }
 }
 
