@@ -417,7 +417,10 @@ fn position_of(table: &PageTable, q: usize, slot: i32) -> Option<i32> {
     Some((logical as u32 * PAGE_TOKENS + place) as i32)
 }
 
-/// Where a device's list of one row parts from the reference's selection over its own scores.
+/// Where the device's choice for one row (positions of its top-k list, or experts) parts from the
+/// reference's own: what each chose alone, and of the pairs the two swapped the one hardest to
+/// explain: the reference's gap between them (`want`, its scores) and the device's error on the
+/// two (`got`, the device's scores).
 fn list_flip(
     got: &[f32],
     want: &[f32],
@@ -455,12 +458,12 @@ fn list_flip(
 }
 
 /// The reference stepped over the rows the device's feed made (its first step's rows the
-/// batch's, each next step's tokens the device's picks) and over the device's top-k lists (on
-/// every full-indexer layer the device's steps were inspected at), so that neither a pick nor a
-/// list that differs at a near-tie makes the two part for the steps after it: the device's
-/// logits, layer rows and index scores against the reference's; every pick of the device that
-/// is not the reference's, and every list that is not the reference's own selection over its own
-/// scores.
+/// batch's, each next step's tokens the device's picks) and over the device's choices (the top-k
+/// lists of every full-indexer layer and the experts of every MoE layer, where the device's steps
+/// were inspected), so that no pick, list or route that differs at a near-tie makes the two part
+/// for the steps after it: the device's logits, layer rows and index scores against the
+/// reference's; every pick, list and route of the device that is not the reference's own choice
+/// over its own scores.
 pub fn over_the_same_rows(case: &Case, device: &[DeviceStep]) -> SameRows {
     let cfg = config();
     let model = reference(&cfg);
