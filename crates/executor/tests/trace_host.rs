@@ -27,10 +27,13 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
         context: 20,
         tp: 1,
     };
-    // Debug builds: a wait that gives up names its task instead of hanging the test.
+    // Debug builds: a wait that gives up names its task instead of hanging the test. On CPU
+    // threads a wait gives up once the launcher sees the launch make no progress; the count is a
+    // backstop only: polls there sleep up to 200 us each, so 2^20 of them gave up after a few
+    // minutes on a loaded machine where a launch takes longer.
     let variant = Variant {
         debug: Some(DebugBound {
-            poll_limit: 1 << 20,
+            poll_limit: 1 << 26,
             trap: false,
         }),
         ..Default::default()
