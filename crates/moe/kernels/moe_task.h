@@ -63,107 +63,175 @@ MONO_DEV float moe_neg_inf() { return mono_bits_f32(0xff800000u); }
 // b ranks above a (ties to the lower index).
 MONO_DEV bool moe_before(float b, u32 ib, float a, u32 ia) { return b > a || (b == a && ib < ia); }
 
+// A row is routed by one wave, lane l holding experts l + MONO_WAVE j for j below this (host
+// twin: layout::ROUTE_MAX_EXPERTS is this times the narrower, 32-lane wave), so that the top-k is
+// a few wave argmaxes over registers instead of a rank count over shared memory.
+#define MOE_ROUTE_PER_LANE 8u
+
+MONO_DEV u64 moe_lanes_below() { return (1ull << mono_lane()) - 1ull; }
+
+// x joins the two largest values (m1 >= m2) seen so far.
+MONO_DEV void moe_top2_add(float& m1, float& m2, float x) {
+  if (x > m1) {
+    m2 = m1;
+    m1 = x;
+  } else if (x > m2) {
+    m2 = x;
+  }
+}
+
+// The wave's best (v, e) by moe_before, in every lane: a strict order, so every lane's butterfly
+// ends on the same pair.
+MONO_DEV void moe_wave_best(float& v, u32& e) {
+#pragma unroll
+  for (u32 m = MONO_WAVE / 2; m > 0; m >>= 1) {
+    const float ov = mono_shfl_xor_f32(v, m);
+    const u32 oe = mono_shfl_xor(e, m);
+    if (moe_before(ov, oe, v, e)) {
+      v = ov;
+      e = oe;
+    }
+  }
+}
+
+// Row r by the calling wave, its scores in registers (lane l: experts l + MONO_WAVE j): the
+// choice, the weights, the row's experts ascending and their weights to memory; its chosen set a
+// ballot word a j in chosen[j], its weights ascending in weights[0..K) for the slot pass.
+MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* bias, u64* chosen, float* weights) {
+  constexpr u32 P = MOE_ROUTE_PER_LANE, W = MONO_WAVE;
+  const u32 R = a.rows, E = a.experts, K = a.top_k, G = a.n_group, per_group = E / G;
+  const u32 lane = mono_lane();
+  float s[P], b[P];
+#pragma unroll
+  for (u32 j = 0; j < P; ++j) {
+    const u32 e = lane + W * j;
+    s[j] = 0.f;
+    b[j] = moe_neg_inf();
+    if (e < E) {
+      const u64 i = (u64)r * E + e;
+      float logit = a.logits[i];
+      for (u32 p = 1; p < a.router_splits; ++p) logit += a.logits[(u64)p * R * E + i];
+      s[j] = moe_sigmoid(logit);
+      b[j] = s[j] + bias[j];
+    }
+  }
+  if (G > 1) {
+    // Group g's score (the sum of its two best biased scores) in lane g, its rank among the
+    // groups (ties to the lower group), then the dropped groups' experts out of the choice.
+    float group = 0.f;
+    for (u32 g = 0; g < G; ++g) {
+      float m1 = moe_neg_inf(), m2 = moe_neg_inf();
+#pragma unroll
+      for (u32 j = 0; j < P; ++j) {
+        const u32 e = lane + W * j;
+        if (e < E && e / per_group == g) moe_top2_add(m1, m2, b[j]);
+      }
+#pragma unroll
+      for (u32 m = W / 2; m > 0; m >>= 1) {
+        const float o1 = mono_shfl_xor_f32(m1, m), o2 = mono_shfl_xor_f32(m2, m);
+        moe_top2_add(m1, m2, o1);
+        moe_top2_add(m1, m2, o2);
+      }
+      if (lane == g) group = m1 + m2;
+    }
+    u32 rank = 0;
+    for (u32 h = 0; h < G; ++h) {
+      const float other = mono_bits_f32(mono_shfl(mono_f32_bits(group), h));
+      rank += moe_before(other, h, group, lane) ? 1u : 0u;
+    }
+    const u64 kept = mono_ballot(lane < G && rank < a.topk_group);
+#pragma unroll
+    for (u32 j = 0; j < P; ++j) {
+      const u32 e = lane + W * j;
+      if (e < E && !((kept >> (e / per_group)) & 1ull)) b[j] = moe_neg_inf();
+    }
+  }
+  // top_k wave argmaxes, in rank order; the chosen scores summed in that order.
+  u32 mine = 0;
+  float total = 0.f;
+  for (u32 k = 0; k < K; ++k) {
+    float v = moe_neg_inf(), sv = 0.f;
+    u32 e = ~0u;
+#pragma unroll
+    for (u32 j = 0; j < P; ++j) {
+      const u32 x = lane + W * j;
+      if (!((mine >> j) & 1u) && moe_before(b[j], x, v, e)) {
+        v = b[j];
+        e = x;
+        sv = s[j];
+      }
+    }
+    u32 best = e;
+    moe_wave_best(v, best);
+    total += mono_bits_f32(mono_shfl(mono_f32_bits(sv), best % W));
+    if (best % W == lane) mine |= 1u << (best / W);
+  }
+  const float den = (a.flags & MOE_NORM_TOPK) ? total + 1e-20f : 1.f;
+  // The row's experts ascending: the chosen ones below an expert are the ballots of the lower
+  // j's and this j's lower lanes.
+  u32 below = 0;
+#pragma unroll
+  for (u32 j = 0; j < P; ++j) {
+    const bool took = (mine >> j) & 1u;
+    const u64 word = mono_ballot(took);
+    if (took) {
+      const u32 p = below + mono_popc64(word & moe_lanes_below());
+      const float w = s[j] / den * a.scaling;
+      a.row_experts[r * K + p] = lane + W * j;
+      a.row_weights[r * K + p] = w;
+      weights[p] = w;
+    }
+    if (lane == 0) chosen[j] = word;
+    below += mono_popc64(word);
+  }
+}
+
 template <class Team>
 MONO_DEV bool moe_route(const Team& team, const mbx_task& task, mbx_ctx& c, const moe_args& a, u8* smem) {
-  const u32 R = a.rows, E = a.experts, K = a.top_k, G = a.n_group, per_group = E / G;
-  float* s = (float*)smem;               // [R][E] sigmoid
-  float* b = s + R * E;                  // [R][E] biased; -inf in a dropped group
-  float* gs = b + R * E;                 // [R][G] group scores
-  u32* sel = (u32*)(gs + R * G);         // [R][K] expert by rank
-  u32* used = sel + R * K;               // [E] chosen by some row
-  u32* slot_of = used + E;               // [E]
-  u32* slot_expert = slot_of + E;        // [slots]
-  u32* used_below = slot_expert + a.slots;  // [E / 32 + 1]: chosen experts below each 32
-  for (u32 i = team.thread(); i < E; i += Team::size) used[i] = 0;
+  static_assert(Team::size % MONO_WAVE == 0, "the route takes whole waves, a row a wave");
+  constexpr u32 P = MOE_ROUTE_PER_LANE, W = MONO_WAVE;
+  const u32 R = a.rows, E = a.experts, K = a.top_k, lane = team.lane();
+  u64* chosen = (u64*)smem;                        // [R][P] ballot words of each row's choice
+  float* weights = (float*)(chosen + R * P);       // [R][K] each row's weights, ascending expert
+  u32* slot_expert = (u32*)(weights + R * K);      // [slots]
   for (u32 i = team.thread(); i < a.slots; i += Team::size) slot_expert[i] = LIN_NO_EXPERT;
   for (u32 i = team.thread(); i < a.slots * R; i += Team::size) a.slot_scale[i] = 0.f;
+  float bias[P];
+#pragma unroll
+  for (u32 j = 0; j < P; ++j) bias[j] = lane + W * j < E ? a.bias[lane + W * j] : 0.f;
   if (!lin_wait_inputs(team, task, c)) return false;
-  for (u32 i = team.thread(); i < R * E; i += Team::size) {
-    float logit = a.logits[i];
-    for (u32 p = 1; p < a.router_splits; ++p) logit += a.logits[(u64)p * R * E + i];
-    const float v = moe_sigmoid(logit);
-    s[i] = v;
-    b[i] = v + a.bias[i % E];
-  }
+  for (u32 r = team.wave(); r < R; r += Team::waves) moe_route_row(a, r, bias, chosen + r * P, weights + r * K);
   team.sync();
-  if (G > 1) {
-    for (u32 i = team.thread(); i < R * G; i += Team::size) {
-      const float* x = b + (i / G) * E + (i % G) * per_group;
-      float m1 = moe_neg_inf(), m2 = moe_neg_inf();
-      for (u32 e = 0; e < per_group; ++e) {
-        if (x[e] > m1) {
-          m2 = m1;
-          m1 = x[e];
-        } else if (x[e] > m2) {
-          m2 = x[e];
-        }
+  // The step's chosen experts, ascending, fill the slots: slot of an expert = chosen experts below
+  // it in the union of the rows' ballot words.
+  u64 any[P];
+#pragma unroll
+  for (u32 j = 0; j < P; ++j) {
+    any[j] = 0;
+    for (u32 r = 0; r < R; ++r) any[j] |= chosen[r * P + j];
+  }
+  for (u32 r = team.wave(); r < R; r += Team::waves) {
+    u32 below = 0, used_below = 0;
+#pragma unroll
+    for (u32 j = 0; j < P; ++j) {
+      const u64 word = chosen[r * P + j];
+      if ((word >> lane) & 1ull) {
+        const u32 p = below + mono_popc64(word & moe_lanes_below());
+        const u32 slot = used_below + mono_popc64(any[j] & moe_lanes_below());
+        a.row_slots[r * K + p] = slot;
+        if (slot < a.slots) a.slot_scale[slot * R + r] = weights[r * K + p];
       }
-      gs[i] = m1 + m2;
-    }
-    team.sync();
-    for (u32 i = team.thread(); i < R * G; i += Team::size) {
-      const u32 r = i / G, g = i % G;
-      u32 rank = 0;
-      for (u32 h = 0; h < G; ++h) rank += moe_before(gs[r * G + h], h, gs[i], g) ? 1u : 0u;
-      if (rank >= a.topk_group)
-        for (u32 e = 0; e < per_group; ++e) b[r * E + g * per_group + e] = moe_neg_inf();
-    }
-    team.sync();
-  }
-  for (u32 i = team.thread(); i < R * E; i += Team::size) {
-    const u32 r = i / E, e = i % E;
-    const float x = b[i];
-    if (x == moe_neg_inf()) continue;
-    u32 rank = 0;
-    for (u32 h = 0; h < E && rank < K; ++h) rank += moe_before(b[r * E + h], h, x, e) ? 1u : 0u;
-    if (rank < K) {
-      sel[r * K + rank] = e;
-      used[e] = 1;
+      below += mono_popc64(word);
+      used_below += mono_popc64(any[j]);
     }
   }
-  team.sync();
-  // Slot of a chosen expert: the chosen experts below it (counts of each 32 first, in order).
-  const u32 words = (E + 31) / 32;
-  for (u32 w = team.thread(); w < words; w += Team::size) {
-    u32 n = 0;
-    for (u32 h = 32 * w; h < E && h < 32 * w + 32; ++h) n += used[h];
-    used_below[w] = n;
-  }
-  team.sync();
-  if (team.leader())
-    for (u32 w = 0, below = 0; w < words; ++w) {
-      const u32 n = used_below[w];
-      used_below[w] = below;
-      below += n;
-    }
-  team.sync();
-  for (u32 e = team.thread(); e < E; e += Team::size) {
-    if (!used[e]) continue;
-    u32 below = used_below[e / 32];
-    for (u32 h = e / 32 * 32; h < e; ++h) below += used[h];
-    slot_of[e] = below;
-    if (below < a.slots) slot_expert[below] = e;
-  }
-  team.sync();
-  for (u32 r = team.thread(); r < R; r += Team::size) {
-    u32* mine = sel + r * K;
-    float total = 0.f;
-    for (u32 i = 0; i < K; ++i) total += s[r * E + mine[i]];
-    const float den = (a.flags & MOE_NORM_TOPK) ? total + 1e-20f : 1.f;
-    // The row's experts ascending (insertion sort of K ranks).
-    for (u32 i = 1; i < K; ++i)
-      for (u32 j = i; j > 0 && mine[j - 1] > mine[j]; --j) {
-        const u32 t = mine[j];
-        mine[j] = mine[j - 1];
-        mine[j - 1] = t;
-      }
-    for (u32 p = 0; p < K; ++p) {
-      const u32 e = mine[p], slot = slot_of[e];
-      const float w = s[r * E + e] / den * a.scaling;
-      a.row_slots[r * K + p] = slot;
-      a.row_experts[r * K + p] = e;
-      a.row_weights[r * K + p] = w;
-      if (slot < a.slots) a.slot_scale[slot * R + r] = w;
+  if (team.wave() == 0) {
+    u32 used_below = 0;
+#pragma unroll
+    for (u32 j = 0; j < P; ++j) {
+      const u32 slot = used_below + mono_popc64(any[j] & moe_lanes_below());
+      if (((any[j] >> lane) & 1ull) && slot < a.slots) slot_expert[slot] = lane + W * j;
+      used_below += mono_popc64(any[j]);
     }
   }
   team.sync();

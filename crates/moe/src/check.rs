@@ -1,8 +1,10 @@
 //! The contract a device MoE launch is held to, against `crate::reference`:
 //! - the choice: each row's experts are the reference's, except where the device took an expert
 //!   whose reference biased score is within [`TIE_MARGIN`] of the last one the reference took
-//!   (the fp32 logits are summed in another order); the weights, s / (Σ s + 1e-20) · scaling
-//!   without the bias, within [`WEIGHT_TOLERANCE`] (relative) of the reference's for that choice;
+//!   (the fp32 logits are summed in another order), and exactly the lowest top_k when every
+//!   expert ties (`Pattern::AllEqual`: equal router rows give equal logits); the weights,
+//!   s / (Σ s + 1e-20) · scaling without the bias, within [`WEIGHT_TOLERANCE`] (relative) of the
+//!   reference's for that choice;
 //! - the combine, exactly: out = bf16(residual + bf16(bf16(Σ weighted outputs, ascending expert,
 //!   a bf16 running sum) + shared)) from the device's own expert outputs;
 //! - the output against the reference layer (transformers' bf16 order, f64 sums):
@@ -12,7 +14,7 @@
 
 use crate::layout::MoeShape;
 use crate::layout::Route;
-use crate::problem::{bf16_value, MoeProblem};
+use crate::problem::{bf16_value, MoeProblem, Pattern};
 use crate::reference::{choose, moe_with_routes, scores, weigh, MlpWeights};
 use crate::Result;
 use model::numerics::bf16_round;
@@ -149,6 +151,12 @@ pub fn check_routes(
         if mine.iter().any(|&e| e >= p.shape.experts) || mine.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!(
                 "{}: row {r} chose {mine:?}: not {k} distinct experts ascending",
+                p.name
+            ));
+        }
+        if p.pattern == Pattern::AllEqual && mine.iter().copied().ne(0..k) {
+            return Err(format!(
+                "{}: row {r} chose {mine:?}; every expert ties, so the lowest {k} win",
                 p.name
             ));
         }

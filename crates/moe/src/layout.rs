@@ -56,6 +56,13 @@ pub const MAT_ROUTER: u32 = 2;
 /// The router is split along k into at most this many matrices, so that its 16 tiles of 256
 /// experts spread over more CTAs: the routed experts cannot start before it ends.
 pub const MAX_ROUTER_SPLITS: usize = 4;
+/// The route task routes a row by one wave, each lane holding this many experts
+/// (`MOE_ROUTE_PER_LANE`).
+pub const ROUTE_LANE_EXPERTS: usize = 8;
+/// The experts the route task takes: a lane's share times the narrower (32-lane) wave.
+pub const ROUTE_MAX_EXPERTS: usize = 32 * ROUTE_LANE_EXPERTS;
+/// The expert groups the route task takes: one a lane of a 32-lane wave.
+pub const ROUTE_MAX_GROUPS: usize = 32;
 pub const BANK_GATE_UP: u32 = 0;
 pub const BANK_DOWN: u32 = 1;
 
@@ -120,6 +127,16 @@ impl MoeShape {
             topk_group: self.topk_group,
         };
         routing.check(self.experts)?;
+        if self.experts > ROUTE_MAX_EXPERTS || self.n_group > ROUTE_MAX_GROUPS {
+            return Err(invalid(
+                "moe launch",
+                format!(
+                    "{} experts in {} groups; the route task takes at most {ROUTE_MAX_EXPERTS} \
+                     experts in at most {ROUTE_MAX_GROUPS} groups",
+                    self.experts, self.n_group
+                ),
+            ));
+        }
         for (what, k) in [("hidden", self.hidden), ("expert intermediate", self.inter)] {
             if k == 0 || k % model::WEIGHT_BLOCK != 0 {
                 return Err(invalid(
@@ -164,12 +181,12 @@ impl MoeShape {
 }
 
 /// Dynamic shared memory of a CTA of `threads`: the largest of the linear tasks' and the route
-/// task's (`moe_route`: scores and biased scores a row, group scores, ranks, the slot tables).
+/// task's (`moe_route`: each row's chosen set as [`ROUTE_LANE_EXPERTS`] ballot words, each row's
+/// weights, the slots' experts).
 pub fn lds_bytes(shape: &MoeShape, threads: u32) -> std::result::Result<u32, LinLayoutError> {
     let lin = |k| linear::layout::lds_bytes(threads, k, shape.rows);
-    let (r, e) = (shape.rows, shape.experts);
-    let route =
-        4 * (2 * r * e + r * shape.n_group + r * shape.top_k + 2 * e + shape.slots() + e / 32 + 1);
+    let r = shape.rows;
+    let route = 8 * r * ROUTE_LANE_EXPERTS + 4 * (r * shape.top_k + shape.slots());
     Ok(lin(shape.hidden)?.max(lin(shape.inter)?).max(route as u32))
 }
 

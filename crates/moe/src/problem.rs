@@ -23,6 +23,8 @@ pub enum Pattern {
     DisjointExperts,
     /// Experts 2i and 2i + 1 have equal router rows and biases: exact ties, broken to the lower.
     Ties,
+    /// Every expert has the same router row and bias: all tie, the lowest top_k win.
+    AllEqual,
 }
 
 /// A deterministic stream of uniform values in [-1, 1).
@@ -142,6 +144,14 @@ impl MoeProblem {
                     b[..h].copy_from_slice(&a[(ex - 1) * h..]);
                     bias[ex] = bias[ex - 1];
                 }
+            }
+            Pattern::AllEqual => {
+                let (first, rest) = router.split_at_mut(h);
+                for row in rest.chunks_mut(h) {
+                    row.copy_from_slice(first);
+                }
+                let shared_bias = bias[0];
+                bias.fill(shared_bias);
             }
         }
         let residual = (0..rows * h).map(|_| bf16_bits(2.0 * d.next())).collect();

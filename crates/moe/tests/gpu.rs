@@ -1,10 +1,11 @@
 //! The MoE launch on the GPU at a GLM-5.2 TP-8 rank's shapes (256 experts of 6144 -> 2 x 256 ->
 //! 6144, top 8, the router bf16 with fp32 logits), the standalone entry over every SM: random rows
 //! at 1, 4 and 16 rows (FP8) and 4 rows (bf16), rows that all choose the same experts, rows with
-//! disjoint experts, exact router ties; each checked by `check::check` (the contract of the host
-//! emulation) with the measured error printed, and run twice to show the output is the same bit
-//! for bit. Then the negative control on the device, which must fail: two scale blocks of a chosen
-//! expert swapped. `cargo test --release -p moe --test gpu -- --ignored --nocapture`
+//! disjoint experts, exact router ties (4 and 16 rows), every expert tied (16 rows); each checked
+//! by `check::check` (the contract of the host emulation) with the measured error printed, and run
+//! twice to show the output is the same bit for bit. Then the negative control on the device, which
+//! must fail: two scale blocks of a chosen expert swapped. `cargo test --release -p moe --test gpu
+//! -- --ignored --nocapture`
 
 use device::Device;
 use mailbox::gpu::Variant;
@@ -71,6 +72,8 @@ fn rank_shapes_match_the_reference() {
         (SameExperts, Fp8, 16, 5),
         (DisjointExperts, Fp8, 4, 6),
         (Ties, Fp8, 4, 7),
+        (Ties, Fp8, 16, 8),
+        (AllEqual, Fp8, 16, 9),
     ] {
         let p = problem(pattern, format, rows, seed);
         let (first, second) = run(&dev, &kernel, &p, None);

@@ -2,12 +2,12 @@
 //! and the workspace's `kernels/ops/linear.h`) run on CPU threads through the host stand-in of the
 //! prelude (`kernels/host/prelude.h`) and a driver (`tests/host/`), at the tiny config's shapes:
 //! random rows (FP8 and bf16 weights, 1 to 16 rows), rows that all choose the same experts (by the
-//! bias alone), rows with disjoint experts, exact router ties, and group-limited routing, each
-//! checked by `check::check` with the measured error printed. Then the negative controls, which
-//! must fail: two scale blocks of a chosen expert swapped (on the emulated device), one expert
-//! dropped from a row, and the bias used in the weights as well as the choice. This runs the
-//! portable path of the linear tile, not the mma.sync path of the H200 (tests/gpu.rs). Needs g++
-//! with C++20, so ignored:
+//! bias alone), rows with disjoint experts, exact router ties, every expert tied (16 rows), and
+//! group-limited routing, each checked by `check::check` with the measured error printed. Then the
+//! negative controls, which must fail: a tie of every expert broken to a higher one, two scale
+//! blocks of a chosen expert swapped (on the emulated device), one expert dropped from a row, and
+//! the bias used in the weights as well as the choice. This runs the portable path of the linear
+//! tile, not the mma.sync path of the H200 (tests/gpu.rs). Needs g++ with C++20, so ignored:
 //! `cargo test --release -p moe --test host_emulation -- --ignored --nocapture`
 
 use model::{ModelConfig, WeightFormat};
@@ -125,6 +125,7 @@ fn cases() -> Vec<MoeProblem> {
         (SameExperts, Fp8, 16, 4),
         (DisjointExperts, Bf16, 4, 5),
         (Ties, Fp8, 3, 6),
+        (AllEqual, Fp8, 16, 8),
     ] {
         let (shape, routing) = tiny_shape(rows, format);
         out.push(MoeProblem::new(shape, routing, pattern, seed).unwrap());
@@ -157,6 +158,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         .unwrap();
     let exe = compile(&dir, lds);
     let mut failures = Vec::new();
+    let mut results = Vec::new();
     for p in &cases {
         let plan = place(&p.shape, CTAS, &MoeStart::default()).unwrap();
         let mem = MoeMemory::new(p, None).unwrap();
@@ -169,8 +171,22 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
                 failures.push(p.name.clone());
             }
         }
+        results.push(dev);
     }
     assert!(failures.is_empty(), "{failures:?}");
+
+    // 0. All experts tie: the next expert up in place of a row's last, which the tie margin
+    // alone would let through.
+    let at = cases
+        .iter()
+        .position(|p| p.pattern == Pattern::AllEqual)
+        .unwrap();
+    let (p, mut higher) = (&cases[at], results[at].clone());
+    let k = p.shape.top_k;
+    higher.row_experts[k - 1] = k as u32;
+    let err = check_routes(p, &Oracle::new(p).unwrap(), &higher)
+        .expect_err("a tie broken to the higher expert passed");
+    eprintln!("tie to the higher expert: {err}");
 
     // The controls on the first random FP8 case.
     let p = &cases[0];

@@ -58,6 +58,26 @@ mod launch {
         }
     }
 
+    #[test]
+    fn more_experts_or_groups_than_the_route_takes_are_refused() {
+        use moe::layout::{ROUTE_MAX_EXPERTS, ROUTE_MAX_GROUPS};
+        assert!(place(&shape(1, ROUTE_MAX_EXPERTS, 8, 1), 8, &MoeStart::default()).is_ok());
+        let message = place(
+            &shape(1, 2 * ROUTE_MAX_EXPERTS, 8, 1),
+            8,
+            &MoeStart::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(message.contains("512 experts"), "{message}");
+        let mut grouped = shape(1, ROUTE_MAX_EXPERTS, 8, 1);
+        (grouped.n_group, grouped.topk_group) = (2 * ROUTE_MAX_GROUPS, 4);
+        let message = place(&grouped, 8, &MoeStart::default())
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("in 64 groups"), "{message}");
+    }
+
     proptest! {
         /// Every tile of every matrix (the router's splits, the shared expert, each slot's gate/up
         /// and down) and every output column is some task's exactly once; the placement keeps the
