@@ -215,7 +215,7 @@ pub struct FrontInputs<'a> {
 pub struct FrontLaunch<'a> {
     pub graph: FrontGraph,
     /// The indexer's plan, with the page table that the indexer and select both read.
-    _plan: PlanBuffers,
+    plan: PlanBuffers,
     table: DeviceTable,
     pub scores: Buffer<f32>,
     pub out: Buffer<i32>,
@@ -373,7 +373,7 @@ impl<'a> FrontLaunch<'a> {
         };
         Ok(FrontLaunch {
             graph,
-            _plan: plan,
+            plan,
             table,
             scores,
             out,
@@ -392,6 +392,42 @@ impl<'a> FrontLaunch<'a> {
             select_marks,
             _inputs: PhantomData,
         })
+    }
+
+    /// Moves the rows to `positions` (one a row, in the plan's order) for the launches that follow,
+    /// as the step's position slice moves them between replays: the graph stays as planned, and
+    /// the indexer masks each row's keys past its position with -inf, which select never picks.
+    /// Each row at most at the position it was planned at (its scores and pages cover no more),
+    /// and a request's rows at consecutive positions, as the kernels read them.
+    pub fn set_positions(&self, positions: &[u32]) -> Result<()> {
+        let rows = &self.graph.plan.rows;
+        if positions.len() != rows.len() {
+            return Err(FrontGpuError::Shape(format!(
+                "{} positions for a launch of {} rows",
+                positions.len(),
+                rows.len()
+            )));
+        }
+        for (r, (row, &position)) in rows.iter().zip(positions).enumerate() {
+            if position > row.position {
+                return Err(FrontGpuError::Shape(format!(
+                    "row {r} at position {position}: it was planned at {}, and its scores and \
+                     pages reach no further",
+                    row.position
+                )));
+            }
+            if r > 0 && rows[r - 1].request == row.request && positions[r - 1] + 1 != position {
+                return Err(FrontGpuError::Shape(format!(
+                    "rows {} and {r} of request {} are at positions {} and {position}, not \
+                     consecutive ones",
+                    r - 1,
+                    row.request,
+                    positions[r - 1]
+                )));
+            }
+        }
+        self.plan.positions.write(positions)?;
+        Ok(())
     }
 
     /// The epoch node, then the one fused launch (a graph capture records both).
