@@ -302,7 +302,9 @@ fn a_launch_bound_to_the_wrong_tensor_is_refused_by_name() {
 
 /// A checkpoint on the device (`mono check --weights DIR`): the tiny synthetic weights written as
 /// safetensors and read back through the loader give the bytes the host's rule makes, every
-/// tensor; a bf16 tensor whose values are not bf16 is refused by name.
+/// tensor, and bound, the derived forms (W_UK, W_UV, the router's splits, the key norm) made from
+/// the checkpoint's values, not from the seed recorded beside them (the forms of that seed's
+/// weights differ: the control); a bf16 tensor whose values are not bf16 is refused by name.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
@@ -315,9 +317,19 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
     write_checkpoint(&cfg, &synthetic, &dir).unwrap();
     let checkpoint = Checkpoint::open(&dir).unwrap();
     let plan = || WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16).unwrap();
-    let loaded = DeviceWeights::from_source(&dev, plan(), &checkpoint, SEED).unwrap();
+    let loaded = DeviceWeights::from_source(&dev, plan(), &checkpoint, SEED + 1).unwrap();
     let made = weights(&dev, &cfg);
     assert!(loaded.arena.download().unwrap() == made.arena.download().unwrap());
+    let forms = |w: &DeviceWeights| {
+        let bound = ModelWeights::bind(&dev, &cfg, w).unwrap();
+        bound.forms.buffer.download().unwrap()
+    };
+    assert!(
+        forms(&loaded) == forms(&made),
+        "the derived forms of the loaded checkpoint differ from those of its weights"
+    );
+    let other_seed = DeviceWeights::from_host(&dev, plan(), SEED + 1).unwrap();
+    assert!(forms(&loaded) != forms(&other_seed));
 
     /// The checkpoint with one tensor's first value nudged off bf16.
     struct Nudged<'a>(&'a Checkpoint, &'static str);
@@ -336,4 +348,92 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
         .expect("a value off bf16");
     assert!(err.to_string().contains(name), "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `mono` on the host backend (`MONO_BACKEND=cuda` keeps the GPU) with `ctas` emulated CTAs.
+fn mono(args: &[&std::ffi::OsStr], ctas: u32) -> (bool, String) {
+    let backend = match std::env::var("MONO_BACKEND").as_deref() {
+        Ok("cuda") => "cuda",
+        _ => "host",
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mono"))
+        .args(args)
+        .env("MONO_BACKEND", backend)
+        .env("MONO_HOST_CTAS", ctas.to_string())
+        .output()
+        .expect("mono runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `mono check --weights DIR` end to end on a checkpoint folder as `tools/goldens/generate.py
+/// --keep-checkpoint` leaves one: the tiny preset's config as transformers saved it
+/// (`tests/goldens/config.json`), the weights as `model.safetensors` (the published names), and
+/// the goldens' files beside them, which the loader must leave alone. Both steps read the
+/// checkpoint: its weights are those of seed 5 and the command's `--seed` is 6, so a side that
+/// made synthetic weights instead would differ. The control: the folder with one tensor left
+/// out of `model.safetensors` is refused, naming it, before anything runs.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_check_runs_a_checkpoint_folder_end_to_end() {
+    use model::weights::{write_checkpoint, SINGLE_FILE};
+    use safetensors::SafeTensors;
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let dir = std::env::temp_dir().join(format!("mono-check-folder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
+    write_checkpoint(&cfg, &synthetic, &dir).unwrap();
+    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/goldens");
+    for file in ["config.json", "goldens.safetensors", "manifest.json"] {
+        std::fs::copy(goldens.join(file), dir.join(file)).unwrap();
+    }
+    let check = |dir: &std::path::Path| {
+        mono(
+            &[
+                "check".as_ref(),
+                "--weights".as_ref(),
+                dir.as_os_str(),
+                "--seed".as_ref(),
+                "6".as_ref(),
+            ],
+            4,
+        )
+    };
+    let (passed, out) = check(&dir);
+    eprint!("{out}");
+    assert!(passed, "mono check --weights failed:\n{out}");
+    for part in [
+        "config.json",
+        "checkpoint",
+        "tokens",
+        "the device step follows the CPU reference step",
+    ] {
+        assert!(out.contains(part), "{part}:\n{out}");
+    }
+
+    let file = std::fs::read(dir.join(SINGLE_FILE)).unwrap();
+    let tensors = SafeTensors::deserialize(&file).unwrap();
+    let gone = "model.layers.4.self_attn.indexer.wk.weight";
+    let kept: Vec<_> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != gone)
+        .collect();
+    assert_eq!(kept.len() + 1, tensors.len(), "{gone} is in the checkpoint");
+    let short = dir.join("short");
+    std::fs::create_dir_all(&short).unwrap();
+    safetensors::serialize_to_file(kept, None, &short.join(SINGLE_FILE)).unwrap();
+    std::fs::copy(dir.join("config.json"), short.join("config.json")).unwrap();
+    let (passed, refused) = check(&short);
+    std::fs::remove_dir_all(&dir).ok();
+    eprintln!("one tensor left out: {}", refused.trim_end());
+    assert!(!passed, "a checkpoint without {gone} passed:\n{refused}");
+    assert!(
+        refused.contains(gone) && !refused.contains("the device step:"),
+        "{refused}"
+    );
 }

@@ -8,9 +8,10 @@
 //! the host, from the values the rank's tensors hold, and uploaded beside the weights
 //! ([`LaunchForms`]): W_UK\[h\]ᵀ padded to whole 128-column blocks and W_UV\[h\] of every head
 //! (bf16, from `kv_b_proj`), the router's k-splits (bf16, from `mlp.gate.weight`), and the index
-//! key norm's weight and bias in fp32. The values come from the weights' synthetic rule
-//! (`check::stored_values`: FP8 tensors dequantised, so the bf16 forms round what the FP8 codes
-//! hold); weights loaded from a checkpoint would take them from it instead.
+//! key norm's weight and bias in fp32. The values are those the rank's tensors hold
+//! ([`DeviceWeights::stored_values`]: made again by the synthetic rule, or kept from the
+//! checkpoint when loaded; FP8 tensors dequantised, so the bf16 forms round what the FP8 codes
+//! hold).
 
 use device::{Buffer, Device};
 use mla::HeadLayout;
@@ -20,7 +21,6 @@ use model::{IndexerKind, LayerPlan, MlpKind, ModelConfig, RankShapes};
 
 use crate::fused::attention::{HalfDims, HalfMatrix, HalfWeights, PackedAt};
 use crate::fused::head::{DenseWeights, TailWeights};
-use crate::step::weights::check::stored_values;
 use crate::step::weights::{DeviceTensor, DeviceWeights, Element, Form};
 use crate::step::{Result, StepError};
 
@@ -192,10 +192,19 @@ fn pack_bf16(rows: usize, cols: usize, values: &[f32]) -> Result<PackedWeight> {
     )?)
 }
 
-/// The values of the one-source tensor `name`.
+/// The tensors the derived forms are made from, by the end of their published names: a
+/// checkpoint's loader keeps their values ([`DeviceWeights::from_source`]).
+pub const FORM_SOURCES: [&str; 4] = [
+    "self_attn.kv_b_proj.weight",
+    "mlp.gate.weight",
+    "self_attn.indexer.k_norm.weight",
+    "self_attn.indexer.k_norm.bias",
+];
+
+/// The values of the one-source tensor `name`, one of [`FORM_SOURCES`].
 fn values_of<'w>(w: &'w DeviceWeights, name: &str) -> Result<(Vec<f32>, &'w DeviceTensor)> {
     let t = w.tensor(name)?;
-    let mut v = stored_values(w.seed, t)?;
+    let mut v = w.stored_values(t)?;
     if v.len() != 1 {
         return Err(missing(name, format!("{} sources; one expected", v.len())));
     }

@@ -23,15 +23,24 @@ pub fn shard_values(seed: u64, shard: &Shard) -> Vec<f32> {
 /// The values a launch computes with for each source shard of `tensor`: the shard's values, FP8
 /// ones quantised and dequantised (what the stored codes times their block scales are).
 pub fn stored_values(seed: u64, tensor: &DeviceTensor) -> Result<Vec<Vec<f32>>> {
-    let (rows, cols) = tensor.shape();
-    tensor
+    let values = tensor
         .sources
         .iter()
-        .map(|s| {
-            let values = shard_values(seed, s);
+        .map(|s| shard_values(seed, s))
+        .collect();
+    as_stored(tensor, values)
+}
+
+/// The values a launch computes with for `tensor`'s source shards' `values`: FP8 ones quantised
+/// and dequantised, others as they are.
+pub fn as_stored(tensor: &DeviceTensor, values: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+    let (rows, cols) = tensor.shape();
+    values
+        .into_iter()
+        .map(|v| {
             Ok(match tensor.element {
-                Element::Fp8 => Fp8Weight::quantise(&values, rows, cols)?.dequantise(),
-                _ => values,
+                Element::Fp8 => Fp8Weight::quantise(&v, rows, cols)?.dequantise(),
+                _ => v,
             })
         })
         .collect()

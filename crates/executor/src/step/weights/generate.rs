@@ -2,6 +2,7 @@
 //! arena allocated whole, then every tensor of the [`WeightPlan`] written in its form, with
 //! progress reported as the bytes go.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module};
@@ -113,6 +114,25 @@ pub struct DeviceWeights {
     pub plan: WeightPlan,
     pub seed: u64,
     pub arena: Buffer<u8>,
+    origin: Origin,
+}
+
+/// Where a rank's values came from, for what the host makes from them after the upload (the
+/// derived forms of `ModelWeights::bind`).
+enum Origin {
+    /// The synthetic rule of the weights' seed: any tensor's values are made again from it.
+    Synthetic,
+    /// A checkpoint: the stored values of the tensors [`Self::kept`] names, kept as loaded.
+    Loaded(HashMap<String, Vec<Vec<f32>>>),
+}
+
+impl Origin {
+    /// Whether a checkpoint's tensor `name` is kept on the host: those the derived forms read.
+    fn kept(name: &str) -> bool {
+        crate::step::layer::weights::FORM_SOURCES
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+    }
 }
 
 impl DeviceWeights {
@@ -133,6 +153,23 @@ impl DeviceWeights {
         self.plan
             .get(name)
             .ok_or_else(|| StepError::Invalid(format!("no weight named {name} on this rank")))
+    }
+
+    /// The values a launch computes with for each source shard of `tensor` (FP8 ones as their
+    /// codes times their block scales): made again by the synthetic rule of the weights' seed, or
+    /// as kept when a checkpoint was loaded (the tensors the derived forms read; another is an
+    /// error naming it).
+    pub fn stored_values(&self, tensor: &DeviceTensor) -> Result<Vec<Vec<f32>>> {
+        match &self.origin {
+            Origin::Synthetic => super::check::stored_values(self.seed, tensor),
+            Origin::Loaded(kept) => kept.get(&tensor.name).cloned().ok_or_else(|| {
+                StepError::Invalid(format!(
+                    "{}: its values were not kept when the checkpoint was loaded (only those \
+                     of the tensors the derived forms read are)",
+                    tensor.name
+                ))
+            }),
+        }
     }
 
     /// The stored bytes and scales of `tensor`, read back.
@@ -163,14 +200,16 @@ impl DeviceWeights {
 
     /// `plan`'s weights from `source` (a checkpoint), each tensor's shards cut from the whole
     /// tensor, quantised or packed on the host and uploaded. A bf16 tensor must hold bf16 values
-    /// (the device keeps bf16); one that does not is refused by name. `seed` is recorded only.
+    /// (the device keeps bf16); one that does not is refused by name. `seed` is recorded only:
+    /// the values the derived forms are made from are kept from `source`.
     pub fn from_source(
         dev: &Device,
         plan: WeightPlan,
         source: &dyn WeightSource,
         seed: u64,
     ) -> Result<Self> {
-        Self::upload_with(dev, plan, seed, &mut |tensor| {
+        let mut kept = HashMap::new();
+        let mut weights = Self::upload_with(dev, plan, seed, &mut |tensor| {
             let values = tensor
                 .sources
                 .iter()
@@ -192,8 +231,17 @@ impl DeviceWeights {
                     )));
                 }
             }
-            super::check::stored_form(tensor, &values)
-        })
+            let stored = super::check::stored_form(tensor, &values)?;
+            if Origin::kept(&tensor.name) {
+                kept.insert(
+                    tensor.name.clone(),
+                    super::check::as_stored(tensor, values)?,
+                );
+            }
+            Ok(stored)
+        })?;
+        weights.origin = Origin::Loaded(kept);
+        Ok(weights)
     }
 
     fn upload_with(
@@ -212,7 +260,12 @@ impl DeviceWeights {
             }
         }
         let arena = dev.upload(&bytes)?;
-        Ok(DeviceWeights { plan, seed, arena })
+        Ok(DeviceWeights {
+            plan,
+            seed,
+            arena,
+            origin: Origin::Synthetic,
+        })
     }
 
     /// Generates `plan`'s weights for `seed`. Refuses a plan the device cannot hold (with
@@ -244,7 +297,12 @@ impl DeviceWeights {
                 device: total,
                 reserve: RESERVE_BYTES,
             })?;
-        let weights = DeviceWeights { plan, seed, arena };
+        let weights = DeviceWeights {
+            plan,
+            seed,
+            arena,
+            origin: Origin::Synthetic,
+        };
         let started = Instant::now();
         let mut state = Progress {
             tensors_done: 0,
