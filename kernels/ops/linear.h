@@ -21,6 +21,7 @@
 #include "ops/team.h"
 #include "ops/warp_mma.h"
 #include "ops/copy.h"
+#include "ops/rows.h"
 
 #define LIN_TILE_ROWS 16u
 #define LIN_HALF_ROWS 8u
@@ -36,15 +37,17 @@
 #define LIN_SWIGLU 4u     // gate/up pairing: bf16(bf16(silu(bf16 g)) * bf16 u), 8 columns a tile
 #define LIN_RESIDUAL 8u   // + residual[r, c] (bf16), last
 #define LIN_ROW_SCALE 16u // * row_scale[r] (a routed expert's weight), before the residual
+#define LIN_RMSNORM 32u   // x is RMSNorm(source rows), normed while it is staged (lin_stage_x_normed)
 
-// One matrix of a launch (src/gpu.rs `LinMatrix`, 80 bytes).
+// One matrix of a launch (src/gpu.rs `LinMatrix`, 96 bytes).
 struct lin_matrix {
   const u8* w;             // packed weight
   const float* scales;     // packed scales [tiles][k-blocks][2] (FP8)
-  const u16* x;            // [rows, x_stride] bf16, 16-byte aligned rows
+  const u16* x;            // [rows, x_stride] bf16, 16-byte aligned rows (LIN_RMSNORM: the source rows)
   void* y;                 // [rows, y_stride] bf16 or fp32
   const u16* residual;     // [rows, y_stride] bf16 (LIN_RESIDUAL)
   const float* row_scale;  // [rows] (LIN_ROW_SCALE)
+  const u16* norm_w;       // [norm_n] bf16, 16-byte aligned: the norm's weight of the whole row (LIN_RMSNORM)
   u32 k;                   // multiple of 128
   u32 n;                   // output columns
   u32 tiles;
@@ -52,7 +55,9 @@ struct lin_matrix {
   u32 x_stride;            // elements, multiple of 8
   u32 y_stride;            // elements
   u32 flags;
-  u32 pad;
+  u32 norm_n;              // elements of a source row, all of which its RMS is taken over (LIN_RMSNORM)
+  u32 norm_k0;             // the element of the source row x points at (a multiple of 8; LIN_RMSNORM)
+  float norm_eps;          // (LIN_RMSNORM)
 };
 
 // LDS a team needs (host twin: src/layout.rs `lds_bytes`): the groups' partial sums, then x.
@@ -309,6 +314,53 @@ MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xs
   }
 }
 
+// x = RMSNorm(the source rows) to LDS (LIN_RMSNORM), the link of a norm task taken out of the
+// step's chain: each row's inverse RMS over its whole source row (norm_n elements, also when the
+// matrix reads only the k-range from norm_k0, as the router's k-splits do), then the matrix's
+// k-range of bf16(x * inv_rms * w). The pieces are the norm task's (ops/rows.h: mono_row_squares,
+// mono_team_sum, mono_inv_rms, mono_rmsnorm_value), so a team of the norm task's size stages the
+// very bits that task would have written (tests/host_emulation.rs and tests/gpu.rs compare them
+// bit for bit). `scratch`: 32 + rows floats of the team's LDS that nothing else uses meanwhile.
+MONO_DEV u32 lin_norm_pair(u32 x, float inv_rms, u32 w) {
+  return (u32)mono_rmsnorm_value((u16)x, inv_rms, (u16)w) |
+         (u32)mono_rmsnorm_value((u16)(x >> 16), inv_rms, (u16)(w >> 16)) << 16;
+}
+
+template <class Team>
+MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
+  float* inv = scratch + MONO_ROWS_SCRATCH_FLOATS;
+  for (u32 r = 0; r < m.rows; ++r) {
+    const u16* row = m.x - m.norm_k0 + (u64)r * m.x_stride;
+    const float total = mono_team_sum(team, mono_row_squares(team, row, m.norm_n), scratch);
+    if (team.leader()) inv[r] = mono_inv_rms(total, m.norm_n, m.norm_eps);
+  }
+  team.sync();
+  const u16* w = m.norm_w + m.norm_k0;
+  const u32 chunks = m.k / 8, total = m.rows * chunks;
+  for (u32 i = team.thread(); i < total; i += Team::size) {
+    const u32 r = i / chunks, c = i % chunks;
+    const mono_u32x4 v = *(const mono_u32x4*)(m.x + (u64)r * m.x_stride + 8 * c);
+    const mono_u32x4 g = *(const mono_u32x4*)(w + 8 * c);
+    const float s = inv[r];
+    mono_u32x4 o;
+    o.x = lin_norm_pair(v.x, s, g.x);
+    o.y = lin_norm_pair(v.y, s, g.y);
+    o.z = lin_norm_pair(v.z, s, g.z);
+    o.w = lin_norm_pair(v.w, s, g.w);
+    *(mono_u32x4*)(xs + r * xstride + 8 * c) = o;
+  }
+}
+
+// The matrix's x to LDS, normed or as it is; ends on a team barrier.
+template <class Team>
+MONO_DEV void lin_stage(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
+  if (m.flags & LIN_RMSNORM)
+    lin_stage_x_normed(team, m, xs, xstride, scratch);
+  else
+    lin_stage_x(team, m, xs, xstride);
+  team.sync();
+}
+
 // Asks L2 for the residual the epilogue of tiles first .. first + count will read, before the
 // task waits on its input: each round's epilogue then finds it in L2 rather than in HBM.
 template <class Team>
@@ -383,8 +435,7 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) return false;
   LIN_STAMP(team, LIN_STAMP_READY, 0u);
-  lin_stage_x(team, m, xs, xstride);
-  team.sync();
+  lin_stage(team, m, xs, xstride, parts);
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
   for (u32 r = 0; r < p.rounds; ++r) {
@@ -512,8 +563,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
     return false;
   }
   LIN_STAMP(team, LIN_STAMP_READY, 0u);
-  lin_stage_x(team, m, xs, xstride);
-  team.sync();
+  lin_stage(team, m, xs, xstride, parts);
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
   lin_acc<RT> acc;

@@ -28,6 +28,34 @@ MONO_DEV float mono_team_sum(const Team& team, float v, float* scratch) {
   return total;
 }
 
+// The pieces of the RMSNorm, shared by mono_rmsnorm_rows and every other place that normalises
+// rows (the linear tile's x prologue, ops/linear.h): a row's inverse RMS is
+// mono_inv_rms(mono_team_sum(team, mono_row_squares(team, row, n), scratch), n, eps), and element
+// i of the normed row mono_rmsnorm_value(x[i], inv_rms, w[i]). Whoever computes it so with a team
+// of the same size gets the bits the norm task writes.
+//
+// This thread's part of the row's sum of squares: its elements i = thread, thread + size, ... in
+// index order.
+template <class Team>
+MONO_DEV float mono_row_squares(const Team& team, const u16* xr, u32 n) {
+  float squares = 0.0f;
+  for (u32 i = team.thread(); i < n; i += Team::size) {
+    const float v = mono_bf16_to_f32(xr[i]);
+    squares += v * v;
+  }
+  return squares;
+}
+
+// 1 / sqrt(mean of the squares + eps), from the team's total of a row of n.
+MONO_DEV float mono_inv_rms(float total_squares, u32 n, float eps) {
+  return 1.0f / mono_sqrtf(total_squares / (float)n + eps);
+}
+
+// One element of the normed row: bf16(x * inv_rms * w).
+MONO_DEV u16 mono_rmsnorm_value(u16 x, float inv_rms, u16 w) {
+  return mono_f32_to_bf16(mono_bf16_to_f32(x) * inv_rms * mono_bf16_to_f32(w));
+}
+
 // y[r][i] = bf16(x[r][i] * inv_rms_r * w[i]), inv_rms_r = 1 / sqrt(mean_i(x[r][i]^2) + eps), fp32
 // throughout; the reference (model::numerics::rms_norm) computes the same in f64, so the two
 // differ by the bf16 rounding of the output at most a unit. `x` and `y` may be the same rows.
@@ -36,14 +64,8 @@ MONO_DEV void mono_rmsnorm_rows(const Team& team, const u16* x, u32 x_stride, co
                                 float eps, u16* y, u32 y_stride, float* scratch) {
   for (u32 r = 0; r < rows; ++r) {
     const u16* xr = x + (u64)r * x_stride;
-    float squares = 0.0f;
-    for (u32 i = team.thread(); i < n; i += Team::size) {
-      const float v = mono_bf16_to_f32(xr[i]);
-      squares += v * v;
-    }
-    const float inv_rms = 1.0f / mono_sqrtf(mono_team_sum(team, squares, scratch) / (float)n + eps);
+    const float inv_rms = mono_inv_rms(mono_team_sum(team, mono_row_squares(team, xr, n), scratch), n, eps);
     u16* yr = y + (u64)r * y_stride;
-    for (u32 i = team.thread(); i < n; i += Team::size)
-      yr[i] = mono_f32_to_bf16(mono_bf16_to_f32(xr[i]) * inv_rms * mono_bf16_to_f32(w[i]));
+    for (u32 i = team.thread(); i < n; i += Team::size) yr[i] = mono_rmsnorm_value(xr[i], inv_rms, w[i]);
   }
 }

@@ -114,7 +114,7 @@ fn launch(
     let table = image
         .launch_table(&launch.placement, launch.layout.boxes(), tags, 0, 0)
         .unwrap();
-    let mats = plan.matrices(placed.arena, &placed.weights);
+    let mats = plan.matrices(placed.arena, &placed.weights).unwrap();
     let lin = LinArgs {
         mats: image.put(bytemuck::cast_slice(&mats)),
         experts: 0,

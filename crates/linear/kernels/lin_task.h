@@ -20,7 +20,7 @@
 #define LIN_KIND_EXPERT_TILES 2u
 #define LIN_NO_EXPERT 0xffffffffu
 
-// A bank of same-shaped experts (src/gpu.rs `LinExpert`, 128 bytes): `m` is expert 0 of slot 0;
+// A bank of same-shaped experts (src/gpu.rs `LinExpert`, 144 bytes): `m` is expert 0 of slot 0;
 // expert e's weight and scales lie e strides further, slot j's x, y and row scales j strides.
 struct lin_expert {
   lin_matrix m;

@@ -19,6 +19,8 @@ pub const FLAG_OUT_F32: u32 = 2;
 pub const FLAG_SWIGLU: u32 = 4;
 pub const FLAG_RESIDUAL: u32 = 8;
 pub const FLAG_ROW_SCALE: u32 = 16;
+/// x is RMSNorm(source rows), normed while the tile stages it ([`LinMatrix::with_rmsnorm`]).
+pub const FLAG_RMSNORM: u32 = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -37,7 +39,7 @@ pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 /// One matrix of a launch, in the byte layout of `struct lin_matrix`. Pointers are device
 /// addresses (0 where unused).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinMatrix {
     pub w: u64,
     pub scales: u64,
@@ -45,6 +47,8 @@ pub struct LinMatrix {
     pub y: u64,
     pub residual: u64,
     pub row_scale: u64,
+    /// [`FLAG_RMSNORM`]: the norm's weight (bf16) of the whole source row.
+    pub norm_w: u64,
     pub k: u32,
     pub n: u32,
     pub tiles: u32,
@@ -52,16 +56,60 @@ pub struct LinMatrix {
     pub x_stride: u32,
     pub y_stride: u32,
     pub flags: u32,
-    pub pad: u32,
+    /// [`FLAG_RMSNORM`]: elements of a source row (the RMS is over all of them).
+    pub norm_n: u32,
+    /// [`FLAG_RMSNORM`]: the element of the source row that `x` points at.
+    pub norm_k0: u32,
+    pub norm_eps: f32,
 }
 
-const _: () = assert!(std::mem::size_of::<LinMatrix>() == 80);
+const _: () = assert!(std::mem::size_of::<LinMatrix>() == 96);
+
+/// Bad [`LinMatrix::with_rmsnorm`] arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("RMSNorm prologue: {0}")]
+pub struct NormError(String);
+
+impl LinMatrix {
+    /// The same matrix with x = RMSNorm(the source rows): `x` (already set, with its `x_stride`)
+    /// points at element `k0` of rows of `n` elements, which the tile normalises with the bf16
+    /// weight at `weight` (`[n]`, 16-byte aligned) and `eps` while it stages its k-range, each
+    /// row's RMS taken over all `n` elements: the bits a norm task of the same team writes.
+    pub fn with_rmsnorm(
+        mut self,
+        weight: u64,
+        n: u32,
+        k0: u32,
+        eps: f32,
+    ) -> Result<Self, NormError> {
+        let why = if k0 % 8 != 0 || weight % 16 != 0 {
+            Some(format!(
+                "element {k0} and weight address {weight:#x}: the tile reads 16-byte pieces"
+            ))
+        } else if u64::from(k0) + u64::from(self.k) > u64::from(n) {
+            Some(format!("k-range {k0}..{} past a row of {n}", k0 + self.k))
+        } else if !(eps.is_finite() && eps > 0.0) {
+            Some(format!("eps {eps}: positive and finite"))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(NormError(why));
+        }
+        self.flags |= FLAG_RMSNORM;
+        self.norm_w = weight;
+        self.norm_n = n;
+        self.norm_k0 = k0;
+        self.norm_eps = eps;
+        Ok(self)
+    }
+}
 
 /// A bank of same-shaped experts, `struct lin_expert`: `m` is expert 0 of slot 0; expert e's
 /// weight lies `e * w_stride` bytes further (scales `e * scales_stride` floats), slot j's x, y and
 /// row scales `j *` their strides (elements) further.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinExpert {
     pub m: LinMatrix,
     pub w_stride: u64,
@@ -73,7 +121,7 @@ pub struct LinExpert {
     pub pad: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<LinExpert>() == 128);
+const _: () = assert!(std::mem::size_of::<LinExpert>() == 144);
 
 /// The stage's kernel argument, `struct lin_args`: the matrices and the expert banks.
 #[repr(C)]
@@ -240,7 +288,7 @@ impl DeviceProblem {
             x_stride: p.k as u32,
             y_stride: p.n as u32,
             flags: flags(p),
-            pad: 0,
+            ..LinMatrix::default()
         };
         Ok(DeviceProblem {
             weight,

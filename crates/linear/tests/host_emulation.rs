@@ -4,7 +4,11 @@
 //! (FP8 and bf16, plain and gate/up, 1 / 4 / 9 / 16 rows, N not a multiple of the tile, zeros and
 //! outliers, every epilogue, and a matrix whose x is the y of the one before it, so it must wait
 //! for it), checked against the reference by `check::check`; then the negative controls, which
-//! must fail: two scale blocks swapped, a task (a range of columns) dropped. This runs the
+//! must fail: two scale blocks swapped, a task (a range of columns) dropped. The RMSNorm prologue
+//! (`FLAG_RMSNORM`): a probe kernel (`tests/kernels/norm_probe.hip`) stages x by it beside the
+//! norm task's function, which must agree bit for bit (and the function with the f64 reference to
+//! a bf16 unit), and a matrix staged so is checked against the reference on those bits; without
+//! the flag both checks must fail. This runs the
 //! portable path of the tile (the lanes' own FMAs), not the mma.sync path the H200 runs
 //! (tests/gpu.rs), but the same layout, partition, sums over groups, epilogues and hand-offs.
 //! Needs g++ with C++20, so ignored:
@@ -13,7 +17,7 @@
 use device::host::build_driver;
 use linear::cases::{Finish, Pattern, Problem};
 use linear::check::check;
-use linear::gpu::{decode_y, flags, source, LinMatrix};
+use linear::gpu::{decode_y, flags, source, LinMatrix, FLAG_RMSNORM};
 use linear::layout::{lds_bytes, place, LaunchPlan, MatrixPlan};
 use mailbox::gpu::{DebugBound, Variant};
 use model::weights::packed::{PackedWeight, Pairing};
@@ -93,7 +97,7 @@ fn put_matrix(arena: &mut Arena, p: &Problem, w: &PackedWeight, x: Option<u64>) 
         x_stride: p.k as u32,
         y_stride: p.n as u32,
         flags: flags(p),
-        pad: 0,
+        ..LinMatrix::default()
     }
 }
 
@@ -268,4 +272,208 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
 
 fn mats_of(placed: &[Placed]) -> Vec<LinMatrix> {
     placed.iter().map(|m| m.matrix).collect()
+}
+
+/// The RMSNorm prologue's probe (`tests/kernels/norm_probe.hip`) and its driver.
+const PROBE: &str = include_str!("kernels/norm_probe.hip");
+const PROBE_DRIVER: &str = include_str!("host/norm_probe.cpp");
+
+/// Source rows of which a normed matrix reads the k-range k0..k0 + k, with the norm's weight.
+struct NormSource {
+    rows: usize,
+    n: usize,
+    k0: usize,
+    k: usize,
+    x: Vec<u16>,
+    weight: Vec<u16>,
+    eps: f32,
+}
+
+impl NormSource {
+    fn new(pattern: Pattern, rows: usize, n: usize, k0: usize, k: usize, seed: u64) -> Self {
+        let draw = |pattern, rows, seed| {
+            Problem::new(
+                pattern,
+                WeightFormat::Bf16,
+                Pairing::Plain,
+                16,
+                n,
+                rows,
+                Finish::Rounded,
+                seed,
+            )
+            .unwrap()
+            .x
+        };
+        NormSource {
+            rows,
+            n,
+            k0,
+            k,
+            x: draw(pattern, rows, seed),
+            weight: draw(Pattern::Random, 1, seed + 1),
+            eps: 1e-5,
+        }
+    }
+}
+
+fn compile_probe(dir: &Path) -> PathBuf {
+    let source =
+        mailbox::gpu::source(("norm_probe.hip", PROBE)).define("MONO_CTA_THREADS", THREADS);
+    let exe = dir.join("norm_probe");
+    build_driver(&source, ("norm_probe.cpp", PROBE_DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
+    exe
+}
+
+/// The probe on `s` with the matrix's `flags`: the norm function's rows `[rows][n]` and the staged
+/// x `[rows][k]`.
+fn run_probe(exe: &Path, s: &NormSource, flags: u32) -> (Vec<u16>, Vec<u16>) {
+    let mut input = Vec::new();
+    for w in [s.rows, s.n, s.k0, s.k, flags as usize] {
+        input.extend((w as u32).to_le_bytes());
+    }
+    input.extend(s.eps.to_le_bytes());
+    input.extend(as_bytes(&s.x));
+    input.extend(as_bytes(&s.weight));
+    let (i, o) = (exe.with_extension("input"), exe.with_extension("output"));
+    std::fs::write(&i, input).unwrap();
+    let out = Command::new(exe).arg(&i).arg(&o).output().unwrap();
+    assert!(
+        out.status.success(),
+        "probe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let words: Vec<u16> = std::fs::read(&o)
+        .unwrap()
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let (normed, staged) = words.split_at(s.rows * s.n);
+    (normed.to_vec(), staged.to_vec())
+}
+
+/// bf16 bits in an order where neighbours differ by one.
+fn ordered(bits: u16) -> i32 {
+    let magnitude = i32::from(bits & 0x7fff);
+    if bits & 0x8000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// The norm function's rows against the f64 reference (a bf16 unit apart at most), and the staged
+/// x against them bit for bit.
+fn check_probe(s: &NormSource, normed: &[u16], staged: &[u16]) -> Result<(), String> {
+    let value = linear::cases::bf16_value;
+    let weight: Vec<f32> = s.weight.iter().map(|&b| value(b)).collect();
+    for r in 0..s.rows {
+        let row: Vec<f32> = s.x[r * s.n..(r + 1) * s.n]
+            .iter()
+            .map(|&b| value(b))
+            .collect();
+        let reference = model::numerics::rms_norm(&row, &weight, f64::from(s.eps)).unwrap();
+        for (i, &v) in reference.iter().enumerate() {
+            let want = (model::numerics::bf16_round(v).to_bits() >> 16) as u16;
+            let got = normed[r * s.n + i];
+            if (ordered(got) - ordered(want)).abs() > 1 {
+                return Err(format!(
+                    "row {r} element {i}: the norm wrote {got:#06x}, the reference is {want:#06x}"
+                ));
+            }
+        }
+        for c in 0..s.k {
+            let (want, got) = (normed[r * s.n + s.k0 + c], staged[r * s.k + c]);
+            if want != got {
+                return Err(format!(
+                    "row {r} element {}: staged {got:#06x}, the norm task's bits {want:#06x}",
+                    s.k0 + c
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn rmsnorm_prologue_stages_the_norm_tasks_bits_on_cpu_threads() {
+    let dir = std::env::temp_dir().join(format!("linear-norm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let probe = compile_probe(&dir);
+    let sources = [
+        // A k-split of a row (the router's), one row.
+        NormSource::new(Pattern::Random, 1, 1536, 512, 384, 21),
+        // Whole rows with outliers, a row width that is no multiple of the team.
+        NormSource::new(Pattern::Outliers, 4, 1000, 0, 896, 22),
+        NormSource::new(Pattern::Random, 16, 640, 128, 256, 23),
+    ];
+    for s in &sources {
+        let (normed, staged) = run_probe(&probe, s, FLAG_RMSNORM);
+        check_probe(s, &normed, &staged).unwrap();
+        eprintln!(
+            "{} rows of {} (k {}..{}): staged = the norm's bits",
+            s.rows,
+            s.n,
+            s.k0,
+            s.k0 + s.k
+        );
+        // Negative control: without the flag the tile stages the rows un-normed.
+        let (normed, staged) = run_probe(&probe, s, 0);
+        let e = check_probe(s, &normed, &staged).unwrap_err();
+        eprintln!("prologue off: {e}");
+    }
+
+    // A matrix through the whole tile on the norm's output: its x is the source rows' k-range,
+    // normed by the prologue; checked against the reference on the norm task's bits.
+    let exe = compile(&dir);
+    let s = &sources[0];
+    let mut p = Problem::new(
+        Pattern::Random,
+        WeightFormat::Fp8,
+        Pairing::Plain,
+        200,
+        s.k,
+        s.rows,
+        Finish::Residual,
+        24,
+    )
+    .unwrap();
+    let (normed, _) = run_probe(&probe, s, FLAG_RMSNORM);
+    p.x = (0..s.rows)
+        .flat_map(|r| normed[r * s.n + s.k0..r * s.n + s.k0 + s.k].to_vec())
+        .collect();
+    let w = p.packed().unwrap();
+    let plan = place(
+        &[MatrixPlan {
+            tiles: w.layout.tiles() as u32,
+            after: None,
+        }],
+        CTAS,
+    )
+    .unwrap();
+    let run_normed = |prologue: bool| {
+        let mut arena = Arena::default();
+        let rows = arena.put(&as_bytes(&s.x));
+        let weight = arena.put(&as_bytes(&s.weight));
+        let mut m = put_matrix(&mut arena, &p, &w, Some(rows + 2 * s.k0 as u64));
+        m.x_stride = s.n as u32;
+        if prologue {
+            m = m
+                .with_rmsnorm(weight, s.n as u32, s.k0 as u32, s.eps)
+                .unwrap();
+        }
+        let out = run(&exe, &plan, &[m], &arena).unwrap();
+        let at = m.y as usize;
+        check(&p, &decode_y(&out[at..at + p.rows * p.n * 2], false))
+    };
+    let v = run_normed(true).unwrap();
+    eprintln!(
+        "normed {}: {} outputs, {} off the reference's rounding",
+        p.name, v.outputs, v.off_reference
+    );
+    // Negative control: the same matrix without the prologue reads the rows un-normed.
+    let e = run_normed(false).unwrap_err();
+    eprintln!("prologue off: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -219,7 +219,7 @@ impl MoeMemory {
                 x_stride: k as u32,
                 y_stride: n as u32,
                 flags,
-                pad: 0,
+                ..LinMatrix::default()
             }
         };
         let none = Span::default();

@@ -1,6 +1,7 @@
 //! The attention half of a layer as fused-launch tasks (spec §2.1-2.8), from the layer's input
-//! rows to x + o_proj(attention): the input RMSNorm, q_a and kv_a (linear tasks), the q latent's
-//! RMSNorm, q_b, the rope of the queries' rope parts, the absorption of q_nope through W_UK (a
+//! rows to x + o_proj(attention): q_a and kv_a (linear tasks normalising their x, the input rows,
+//! by the input RMSNorm as they stage it: `FLAG_RMSNORM`), q_b (normalising q_a's output by the q
+//! latent's RMSNorm the same way), the rope of the queries' rope parts, the absorption of q_nope through W_UK (a
 //! linear task a head), the KV latent's RMSNorm with the rope of its key, the cache write, the
 //! sparse attention over each row's selected slots (splits and combines), W_UV (a linear task a
 //! head) and o_proj with the residual. Every task waits on the completion boxes of its inputs and
@@ -13,6 +14,12 @@
 //! zeros times the head's rope part (GLM-5: exactly nope ‖ rope = 256) or, past the row's last
 //! head, times the slack [`HalfArena`] keeps after q (zeros). At GLM-5 TP8 that streams 2 MB of
 //! bf16 W_UK instead of 1.5 MB.
+//!
+//! The two norms stay out of the dependent chain: a linear task computes its rows' inverse RMS
+//! itself (the bits the norm task would write), so q_a and kv_a wait on the input rows and q_b on
+//! q_a, not on a one-CTA norm task between them. The norm tasks are planned only for a launch
+//! whose indexer reads the normed input rows and q latent ([`HalfPlan::begin`]'s `keep_norms`),
+//! and nothing of the half's own chain waits on them.
 //!
 //! The global order: the input norm, q_a, kv_a, the KV norm, the q norm ([`HalfPlan::begin`]),
 //! q_b, the q rope, W_UK ([`HalfPhases::queries`]), the attention's cache writes, splits and
@@ -283,7 +290,8 @@ pub struct HalfBuild {
     pub choice: SplitChoice,
 }
 
-/// The boxes of the half.
+/// The boxes of the half. `norm_hidden` and `norm_q` are written only by the norm tasks a launch
+/// with the indexer plans (`keep_norms`).
 #[derive(Clone, Copy, Debug)]
 pub struct HalfBoxes {
     pub norm_hidden: Region<u32>,
@@ -353,6 +361,8 @@ pub struct HalfPhases {
     /// Slot lists published in the launch (by select): one Slots task a row waits on its row's
     /// list box. Otherwise one Slots task, first, publishes lists written before the launch.
     lists_in_launch: bool,
+    /// The input norm and q norm tasks are planned (their outputs read by the indexer).
+    keep_norms: bool,
     hidden_in: Vec<BoxRange>,
 }
 
@@ -369,14 +379,17 @@ impl HalfPlan {
         hidden: Handoff,
         prefix: &str,
     ) -> Result<HalfPlan, HalfError> {
-        let mut phases = HalfPlan::begin(g, dims, requests, build, hidden, prefix, None, false)?;
+        let mut phases =
+            HalfPlan::begin(g, dims, requests, build, hidden, prefix, None, false, false)?;
         phases.queries(g)?;
         phases.attend(g, &[])
     }
 
     /// The half's first phase: its arena slices (the step inputs at `inputs`, or its own), boxes
-    /// and matrices, a Slots task first unless `lists_in_launch`, then the input norm, q_a,
-    /// kv_a, the KV latent's norm and the q latent's norm.
+    /// and matrices, a Slots task first unless `lists_in_launch`, then the input norm (when
+    /// `keep_norms`), q_a, kv_a, the KV latent's norm and the q latent's norm (when `keep_norms`).
+    /// `keep_norms`: another part of the launch (the indexer's projections) reads the normed input
+    /// rows and q latent; the half's own matrices norm their x themselves.
     #[allow(clippy::too_many_arguments)]
     pub fn begin(
         g: &mut LaunchGraph,
@@ -387,6 +400,7 @@ impl HalfPlan {
         prefix: &str,
         inputs: Option<HalfInputs>,
         lists_in_launch: bool,
+        keep_norms: bool,
     ) -> Result<HalfPhases, HalfError> {
         let rows: u32 = requests.iter().map(|r| r.rows).sum();
         let max = linear::layout::MAX_ROWS as u32;
@@ -496,6 +510,7 @@ impl HalfPlan {
             },
             splits,
             lists_in_launch,
+            keep_norms,
             hidden_in: hidden.waits(),
         };
         phases.latents(g)?;
@@ -561,7 +576,8 @@ impl HalfPhases {
     }
 
     /// The first phase's tasks: the slot lists from memory (unless select publishes them in the
-    /// launch), the input norm, q_a, kv_a, the KV norm, the q norm.
+    /// launch), the input norm (for the indexer), q_a and kv_a (on the input rows, normed as they
+    /// are staged), the KV norm, the q norm (for the indexer).
     fn latents(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
         let rows = self.plan.rows;
         let boxes = self.plan.boxes;
@@ -569,16 +585,18 @@ impl HalfPhases {
         if !self.lists_in_launch {
             self.slots_task(g, 0, rows, &[])?;
         }
-        push(
-            g,
-            MlaKind::Norm.kind(),
-            first_box(&boxes.norm_hidden),
-            &self.hidden_in,
-            norm(NormOf::Hidden),
-        )?;
-        let after_norm = [first_box(&boxes.norm_hidden)];
-        self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &after_norm)?;
-        self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &after_norm)?;
+        if self.keep_norms {
+            push(
+                g,
+                MlaKind::Norm.kind(),
+                first_box(&boxes.norm_hidden),
+                &self.hidden_in,
+                norm(NormOf::Hidden),
+            )?;
+        }
+        let hidden_in = self.hidden_in.clone();
+        self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &hidden_in)?;
+        self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &hidden_in)?;
         push(
             g,
             MlaKind::Norm.kind(),
@@ -586,26 +604,24 @@ impl HalfPhases {
             &[whole(&boxes.kv_a)],
             norm(NormOf::KvLatent),
         )?;
-        push(
-            g,
-            MlaKind::Norm.kind(),
-            first_box(&boxes.norm_q),
-            &[whole(&boxes.q_a)],
-            norm(NormOf::QLatent),
-        )
+        if self.keep_norms {
+            push(
+                g,
+                MlaKind::Norm.kind(),
+                first_box(&boxes.norm_q),
+                &[whole(&boxes.q_a)],
+                norm(NormOf::QLatent),
+            )?;
+        }
+        Ok(())
     }
 
-    /// The second phase: q_b, the q rope, W_UK of every head.
+    /// The second phase: q_b (on q_a's output, normed as it is staged), the q rope, W_UK of
+    /// every head.
     pub fn queries(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
         let rows = self.plan.rows;
         let boxes = self.plan.boxes;
-        self.linear_tasks(
-            g,
-            HalfMatrix::QB,
-            &boxes.q_b,
-            &mut 0,
-            &[first_box(&boxes.norm_q)],
-        )?;
+        self.linear_tasks(g, HalfMatrix::QB, &boxes.q_b, &mut 0, &[whole(&boxes.q_a)])?;
         // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
         // rows' new tokens from the new latents.
         let rope_in = [whole(&boxes.q_b), first_box(&boxes.norm_kv)];
@@ -761,8 +777,9 @@ impl HalfPlan {
     }
 
     /// The half's matrices for the launch's list (from [`HalfPlan::first_matrix`]), activations at
-    /// `arena`.
-    pub fn matrices(&self, arena: u64, w: &HalfWeights) -> Vec<LinMatrix> {
+    /// `arena`: q_a and kv_a read the input rows and q_b q_a's output, each normalising them (the
+    /// input norm, the q latent's norm) as it stages them.
+    pub fn matrices(&self, arena: u64, w: &HalfWeights) -> Result<Vec<LinMatrix>, HalfError> {
         let (d, a) = (&self.dims, &self.arena);
         let at = |offset: u64| arena + offset;
         let bf16 = |elements: usize| 2 * elements as u64;
@@ -771,11 +788,9 @@ impl HalfPlan {
             .map(|m| {
                 let (n, k) = m.shape(d);
                 let (x, x_stride, y, y_stride) = match m {
-                    HalfMatrix::QA => (at(a.hidden_normed), d.hidden, at(a.q_a), d.q_lora),
-                    HalfMatrix::KvA => {
-                        (at(a.hidden_normed), d.hidden, at(a.kv_a), d.latent + d.rope)
-                    }
-                    HalfMatrix::QB => (at(a.q_latent), d.q_lora, at(a.q), d.heads * d.qk()),
+                    HalfMatrix::QA => (at(a.hidden), d.hidden, at(a.q_a), d.q_lora),
+                    HalfMatrix::KvA => (at(a.hidden), d.hidden, at(a.kv_a), d.latent + d.rope),
+                    HalfMatrix::QB => (at(a.q_a), d.q_lora, at(a.q), d.heads * d.qk()),
                     HalfMatrix::Uk(h) => (
                         at(a.q) + bf16(h * d.qk()),
                         d.heads * d.qk(),
@@ -792,7 +807,7 @@ impl HalfPlan {
                 };
                 let p = w.matrices[m.index(d.heads)];
                 let residual = m == HalfMatrix::OProj;
-                LinMatrix {
+                let matrix = LinMatrix {
                     w: p.w,
                     scales: p.scales,
                     x,
@@ -807,7 +822,20 @@ impl HalfPlan {
                     y_stride: y_stride as u32,
                     flags: if p.fp8 { FLAG_FP8 } else { 0 }
                         | if residual { FLAG_RESIDUAL } else { 0 },
-                    pad: 0,
+                    ..LinMatrix::default()
+                };
+                let normed = match m {
+                    HalfMatrix::QA | HalfMatrix::KvA => {
+                        Some((w.hidden_norm, d.hidden, d.hidden_eps))
+                    }
+                    HalfMatrix::QB => Some((w.q_a_norm, d.q_lora, d.latent_eps)),
+                    _ => None,
+                };
+                match normed {
+                    Some((weight, n, eps)) => matrix
+                        .with_rmsnorm(weight, n as u32, 0, eps as f32)
+                        .map_err(|e| HalfError::Shape(e.to_string())),
+                    None => Ok(matrix),
                 }
             })
             .collect()

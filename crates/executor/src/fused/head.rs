@@ -306,70 +306,7 @@ fn matrix_descriptor(
         x_stride: layout.k as u32,
         y_stride: out_cols,
         flags: flags | fp8,
-        pad: 0,
-    }
-}
-
-/// A norm of a launch's rows on its own (a MoE layer's post-attention norm; the dense MLP's is
-/// part of [`dense_mlp_part`]), planned.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NormPlan {
-    pub rows: u32,
-    pub n: u32,
-    pub eps: f32,
-    /// Its entry in the head's norm descriptors.
-    pub norm: u32,
-    pub input: Handoff,
-    /// `[rows, n]` bf16: the normed rows, ready when every row's task is done.
-    pub out: Handoff,
-}
-
-/// An RMSNorm of `rows` rows of `n` from `x` into a slice `name` of the arena: a head norm task
-/// a row, each waiting on `x`.
-pub fn norm_part(
-    g: &mut LaunchGraph,
-    lists: &mut HeadLists,
-    name: &str,
-    rows: u32,
-    n: u32,
-    eps: f32,
-    x: Handoff,
-) -> Result<NormPlan> {
-    check_rows(rows)?;
-    let norm = reserve(&mut lists.norms);
-    let y = bf16_slice(g, name, rows, n)?;
-    let done = row_tasks(
-        g,
-        &format!("{name}_done"),
-        KIND_NORM,
-        norm,
-        rows,
-        &x.waits(),
-    )?;
-    Ok(NormPlan {
-        rows,
-        n,
-        eps,
-        norm,
-        input: x,
-        out: Handoff {
-            data: y,
-            ready: done.all(),
-        },
-    })
-}
-
-impl NormPlan {
-    /// The norm's descriptor: the weight (bf16 `[n]`) at `weight`, the arena at `arena`.
-    pub fn bind(&self, arena: u64, weight: u64, d: &mut HeadDescriptors) {
-        d.norms[self.norm as usize] = norm_descriptor(
-            arena,
-            self.input.data,
-            self.out.data,
-            weight,
-            self.n,
-            self.eps,
-        );
+        ..LinMatrix::default()
     }
 }
 

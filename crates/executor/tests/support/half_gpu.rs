@@ -125,7 +125,7 @@ impl GpuHalf {
             .iter()
             .map(|p| (p.bytes.len() + 4 * p.scales.len()) as u64)
             .sum::<u64>();
-        let mats = plan.matrices(placed.arena, &placed.weights);
+        let mats = plan.matrices(placed.arena, &placed.weights).unwrap();
         let mats = dev.upload(&mats)?;
         let lin = LinArgs {
             mats: mats.device_ptr(),

@@ -3,7 +3,7 @@
 // MONO_CTA_THREADS threads, device memory in shared mappings.
 //   driver <input> <output>
 // input (little-endian u32 words): ctas, tasks, matrices, scratch boxes, arena bytes; the tasks
-// (16 words each), the offsets (ctas + 1), the matrices (20 words each, their pointers given as
+// (16 words each), the offsets (ctas + 1), the matrices (24 words each, their pointers given as
 // byte offsets into the arena, all ones for none), then the arena (weights, scales, x, y, ...).
 // output: the arena after the launch. Exit status: emu_launch's (kernels/host/launch.h), or 4 when
 // a debug wait gave up.
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   u32 h[5];
   read_bytes(f, h, sizeof h);
   const u32 ctas = h[0], n_tasks = h[1], n_mats = h[2], scratch_boxes = h[3], arena_bytes = h[4];
-  static_assert(sizeof(lin_matrix) == 80, "lin_matrix must match the Rust LinMatrix");
+  static_assert(sizeof(lin_matrix) == 96, "lin_matrix must match the Rust LinMatrix");
   auto* tasks = (mbx_task*)device_alloc(sizeof(mbx_task) * (n_tasks + 1));
   read_bytes(f, tasks, sizeof(mbx_task) * n_tasks);
   auto* offsets = (u32*)device_alloc(4 * (ctas + 1));
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     m.y = relocate(arena, (u8*)m.y);
     m.residual = relocate(arena, m.residual);
     m.row_scale = relocate(arena, m.row_scale);
+    m.norm_w = relocate(arena, m.norm_w);
   }
   auto* scratch = (u64*)device_alloc(8 * scratch_boxes);
   auto* epoch = (u32*)device_alloc(4);

@@ -4,7 +4,7 @@
 //   driver <input> <output>
 // input (little-endian): u32 words ctas, tasks, matrices, expert banks, scratch boxes, then the
 // arena's bytes as a u64; the tasks (64 bytes each), the offsets (ctas + 1 words), the matrices
-// (80 bytes each), the banks (128 bytes each), the moe_args (128 bytes), then the arena. Every
+// (96 bytes each), the banks (144 bytes each), the moe_args (128 bytes), then the arena. Every
 // pointer is an offset into the arena. output: the arena after the launch. Exit status:
 // emu_launch's, or 4 when a debug wait gave up.
 #include <cstdio>
@@ -31,6 +31,7 @@ static void relocate(u8* arena, lin_matrix& m) {
   relocate(arena, m.y);
   relocate(arena, m.residual);
   relocate(arena, m.row_scale);
+  relocate(arena, m.norm_w);
 }
 
 int main(int argc, char** argv) {
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   read_bytes(f, h, sizeof h);
   read_bytes(f, &arena_bytes, sizeof arena_bytes);
   const u32 ctas = h[0], n_tasks = h[1], n_mats = h[2], n_banks = h[3], scratch_boxes = h[4];
-  static_assert(sizeof(lin_matrix) == 80 && sizeof(lin_expert) == 128 && sizeof(moe_args) == 128,
+  static_assert(sizeof(lin_matrix) == 96 && sizeof(lin_expert) == 144 && sizeof(moe_args) == 128,
                 "the argument structs must match their Rust twins");
   auto* tasks = emu_device_alloc<mbx_task>(n_tasks + 1);
   read_bytes(f, tasks, sizeof(mbx_task) * n_tasks);

@@ -16,7 +16,7 @@ use crate::fused::attention::{HalfMatrix, HalfPlan, HalfWeights, PackedAt};
 use crate::fused::front::FrontGraph;
 use crate::fused::head::{DenseWeights, HeadDescriptors, TailWeights};
 use indexer::layout::TaskKind as IdxKind;
-use linear::gpu::{LinMatrix, FLAG_OUT_F32, FLAG_RESIDUAL};
+use linear::gpu::{LinMatrix, FLAG_OUT_F32, FLAG_RESIDUAL, FLAG_RMSNORM};
 use linear::layout::{KIND_EXPERT_TILES, KIND_TILES};
 use mailbox::{Placement, Stage, Task};
 use mla::layout::{MlaKind, NormOf};
@@ -53,14 +53,21 @@ fn bf16_rows(base: u64, first: u32, n: u32, cols: u64) -> Range<u64> {
     start..start + u64::from(n) * cols * 2
 }
 
-/// The bytes a matrix's linear tasks read (x, the residual) and write (y).
+/// The bytes a matrix's linear tasks read (x, or with the RMSNorm prologue the whole source rows
+/// it norms; the residual) and write (y).
 fn matrix_access(m: &LinMatrix) -> Access {
     let rows = u64::from(m.rows.max(1));
     let out = if m.flags & FLAG_OUT_F32 != 0 { 4 } else { 2 };
     let span = |base: u64, stride: u32, width: u32, bytes: u64| {
         base..base + ((rows - 1) * u64::from(stride) + u64::from(width)) * bytes
     };
-    let mut reads = vec![span(m.x, m.x_stride, m.k, 2)];
+    let x = if m.flags & FLAG_RMSNORM != 0 {
+        let row = m.x.saturating_sub(2 * u64::from(m.norm_k0));
+        span(row, m.x_stride, m.norm_n, 2)
+    } else {
+        span(m.x, m.x_stride, m.k, 2)
+    };
+    let mut reads = vec![x];
     if m.flags & FLAG_RESIDUAL != 0 {
         reads.push(span(m.residual, m.y_stride, m.n, 2));
     }
@@ -87,7 +94,10 @@ fn bound_at_zero(plan: &LayerPlan) -> (Vec<Option<LinMatrix>>, HeadDescriptors) 
             matrices: vec![PackedAt::default(); HalfMatrix::all(half.dims.heads).len()],
             ..HalfWeights::default()
         };
-        for (i, m) in half.matrices(0, &w).into_iter().enumerate() {
+        let half_mats = half
+            .matrices(0, &w)
+            .expect("zero weight addresses are aligned");
+        for (i, m) in half_mats.into_iter().enumerate() {
             put(&mut mats, &mut bound, half.first_matrix + i as u32, m);
         }
     }
@@ -115,9 +125,6 @@ fn bound_at_zero(plan: &LayerPlan) -> (Vec<Option<LinMatrix>>, HeadDescriptors) 
     }
     if let Some(embed) = &plan.embed {
         embed.bind(0, 0, 0, plan.slices.tokens.offset, &mut d);
-    }
-    if let Some(norm) = &plan.post_norm {
-        norm.bind(0, 0, &mut d);
     }
     let mats = mats
         .into_iter()
@@ -180,7 +187,12 @@ pub fn accesses(plan: &LayerPlan, placement: &Placement) -> Result<Vec<Access>, 
     let (mats, heads) = bound_at_zero(plan);
     let topk = u64::from(plan.slices.dims.topk);
     let slot_lists = plan.slices.slot_lists.offset;
-    let moe_x = plan.post_norm.map(|n| n.out.data);
+    // The MoE's input readers norm the attention's output rows as they stage them.
+    let moe_x = plan
+        .moe
+        .as_ref()
+        .and_then(|_| plan.attention.as_ref())
+        .map(|h| h.out.data);
     let mut out = Vec::new();
     for (_, t) in placement.tasks() {
         let unknown = |what: &str| DependencyError::Unknown {

@@ -178,7 +178,7 @@ impl IndexProjections {
             x_stride: k,
             y_stride: n,
             flags: if p.fp8 { FLAG_FP8 } else { 0 } | if out_f32 { FLAG_OUT_F32 } else { 0 },
-            pad: 0,
+            ..LinMatrix::default()
         };
         let heads = d.heads * d.head_dim;
         [

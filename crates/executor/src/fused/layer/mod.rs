@@ -75,7 +75,7 @@ pub use weights::{ExpertBank, LayerMatrix, LayerVector, MatrixSource, VectorUse}
 use super::attention::{HalfError, HalfPlan};
 use super::front::FrontError;
 use super::graph::{GraphError, Handoff, PlannedLaunch};
-use super::head::{DensePlan, EmbedPlan, HeadLists, HeadPartError, NormPlan, TailPlan};
+use super::head::{DensePlan, EmbedPlan, HeadLists, HeadPartError, TailPlan};
 use super::moe::{MoeGraphError, MoePart};
 use mailbox::Stage;
 use mla::layout::SplitChoice;
@@ -149,8 +149,6 @@ pub struct LayerPlan {
     pub attention: Option<HalfPlan>,
     /// A full-indexer layer's projections and front half.
     pub index: Option<IndexPart>,
-    /// A MoE layer's post-attention norm (the dense MLP's is in [`DensePlan`]).
-    pub post_norm: Option<NormPlan>,
     pub moe: Option<MoePart>,
     pub dense: Option<DensePlan>,
     pub tail: Option<TailPlan>,

@@ -13,8 +13,8 @@ use crate::fused::attention::{
 use crate::fused::front::{FrontBuild, FrontRequest};
 use crate::fused::graph::{Handoff, LaunchGraph};
 use crate::fused::head::{
-    dense_mlp_part_into, embed_part_into, norm_part, tail_part, DensePlan, DenseShape, EmbedPlan,
-    HeadLists, NormPlan, TailPlan, TailShape,
+    dense_mlp_part_into, embed_part_into, tail_part, DensePlan, DenseShape, EmbedPlan, HeadLists,
+    TailPlan, TailShape,
 };
 use crate::fused::moe::{moe_part_into, MoePart};
 use model::{IndexerKind, MlpKind};
@@ -68,7 +68,6 @@ struct Parts {
     embed: Option<EmbedPlan>,
     attention: Option<HalfPlan>,
     index: Option<IndexPart>,
-    post_norm: Option<NormPlan>,
     moe: Option<MoePart>,
     dense: Option<DensePlan>,
     tail: Option<TailPlan>,
@@ -162,7 +161,6 @@ impl LayerPlan {
             embed: parts.embed,
             attention: parts.attention,
             index: parts.index,
-            post_norm: parts.post_norm,
             moe: parts.moe,
             dense: parts.dense,
             tail: parts.tail,
@@ -328,6 +326,7 @@ impl Composer<'_> {
             "attn",
             Some(inputs),
             full,
+            full,
         )?)
     }
 
@@ -355,27 +354,20 @@ impl Composer<'_> {
         Ok(())
     }
 
-    /// The post-attention norm of `h`, then the MoE with `h` as its residual, into the residual
-    /// stream.
+    /// The MoE of `h`, with `h` as its residual, into the residual stream: its matrices that
+    /// read the input (the router's k-splits, the shared and the routed gate/ups) normalise `h`
+    /// by the post-attention norm as they stage it, so no norm task stands between the attention
+    /// and them.
     fn moe(&mut self, i: usize, h: Handoff) -> Result<(), LayerError> {
-        let (rows, hidden, eps) = (self.rows, self.hidden(), self.eps());
-        let normed = norm_part(
-            &mut self.g,
-            &mut self.lists,
-            "post_norm",
-            rows,
-            hidden,
-            eps,
-            h,
-        )?;
+        let rows = self.rows;
         let shape = MoeShape::new(self.cfg, self.build.tp, rows as usize, self.build.weights)
             .map_err(crate::fused::moe::MoeGraphError::from)?;
         let out = self.slices.rows_of(self.slices.hidden_out(i), rows);
-        let (out, moe) = moe_part_into(&mut self.g, &shape, normed.out, h, out)?;
+        let (out, moe) = moe_part_into(&mut self.g, &shape, h, h, out)?;
         let n = &mut self.names;
         n.vector(
             tensor(i, "post_attention_layernorm.weight"),
-            VectorUse::HeadNorm(normed.norm),
+            VectorUse::MoeInputNorm,
         );
         name_moe(n, i, &shape, moe.first_matrix);
         n.vector(
@@ -384,7 +376,6 @@ impl Composer<'_> {
         );
         self.parts.banks = expert_banks(i, shape.experts);
         self.parts.out = out;
-        self.parts.post_norm = Some(normed);
         self.parts.moe = Some(moe);
         Ok(())
     }

@@ -59,6 +59,9 @@ pub enum VectorUse {
     EmbedTable(u32),
     /// The router's `e_score_correction_bias` (`moe_args`).
     RouterBias,
+    /// The MoE part's input norm (the post-attention norm): `LinMatrix::norm_w` of the matrices
+    /// that read the MoE's input (the router's k-splits, the shared and the routed gate/ups).
+    MoeInputNorm,
 }
 
 /// A tensor the launch reads outside the matrix list and the banks.

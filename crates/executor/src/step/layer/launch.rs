@@ -291,7 +291,10 @@ impl<'a> LayerLaunch<'a> {
             let cache = caches.layer(lw.plan.index)?;
             let s = scale.unwrap_or(half.model_scale());
             mla = Some(half.mla_args(arena, cache.mla.device_ptr(), &lw.attention, s));
-            for (i, m) in half.matrices(arena, &lw.attention).into_iter().enumerate() {
+            let half_mats = half
+                .matrices(arena, &lw.attention)
+                .map_err(|e| invalid(format!("{name}: {e}")))?;
+            for (i, m) in half_mats.into_iter().enumerate() {
                 mats[half.first_matrix as usize + i] = m;
             }
         }
@@ -340,20 +343,17 @@ impl<'a> LayerLaunch<'a> {
             };
             dense.bind(arena, w, &mut mats, &mut d);
         }
-        if let (Some(norm), Some(lw)) = (&plan.post_norm, layer) {
-            norm.bind(arena, lw.post_norm, &mut d);
-        }
         if let (Some(part), Some(lw)) = (&plan.moe, layer) {
             let MlpWeights::Moe(w) = &lw.mlp else {
                 return Err(invalid(format!("{name}: a MoE launch without MoE weights")));
             };
-            let (norm, half) = match (&plan.post_norm, &plan.attention) {
-                (Some(n), Some(h)) => (n, h),
-                _ => return Err(invalid(format!("{name}: a MoE part without its inputs"))),
+            let Some(half) = &plan.attention else {
+                return Err(invalid(format!("{name}: a MoE part without its inputs")));
             };
             let rows = MoeRows {
-                x: norm.out.data,
-                residual: half.out.data,
+                h: half.out.data,
+                norm: lw.post_norm,
+                eps: cfg.rms_norm_eps as f32,
                 out: plan.out.data,
             };
             let b = bind_moe(part, arena, rows, w, &Routing::new(cfg))?;

@@ -25,12 +25,14 @@ pub struct MoeBinding {
     pub args: MoeArgs,
 }
 
-/// Where the part's inputs and output sit in the arena (byte offsets): `x` the post-attention
-/// normed rows, `residual` the attention's output, `out` the layer's output rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where the part's input and output sit: `h` the attention's output rows (arena offsets), the
+/// MoE's residual and, normed by the post-attention norm (bf16 weight at device address `norm`,
+/// `eps`) as the matrices that read it stage it, its input; `out` the layer's output rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeRows {
-    pub x: ArenaSlice,
-    pub residual: ArenaSlice,
+    pub h: ArenaSlice,
+    pub norm: u64,
+    pub eps: f32,
     pub out: ArenaSlice,
 }
 
@@ -70,22 +72,30 @@ pub fn bind_moe(
             x_stride: k as u32,
             y_stride: n as u32,
             flags: flags | if p.fp8 { FLAG_FP8 } else { 0 },
-            pad: 0,
+            ..LinMatrix::default()
         }
     };
     let first = part.first_matrix;
-    let x = at(rows_at.x);
+    let x = at(rows_at.h);
+    // The input's readers norm h as they stage it: their k-range's element k0 of a row of hidden.
+    let normed = |m: LinMatrix, k0: usize| {
+        m.with_rmsnorm(rows_at.norm, s.hidden as u32, k0 as u32, rows_at.eps)
+            .map_err(|e| StepError::Invalid(format!("the MoE's input norm: {e}")))
+    };
     let mut mats = vec![
         (
             first + MAT_SHARED_GATE_UP,
-            matrix(
-                &w.shared_gate_up,
-                x,
-                at(sl.shared_act),
-                s.hidden,
-                s.inter,
-                FLAG_SWIGLU,
-            ),
+            normed(
+                matrix(
+                    &w.shared_gate_up,
+                    x,
+                    at(sl.shared_act),
+                    s.hidden,
+                    s.inter,
+                    FLAG_SWIGLU,
+                ),
+                0,
+            )?,
         ),
         (
             first + MAT_SHARED_DOWN,
@@ -106,17 +116,20 @@ pub fn bind_moe(
         m.x += (2 * i * k) as u64;
         m.x_stride = s.hidden as u32;
         m.y += (4 * i * s.rows * s.experts) as u64;
-        mats.push((first + MAT_ROUTER + i as u32, m));
+        mats.push((first + MAT_ROUTER + i as u32, normed(m, i * k)?));
     }
     let gate_up = LinExpert {
-        m: matrix(
-            &w.gate_up.first,
-            x,
-            at(sl.act),
-            s.hidden,
-            s.inter,
-            FLAG_SWIGLU,
-        ),
+        m: normed(
+            matrix(
+                &w.gate_up.first,
+                x,
+                at(sl.act),
+                s.hidden,
+                s.inter,
+                FLAG_SWIGLU,
+            ),
+            0,
+        )?,
         w_stride: w.gate_up.w_stride,
         scales_stride: w.gate_up.scales_stride,
         x_slot: 0,
@@ -152,7 +165,7 @@ pub fn bind_moe(
         row_experts: at(sl.row_experts),
         row_weights: at(sl.row_weights),
         slot_scale: at(sl.slot_scale),
-        residual: at(rows_at.residual),
+        residual: x,
         shared: at(sl.shared_out),
         routed: at(sl.routed),
         out: at(rows_at.out),

@@ -1,0 +1,23 @@
+// Tests only: the tile's RMSNorm prologue against the norm task's function. One CTA norms the
+// source rows of `m` (LIN_RMSNORM set: m.x at element m.norm_k0 of rows of m.norm_n) whole by
+// mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][norm_n]); then
+// stages m's x by the tile's own staging (lin_stage, the prologue when the flag is set) and copies
+// the staged k-range out to `staged` ([rows][k]). The two must agree bit for bit.
+// LDS: 256 bytes of scratch, then the staged rows (lin_x_stride(k) elements each).
+#include "prelude.h"
+#include "ops/linear.h"
+
+extern __shared__ __attribute__((aligned(16))) u8 probe_lds[];
+
+MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) lin_norm_probe(lin_matrix m, u16* normed, u16* staged) {
+  const auto team = mono_cta_team<MONO_CTA_THREADS>();
+  float* scratch = (float*)probe_lds;
+  const u16* rows = m.x - m.norm_k0;
+  mono_rmsnorm_rows(team, rows, m.x_stride, m.norm_w, m.norm_n, m.rows, m.norm_eps, normed, m.norm_n, scratch);
+  team.sync();
+  u16* xs = (u16*)(probe_lds + 256);
+  const u32 xstride = lin_x_stride(m.k);
+  lin_stage(team, m, xs, xstride, scratch);
+  for (u32 i = team.thread(); i < m.rows * m.k; i += MONO_CTA_THREADS)
+    staged[(u64)(i / m.k) * m.k + i % m.k] = xs[(i / m.k) * xstride + i % m.k];
+}
