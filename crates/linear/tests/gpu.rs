@@ -5,7 +5,9 @@
 //! the router in one launch, placed by bytes; the same tile streaming through registers (too
 //! little shared memory for its ring) and, in a build that sends every range through the ring,
 //! through the ring; and the negative controls, which must fail: two scale blocks swapped (also
-//! through the ring), a task (a column range) dropped.
+//! through the ring), a task (a column range) dropped. The RMSNorm prologue (`FLAG_RMSNORM`)
+//! staged by a probe kernel (`tests/kernels/norm_probe.hip`) beside the norm task's function: bit
+//! for bit the same, and not with the flag cleared.
 //! `cargo test --release -p linear --test gpu -- --ignored --nocapture`
 
 use device::Device;
@@ -16,6 +18,8 @@ use linear::layout::{lds_bytes, place, place_weighted, MatrixPlan};
 use linear::shapes::rank_matrices;
 use mailbox::gpu::Variant;
 use mailbox::Tags;
+
+mod norm_probe;
 
 const THREADS: u32 = 512;
 
@@ -256,4 +260,55 @@ fn negative_controls_fail() {
     let y = run(&dev, &kernel, &[(p.clone(), w, None)], Setup::DropOne);
     let err = check(&p, &y[0]).expect_err("a dropped column range passed");
     eprintln!("dropped task: {err}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rmsnorm_prologue_stages_the_norm_tasks_bits() {
+    use device::{Args, Launch};
+    use linear::gpu::FLAG_RMSNORM;
+    let dev = Device::open(0).unwrap();
+    let source = mailbox::gpu::source(("norm_probe.hip", norm_probe::PROBE))
+        .define("MONO_CTA_THREADS", THREADS);
+    let module = dev.build(&source).unwrap();
+    let kernel = module.kernel("lin_norm_probe").unwrap();
+    for s in &norm_probe::cases() {
+        let x = dev.upload(&s.x).unwrap();
+        let weight = dev.upload(&s.weight).unwrap();
+        let normed = dev.alloc_zeroed::<u16>(s.rows * s.n).unwrap();
+        let staged = dev.alloc_zeroed::<u16>(s.rows * s.k).unwrap();
+        let run = |prologue: bool| {
+            let mut m = linear::gpu::LinMatrix {
+                x: x.device_ptr() + 2 * s.k0 as u64,
+                k: s.k as u32,
+                rows: s.rows as u32,
+                x_stride: s.n as u32,
+                ..Default::default()
+            }
+            .with_rmsnorm(weight.device_ptr(), s.n as u32, s.k0 as u32, s.eps)
+            .unwrap();
+            if !prologue {
+                m.flags &= !FLAG_RMSNORM;
+            }
+            let lds = 256 + (s.rows * (s.k + 8) * 2) as u32;
+            let args = Args::new().value(&m).buf(&normed).buf(&staged);
+            dev.stream()
+                .launch(&kernel, Launch::new(1, THREADS).shared(lds), &args)
+                .unwrap();
+            dev.stream().sync().unwrap();
+            let (n, st) = (normed.download().unwrap(), staged.download().unwrap());
+            norm_probe::check_probe(s, &n, &st)
+        };
+        run(true).unwrap();
+        eprintln!(
+            "{} rows of {} (k {}..{}): staged = the norm's bits",
+            s.rows,
+            s.n,
+            s.k0,
+            s.k0 + s.k
+        );
+        // Negative control: without the flag the tile stages the rows un-normed.
+        let e = run(false).unwrap_err();
+        eprintln!("prologue off: {e}");
+    }
 }

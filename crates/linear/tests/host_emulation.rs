@@ -25,6 +25,9 @@ use model::WeightFormat;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod norm_probe;
+use norm_probe::{check_probe, NormSource};
+
 /// The launcher around the stage's entry (`tests/host/driver.cpp`).
 const DRIVER: &str = include_str!("host/driver.cpp");
 
@@ -274,52 +277,12 @@ fn mats_of(placed: &[Placed]) -> Vec<LinMatrix> {
     placed.iter().map(|m| m.matrix).collect()
 }
 
-/// The RMSNorm prologue's probe (`tests/kernels/norm_probe.hip`) and its driver.
-const PROBE: &str = include_str!("kernels/norm_probe.hip");
+/// The probe's driver on CPU threads.
 const PROBE_DRIVER: &str = include_str!("host/norm_probe.cpp");
 
-/// Source rows of which a normed matrix reads the k-range k0..k0 + k, with the norm's weight.
-struct NormSource {
-    rows: usize,
-    n: usize,
-    k0: usize,
-    k: usize,
-    x: Vec<u16>,
-    weight: Vec<u16>,
-    eps: f32,
-}
-
-impl NormSource {
-    fn new(pattern: Pattern, rows: usize, n: usize, k0: usize, k: usize, seed: u64) -> Self {
-        let draw = |pattern, rows, seed| {
-            Problem::new(
-                pattern,
-                WeightFormat::Bf16,
-                Pairing::Plain,
-                16,
-                n,
-                rows,
-                Finish::Rounded,
-                seed,
-            )
-            .unwrap()
-            .x
-        };
-        NormSource {
-            rows,
-            n,
-            k0,
-            k,
-            x: draw(pattern, rows, seed),
-            weight: draw(Pattern::Random, 1, seed + 1),
-            eps: 1e-5,
-        }
-    }
-}
-
 fn compile_probe(dir: &Path) -> PathBuf {
-    let source =
-        mailbox::gpu::source(("norm_probe.hip", PROBE)).define("MONO_CTA_THREADS", THREADS);
+    let source = mailbox::gpu::source(("norm_probe.hip", norm_probe::PROBE))
+        .define("MONO_CTA_THREADS", THREADS);
     let exe = dir.join("norm_probe");
     build_driver(&source, ("norm_probe.cpp", PROBE_DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe
@@ -352,62 +315,13 @@ fn run_probe(exe: &Path, s: &NormSource, flags: u32) -> (Vec<u16>, Vec<u16>) {
     (normed.to_vec(), staged.to_vec())
 }
 
-/// bf16 bits in an order where neighbours differ by one.
-fn ordered(bits: u16) -> i32 {
-    let magnitude = i32::from(bits & 0x7fff);
-    if bits & 0x8000 != 0 {
-        -magnitude
-    } else {
-        magnitude
-    }
-}
-
-/// The norm function's rows against the f64 reference (a bf16 unit apart at most), and the staged
-/// x against them bit for bit.
-fn check_probe(s: &NormSource, normed: &[u16], staged: &[u16]) -> Result<(), String> {
-    let value = linear::cases::bf16_value;
-    let weight: Vec<f32> = s.weight.iter().map(|&b| value(b)).collect();
-    for r in 0..s.rows {
-        let row: Vec<f32> = s.x[r * s.n..(r + 1) * s.n]
-            .iter()
-            .map(|&b| value(b))
-            .collect();
-        let reference = model::numerics::rms_norm(&row, &weight, f64::from(s.eps)).unwrap();
-        for (i, &v) in reference.iter().enumerate() {
-            let want = (model::numerics::bf16_round(v).to_bits() >> 16) as u16;
-            let got = normed[r * s.n + i];
-            if (ordered(got) - ordered(want)).abs() > 1 {
-                return Err(format!(
-                    "row {r} element {i}: the norm wrote {got:#06x}, the reference is {want:#06x}"
-                ));
-            }
-        }
-        for c in 0..s.k {
-            let (want, got) = (normed[r * s.n + s.k0 + c], staged[r * s.k + c]);
-            if want != got {
-                return Err(format!(
-                    "row {r} element {}: staged {got:#06x}, the norm task's bits {want:#06x}",
-                    s.k0 + c
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 #[test]
 #[ignore = "slow; needs g++ with C++20"]
 fn rmsnorm_prologue_stages_the_norm_tasks_bits_on_cpu_threads() {
     let dir = std::env::temp_dir().join(format!("linear-norm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let probe = compile_probe(&dir);
-    let sources = [
-        // A k-split of a row (the router's), one row.
-        NormSource::new(Pattern::Random, 1, 1536, 512, 384, 21),
-        // Whole rows with outliers, a row width that is no multiple of the team.
-        NormSource::new(Pattern::Outliers, 4, 1000, 0, 896, 22),
-        NormSource::new(Pattern::Random, 16, 640, 128, 256, 23),
-    ];
+    let sources = norm_probe::cases();
     for s in &sources {
         let (normed, staged) = run_probe(&probe, s, FLAG_RMSNORM);
         check_probe(s, &normed, &staged).unwrap();
