@@ -185,9 +185,10 @@ pub enum MlaKind {
 /// Which rows a [`MlaKind::Norm`] task normalises (`MLA_NORM_*` in `kernels/mla_rows.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NormOf {
-    /// The layer's input rows (RMSNorm_in), the x of q_a and kv_a.
+    /// The layer's input rows (RMSNorm_in), read by the indexer (q_a and kv_a norm their x
+    /// themselves as they stage it: `linear::gpu::FLAG_RMSNORM`).
     Hidden = 0,
-    /// q_a's output (RMSNorm_qa), the x of q_b.
+    /// q_a's output (RMSNorm_qa), read by the indexer (q_b norms its x itself).
     QLatent = 1,
     /// kv_a's latent (RMSNorm_kv) to the new latents, and its rope key roped to the new keys.
     KvLatent = 2,

@@ -165,8 +165,9 @@ pub struct MoePart {
     pub slices: MoeSlices,
 }
 
-/// The MoE half as a part of a launch: `x` the post-attention-normed rows (bf16 `[rows, hidden]`),
-/// `residual` h; returns the layer's output rows (bf16(h + MoE(x))) and the combine's completion
+/// The MoE half as a part of a launch: `x` the rows its input matrices read (bf16 `[rows, hidden]`:
+/// the post-attention-normed rows, or h itself where they norm it as they stage it, as a layer
+/// launch binds them, `step::layer::moe`), `residual` h; returns the layer's output rows (bf16(h + MoE(x))) and the combine's completion
 /// boxes, and what the part added. Its tasks take ranks, boxes (one region, `moe`), matrices and
 /// CTAs from the graph in turn after the parts before it.
 pub fn moe_part(

@@ -3,15 +3,17 @@
 //! of `model::traffic::LaunchKind`:
 //!
 //! ```text
-//! [embed (layer 0)] -> attention latents (input norm, q_a, kv_a, KV norm, q norm)
+//! [embed (layer 0)] -> attention latents (q_a, kv_a normalising their x; KV norm; [full: the
+//!       input norm and q norm, the indexer's inputs])
 //!   -> [full indexer: wk, weights_proj, wq_b as linear tasks]
-//!   -> attention queries (q_b, q rope, W_UK)
+//!   -> attention queries (q_b normalising q_a's output, q rope, W_UK)
 //!   -> [full indexer: index keys, queries, scores, select; the key and query tasks wait on the
 //!       projections' completion lines]
 //!   -> [full: a Slots task a row waiting on select's list box of its row | shared: one Slots task
 //!       publishing the lists an earlier full layer's select left in the step slices]
 //!   -> attention (cache writes, splits, combines), W_UV, o_proj + residual
-//!   -> dense MLP (its post-attention norm included) | post-attention norm + MoE
+//!   -> dense MLP (its post-attention norm included) | MoE (its router k-splits, shared and
+//!       routed gate/ups normalising h by the post-attention norm as they stage it)
 //!   -> the layer's output rows in the step's residual stream
 //! tail: final norm, lm_head shard, argmax, pick (its input: the last layer's output rows)
 //! ```
