@@ -329,6 +329,32 @@ MONO_DEV u32 lin_norm_pair(u32 x, float inv_rms, u32 w) {
 template <class Team>
 MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
   float* inv = scratch + MONO_ROWS_SCRATCH_FLOATS;
+  if (m.norm_k0 == 0 && m.k == m.norm_n) {
+    // The matrix reads whole rows: staged as they are (one pass over global memory), then normed
+    // in place from LDS, the sums over the same elements in the same order.
+    lin_stage_x(team, m, xs, xstride);
+    team.sync();
+    for (u32 r = 0; r < m.rows; ++r) {
+      const float total = mono_team_sum(team, mono_row_squares(team, xs + r * xstride, m.k), scratch);
+      if (team.leader()) inv[r] = mono_inv_rms(total, m.k, m.norm_eps);
+    }
+    team.sync();
+    const u32 chunks = m.k / 8;
+    for (u32 i = team.thread(); i < m.rows * chunks; i += Team::size) {
+      const u32 r = i / chunks, c = i % chunks;
+      const mono_u32x4 g = *(const mono_u32x4*)(m.norm_w + 8 * c);
+      mono_u32x4* at = (mono_u32x4*)(xs + r * xstride + 8 * c);
+      const mono_u32x4 v = *at;
+      const float s = inv[r];
+      mono_u32x4 o;
+      o.x = lin_norm_pair(v.x, s, g.x);
+      o.y = lin_norm_pair(v.y, s, g.y);
+      o.z = lin_norm_pair(v.z, s, g.z);
+      o.w = lin_norm_pair(v.w, s, g.w);
+      *at = o;
+    }
+    return;
+  }
   for (u32 r = 0; r < m.rows; ++r) {
     const u16* row = m.x - m.norm_k0 + (u64)r * m.x_stride;
     const float total = mono_team_sum(team, mono_row_squares(team, row, m.norm_n), scratch);

@@ -90,11 +90,14 @@ pub fn check_probe(s: &NormSource, normed: &[u16], staged: &[u16]) -> Result<(),
     Ok(())
 }
 
-/// The cases both tests run: a k-split of one row (the router's), whole rows with outliers and a
-/// width that is no multiple of the team, a k-range of 16 rows.
+/// The cases both tests run: a k-split of one row (the router's), whole rows (with outliers; one
+/// row), a k-range of rows whose width is no multiple of the team, a k-range of 16 rows.
 pub fn cases() -> Vec<NormSource> {
     vec![
         NormSource::new(Pattern::Random, 1, 1536, 512, 384, 21),
+        // Whole rows (staged, then normed in LDS).
+        NormSource::new(Pattern::Outliers, 4, 1024, 0, 1024, 25),
+        NormSource::new(Pattern::Random, 1, 768, 0, 768, 26),
         NormSource::new(Pattern::Outliers, 4, 1000, 0, 896, 22),
         NormSource::new(Pattern::Random, 16, 640, 128, 256, 23),
     ]
