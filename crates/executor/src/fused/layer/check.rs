@@ -191,7 +191,7 @@ pub fn accesses(plan: &LayerPlan, placement: &Placement) -> Result<Vec<Access>, 
     let moe_x = plan
         .moe
         .as_ref()
-        .and_then(|_| plan.attention.as_ref())
+        .and(plan.attention.as_ref())
         .map(|h| h.out.data);
     let mut out = Vec::new();
     for (_, t) in placement.tasks() {
