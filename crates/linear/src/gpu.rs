@@ -12,6 +12,9 @@ use model::WeightFormat;
 
 pub const LINEAR_HIP: (&str, &str) = ("linear.hip", include_str!("../kernels/linear.hip"));
 pub const LIN_TASK_H: (&str, &str) = ("lin_task.h", include_str!("../kernels/lin_task.h"));
+/// A probe of the tile's RMSNorm prologue against the norm task's function (the tests').
+pub const NORM_PROBE_HIP: (&str, &str) =
+    ("norm_probe.hip", include_str!("../kernels/norm_probe.hip"));
 
 /// `lin_matrix.flags` (`kernels/ops/linear.h`).
 pub const FLAG_FP8: u32 = 1;
@@ -161,9 +164,14 @@ pub fn source(threads: u32, variant: Variant) -> KernelSource {
         .define("MONO_CTA_THREADS", threads)
 }
 
-/// The production build for the kernel table: the fused shape's 512 threads.
+/// `norm_probe.hip` (entry `lin_norm_probe`) for CTAs of `threads`.
+pub fn norm_probe_source(threads: u32) -> KernelSource {
+    mailbox::gpu::source(NORM_PROBE_HIP).define("MONO_CTA_THREADS", threads)
+}
+
+/// The kernel table's builds: the fused shape's 512 threads, and the prologue's probe.
 pub fn sources() -> Vec<KernelSource> {
-    vec![source(512, Variant::default())]
+    vec![source(512, Variant::default()), norm_probe_source(512)]
 }
 
 /// The linear stage as the fused kernel's generator takes it (`lin_task.h`, `lin_args`,

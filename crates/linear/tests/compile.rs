@@ -1,6 +1,7 @@
 //! Builds the linear entry for both targets without a GPU, in the fused CTA shape (512 threads)
 //! and the host emulation's (128), with and without the mailbox's debug bound, and prints
-//! registers, spills and shared memory; and with the tile's measurement knobs set. With MONO_REQUIRE_COMPILERS=1 (CI) a missing compiler
+//! registers, spills and shared memory; and with the tile's measurement knobs set; and the RMSNorm
+//! prologue's probe. With MONO_REQUIRE_COMPILERS=1 (CI) a missing compiler
 //! fails instead of skipping.
 
 use device::Compiler;
@@ -60,5 +61,18 @@ fn measurement_builds_for_sm90a() {
 fn kernels_build_for_gfx950() {
     if let Some(c) = compiler("gfx950") {
         builds(c.as_ref());
+    }
+}
+
+/// The RMSNorm prologue's probe (`kernels/norm_probe.hip`) builds for both targets.
+#[test]
+fn the_norm_probe_builds_for_both_targets() {
+    for target in ["sm_90a", "gfx950"] {
+        if let Some(c) = compiler(target) {
+            let compiled = c
+                .compile(&linear::gpu::norm_probe_source(512))
+                .unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("{target} probe: {:?}", compiled.resources);
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! little shared memory for its ring) and, in a build that sends every range through the ring,
 //! through the ring; and the negative controls, which must fail: two scale blocks swapped (also
 //! through the ring), a task (a column range) dropped. The RMSNorm prologue (`FLAG_RMSNORM`)
-//! staged by a probe kernel (`tests/kernels/norm_probe.hip`) beside the norm task's function: bit
+//! staged by a probe kernel (`kernels/norm_probe.hip`) beside the norm task's function: bit
 //! for bit the same, and not with the flag cleared.
 //! `cargo test --release -p linear --test gpu -- --ignored --nocapture`
 
@@ -268,8 +268,7 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits() {
     use device::{Args, Launch};
     use linear::gpu::FLAG_RMSNORM;
     let dev = Device::open(0).unwrap();
-    let source = mailbox::gpu::source(("norm_probe.hip", norm_probe::PROBE))
-        .define("MONO_CTA_THREADS", THREADS);
+    let source = linear::gpu::norm_probe_source(THREADS);
     let module = dev.build(&source).unwrap();
     let kernel = module.kernel("lin_norm_probe").unwrap();
     for s in &norm_probe::cases() {

@@ -5,7 +5,7 @@
 //! outliers, every epilogue, and a matrix whose x is the y of the one before it, so it must wait
 //! for it), checked against the reference by `check::check`; then the negative controls, which
 //! must fail: two scale blocks swapped, a task (a range of columns) dropped. The RMSNorm prologue
-//! (`FLAG_RMSNORM`): a probe kernel (`tests/kernels/norm_probe.hip`) stages x by it beside the
+//! (`FLAG_RMSNORM`): a probe kernel (`kernels/norm_probe.hip`) stages x by it beside the
 //! norm task's function, which must agree bit for bit (and the function with the f64 reference to
 //! a bf16 unit), and a matrix staged so is checked against the reference on those bits; without
 //! the flag both checks must fail. This runs the
@@ -281,8 +281,7 @@ fn mats_of(placed: &[Placed]) -> Vec<LinMatrix> {
 const PROBE_DRIVER: &str = include_str!("host/norm_probe.cpp");
 
 fn compile_probe(dir: &Path) -> PathBuf {
-    let source = mailbox::gpu::source(("norm_probe.hip", norm_probe::PROBE))
-        .define("MONO_CTA_THREADS", THREADS);
+    let source = linear::gpu::norm_probe_source(THREADS);
     let exe = dir.join("norm_probe");
     build_driver(&source, ("norm_probe.cpp", PROBE_DRIVER), &exe).unwrap_or_else(|e| panic!("{e}"));
     exe

@@ -1,4 +1,4 @@
-// Runs the RMSNorm prologue probe (tests/kernels/norm_probe.hip) on CPU threads, one CTA
+// Runs the RMSNorm prologue probe (kernels/norm_probe.hip) on CPU threads, one CTA
 // (tests/host_emulation.rs).
 //   driver <input> <output>
 // input (little-endian): u32 rows, norm_n, k0, k, flags (LIN_RMSNORM, or 0: the negative

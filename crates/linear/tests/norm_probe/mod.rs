@@ -1,12 +1,9 @@
-//! The RMSNorm prologue's probe (`tests/kernels/norm_probe.hip`), shared by the host emulation
-//! and the GPU tests: its cases and its check.
+//! The RMSNorm prologue's probe (`kernels/norm_probe.hip`), shared by the host emulation and the
+//! GPU tests: its cases and its check.
 
 use linear::cases::{Finish, Pattern, Problem};
 use model::weights::packed::Pairing;
 use model::WeightFormat;
-
-/// The probe kernel's source.
-pub const PROBE: &str = include_str!("../kernels/norm_probe.hip");
 
 /// Source rows of which a normed matrix reads the k-range k0..k0 + k, with the norm's weight.
 pub struct NormSource {

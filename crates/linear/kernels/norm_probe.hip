@@ -1,8 +1,8 @@
-// Tests only: the tile's RMSNorm prologue against the norm task's function. One CTA norms the
-// source rows of `m` (LIN_RMSNORM set: m.x at element m.norm_k0 of rows of m.norm_n) whole by
-// mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][norm_n]); then
-// stages m's x by the tile's own staging (lin_stage, the prologue when the flag is set) and copies
-// the staged k-range out to `staged` ([rows][k]). The two must agree bit for bit.
+// The tests' probe of the tile's RMSNorm prologue (tests/host_emulation.rs, tests/gpu.rs). One CTA
+// norms the source rows of `m` (LIN_RMSNORM set: m.x at element m.norm_k0 of rows of m.norm_n)
+// whole by mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][norm_n]);
+// then stages m's x by the tile's own staging (lin_stage, the prologue when the flag is set) and
+// copies the staged k-range out to `staged` ([rows][k]). The two must agree bit for bit.
 // LDS: 256 bytes of scratch, then the staged rows (lin_x_stride(k) elements each).
 #include "prelude.h"
 #include "ops/linear.h"
