@@ -12,8 +12,11 @@
 
 use device::Device;
 use executor::fused::front::FrontRequest;
-use executor::reference::{Choices, DecodeState, MlpBlock, ReferenceModel, ReferenceOptions, Row};
-use executor::step::check::lists::{check_lists, read_front, ListMismatch};
+use executor::reference::{DecodeState, MlpBlock, ReferenceModel, ReferenceOptions, Row};
+use executor::step::check::choices::{
+    check_front, check_route, device_choices, read_front_look, read_route, ChoiceFlip, FrontLook,
+    RouteLook,
+};
 use executor::step::check::rows_error;
 use executor::step::inputs::{Batch, FeedKernel, HostRows, RequestInput, StepInputs};
 use executor::step::layer::step::{
@@ -25,8 +28,8 @@ use mailbox::gpu::{DebugBound, Variant};
 use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use model::weights::Synthetic;
 use model::{CacheFormat, ModelConfig, WeightFormat};
-use moe::reference::{choose, Routing};
-use select::{select_row, TopK};
+use moe::reference::Routing;
+use select::TopK;
 
 const SEED: u64 = 5;
 
@@ -308,56 +311,6 @@ impl std::fmt::Display for Flip {
     }
 }
 
-/// A row's top-k list (positions) or routed experts on one layer that are not the reference's
-/// own choice over the reference's own scores (the reference then takes the device's).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChoiceFlip {
-    pub step: usize,
-    pub layer: usize,
-    pub row: usize,
-    /// "lists positions" or "routes to experts".
-    pub what: &'static str,
-    /// What the device chose and the reference did not, and the other way round.
-    pub device_only: Vec<i32>,
-    pub reference_only: Vec<i32>,
-    /// The reference's score (biased, for experts) of one it chose over one the device chose
-    /// instead, for the pair hardest to explain.
-    pub gap: f32,
-    /// The device's error on the scores of that pair, summed: a gap at most this is a near-tie
-    /// that the measured score error can swap.
-    pub error: f32,
-}
-
-impl ChoiceFlip {
-    /// Whether the measured error of the scores can swap every pair the two lists differ in.
-    pub fn explained(&self) -> bool {
-        self.gap <= self.error
-    }
-}
-
-impl std::fmt::Display for ChoiceFlip {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "step {} layer {} row {}: the device {} {:?} where the reference chose {:?} (the \
-             reference's scores {:.2e} apart; the device's error on them {:.2e}: {})",
-            self.step,
-            self.layer,
-            self.row,
-            self.what,
-            self.device_only,
-            self.reference_only,
-            self.gap,
-            self.error,
-            if self.explained() {
-                "a near-tie"
-            } else {
-                "NOT explained by the score error"
-            }
-        )
-    }
-}
-
 /// The device's steps against the reference stepped over the same rows.
 #[derive(Clone, Debug, Default)]
 pub struct SameRows {
@@ -407,56 +360,6 @@ fn relative_l2(got: &[f32], want: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// The position of cache slot `slot` in request `q`'s pages, -1 for -1, `None` off its pages.
-fn position_of(table: &PageTable, q: usize, slot: i32) -> Option<i32> {
-    if slot < 0 {
-        return (slot == -1).then_some(-1);
-    }
-    let (page, place) = (slot as u32 / PAGE_TOKENS, slot as u32 % PAGE_TOKENS);
-    let logical = table.pages(q).iter().position(|&p| p == page)?;
-    Some((logical as u32 * PAGE_TOKENS + place) as i32)
-}
-
-/// Where the device's choice for one row (positions of its top-k list, or experts) parts from the
-/// reference's own: what each chose alone, and of the pairs the two swapped the one hardest to
-/// explain: the reference's gap between them (`want`, its scores) and the device's error on the
-/// two (`got`, the device's scores).
-fn list_flip(
-    got: &[f32],
-    want: &[f32],
-    device: &[i32],
-    reference: &[i32],
-) -> Option<(Vec<i32>, Vec<i32>, f32, f32)> {
-    let listed = |l: &[i32]| -> Vec<i32> {
-        let mut v: Vec<i32> = l.iter().copied().filter(|&p| p >= 0).collect();
-        v.sort_unstable();
-        v
-    };
-    let (d, r) = (listed(device), listed(reference));
-    let device_only: Vec<i32> = d.iter().copied().filter(|p| !r.contains(p)).collect();
-    let reference_only: Vec<i32> = r.iter().copied().filter(|p| !d.contains(p)).collect();
-    if device_only.is_empty() && reference_only.is_empty() {
-        return None;
-    }
-    let off = |p: i32| (got[p as usize] - want[p as usize]).abs();
-    // The pair hardest to explain decides: every pair must be one the error can swap.
-    let mut worst: Option<(f32, f32)> = None;
-    for &q in &reference_only {
-        for &p in &device_only {
-            let (g, e) = (want[q as usize] - want[p as usize], off(p) + off(q));
-            if worst.is_none_or(|(wg, we)| g - e > wg - we) {
-                worst = Some((g, e));
-            }
-        }
-    }
-    // One listing more keys than the other is no near-tie.
-    let (gap, error) = match worst {
-        Some(w) if device_only.len() == reference_only.len() => w,
-        _ => (f32::INFINITY, 0.0),
-    };
-    Some((device_only, reference_only, gap, error))
-}
-
 /// The reference stepped over the rows the device's feed made (its first step's rows the
 /// batch's, each next step's tokens the device's picks) and over the device's choices (the top-k
 /// lists of every full-indexer layer and the experts of every MoE layer, where the device's steps
@@ -475,38 +378,13 @@ pub fn over_the_same_rows(case: &Case, device: &[DeviceStep]) -> SameRows {
     let mut out = SameRows::default();
     for (step, d) in device.iter().enumerate() {
         let rows = rows_of(&host);
-        let layers = cfg.num_hidden_layers;
-        let mut chosen = Choices {
-            lists: vec![None; layers],
-            experts: vec![None; layers],
-        };
-        for (l, look) in d.layers.iter().enumerate() {
-            if let Some(route) = &look.route {
-                let k = route.experts.len() / rows.len();
-                chosen.experts[l] = Some(
-                    route
-                        .experts
-                        .chunks_exact(k)
-                        .map(|e| e.iter().map(|&x| x as usize).collect())
-                        .collect(),
-                );
-            }
-            let Some(front) = &look.front else { continue };
-            let k = front.lists.len() / rows.len();
-            let mut lists = Vec::new();
-            for (r, row) in rows.iter().enumerate() {
-                let slots = &front.lists[r * k..(r + 1) * k];
-                match slots.iter().map(|&s| position_of(&table, row.request, s)).collect::<Option<Vec<i32>>>() {
-                    Some(list) => lists.push(list),
-                    None => out.faults.push(format!(
-                        "step {step} layer {l} row {r}: the list {slots:?} holds a slot off its request's pages"
-                    )),
-                }
-            }
-            if lists.len() == rows.len() {
-                chosen.lists[l] = Some(lists);
-            }
-        }
+        let looks = d
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, look)| (l, look.front.as_ref(), look.route.as_ref()));
+        let (chosen, faults) = device_choices(cfg.num_hidden_layers, looks, &rows, &table, step);
+        out.faults.extend(faults);
         let want = match model.step_choosing(&mut state, &rows, &chosen) {
             Ok(w) => w,
             Err(e) => {
@@ -531,108 +409,20 @@ pub fn over_the_same_rows(case: &Case, device: &[DeviceStep]) -> SameRows {
             if let (Some(route), Some(scores), MlpBlock::Moe(w)) =
                 (&look.route, &want.router_scores[l], &model.layers[l].mlp)
             {
-                let experts = scores.first().map_or(0, Vec::len);
-                let k = route.experts.len() / rows.len();
-                for (r, want_s) in scores.iter().enumerate() {
-                    out.routes += 1;
-                    let biased = |s: &[f32]| -> Vec<f32> {
-                        s.iter().zip(&w.router.bias).map(|(s, b)| s + b).collect()
-                    };
-                    let got = biased(&route.scores[r * experts..(r + 1) * experts]);
-                    let want_b = biased(want_s);
-                    let device: Vec<i32> = route.experts[r * k..(r + 1) * k]
-                        .iter()
-                        .map(|&e| e as i32)
-                        .collect();
-                    let as_i32 =
-                        |v: Vec<usize>| v.into_iter().map(|e| e as i32).collect::<Vec<_>>();
-                    // The device's experts are the rule's choice over its own scores.
-                    let own = as_i32(
-                        choose(
-                            &route.scores[r * experts..(r + 1) * experts],
-                            &w.router.bias,
-                            &routing,
-                        )
-                        .unwrap(),
-                    );
-                    if let Some((d_only, o_only, gap, _)) = list_flip(&got, &got, &device, &own) {
-                        if gap > 1e-5 {
-                            out.faults.push(format!(
-                                "step {step} layer {l} row {r}: the device routes to {d_only:?} where \
-                                 its own scores choose {o_only:?} ({gap:.2e} apart)"
-                            ));
-                        }
-                    }
-                    let reference = as_i32(choose(want_s, &w.router.bias, &routing).unwrap());
-                    if let Some((device_only, reference_only, gap, error)) =
-                        list_flip(&got, &want_b, &device, &reference)
-                    {
-                        out.route_flips.push(ChoiceFlip {
-                            step,
-                            layer: l,
-                            row: r,
-                            what: "routes to experts",
-                            device_only,
-                            reference_only,
-                            gap,
-                            error,
-                        });
-                    }
-                }
+                let c = check_route(step, l, route, scores, &w.router.bias, &routing);
+                out.routes += c.compared;
+                out.route_flips.extend(c.flips);
+                out.faults.extend(c.faults);
             }
             let (Some(front), Some(scores)) = (&look.front, &want.index_scores[l]) else {
                 continue;
             };
-            if let Some(m) = &front.own_select {
-                out.faults.push(format!(
-                    "step {step} layer {l}: the lists are not the select of the launch's own scores: {m}"
-                ));
-            }
-            let stride = front.scores.len() / rows.len();
-            for (r, row) in rows.iter().enumerate() {
-                out.lists += 1;
-                let got = &front.scores[r * stride..(r + 1) * stride];
-                if row.position >= stride {
-                    out.faults.push(format!(
-                        "step {step} layer {l} row {r}: {stride} scores a row, the row is at position {}",
-                        row.position
-                    ));
-                    continue;
-                }
-                let (mine, past) = got.split_at(row.position + 1);
-                if let Some(i) = past.iter().position(|&v| v != f32::NEG_INFINITY) {
-                    out.faults.push(format!(
-                        "step {step} layer {l} row {r}: a finite score at position {}, past the row's {}",
-                        row.position + 1 + i,
-                        row.position
-                    ));
-                }
-                let err = mine
-                    .iter()
-                    .zip(&scores[r])
-                    .map(|(g, w)| (g - w).abs())
-                    .fold(0.0f32, f32::max);
-                out.score_errors[step] = out.score_errors[step].max(err);
-                let own = select_row(&scores[r], top).unwrap().list;
-                let device_list = chosen.lists[l]
-                    .as_ref()
-                    .map(|c| c[r].clone())
-                    .unwrap_or_default();
-                if let Some((device_only, reference_only, gap, error)) =
-                    list_flip(mine, &scores[r], &device_list, &own)
-                {
-                    out.list_flips.push(ChoiceFlip {
-                        step,
-                        layer: l,
-                        row: r,
-                        what: "lists positions",
-                        device_only,
-                        reference_only,
-                        gap,
-                        error,
-                    });
-                }
-            }
+            let lists = chosen.lists[l].as_ref();
+            let c = check_front(step, l, front, lists, scores, &rows, top);
+            out.lists += c.compared;
+            out.score_errors[step] = out.score_errors[step].max(c.score_error);
+            out.list_flips.extend(c.flips);
+            out.faults.extend(c.faults);
         }
         for (row, (&got, &pick)) in d.picks.iter().zip(&want.argmax).enumerate() {
             let reference = &want.logits[row];
@@ -773,26 +563,6 @@ pub struct LayerLook {
     pub route: Option<RouteLook>,
 }
 
-/// An MoE layer's routing as the launch left it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RouteLook {
-    /// `[rows][experts]`: the router's scores (sigmoid of its logits, before the bias).
-    pub scores: Vec<f32>,
-    /// `[rows][top_k]`: the experts it routed each row to, in rank order.
-    pub experts: Vec<u32>,
-}
-
-/// A full-indexer layer's front half as the launch left it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FrontLook {
-    /// `[rows][stride]`.
-    pub scores: Vec<f32>,
-    /// `[rows][k]` cache slots, -1 padded.
-    pub lists: Vec<i32>,
-    /// Where the lists first part from the reference select of the launch's own scores.
-    pub own_select: Option<ListMismatch>,
-}
-
 /// How the device's steps after the first are run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Steps {
@@ -902,42 +672,8 @@ pub fn device_greedy(
                 if kept[i].tail.is_some() {
                     return Ok(());
                 }
-                let front = read_front(&kept[i], &arena.arena)?
-                    .map(|f| {
-                        Ok::<_, executor::step::StepError>(FrontLook {
-                            own_select: check_lists(&kept[i], &f)?,
-                            scores: f.scores,
-                            lists: f.lists,
-                        })
-                    })
-                    .transpose()?;
-                let route = match &kept[i].moe {
-                    Some(m) => {
-                        let words = |slice: executor::fused::ArenaSlice| -> Result<Vec<u32>, executor::step::StepError> {
-                            let at = slice.offset as usize;
-                            Ok(arena
-                                .arena
-                                .download_range(at..at + slice.bytes as usize)?
-                                .chunks_exact(4)
-                                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                                .collect())
-                        };
-                        let experts = cfg.n_routed_experts;
-                        let partial = words(m.slices.logits)?;
-                        let mut scores = vec![0f32; rows * experts];
-                        for split in partial.chunks_exact(rows * experts) {
-                            for (acc, &v) in scores.iter_mut().zip(split) {
-                                *acc += f32::from_bits(v);
-                            }
-                        }
-                        let experts = words(m.slices.row_experts)?;
-                        Some(RouteLook {
-                            scores: scores.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
-                            experts: experts[..rows * cfg.num_experts_per_tok].to_vec(),
-                        })
-                    }
-                    None => None,
-                };
+                let front = read_front_look(&kept[i], &arena.arena)?;
+                let route = read_route(&cfg, &kept[i], &arena.arena, rows)?;
                 layers.push(LayerLook {
                     hidden: launch.outputs()[0].data.bytes()?,
                     front,

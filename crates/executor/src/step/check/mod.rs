@@ -4,12 +4,15 @@
 //! layer output, the tail's tokens the reference's argmax.
 //!
 //! [`CheckScene`] is the reference's side (its prefill and its step), [`run_launches`] runs
-//! launches of the step on a device from it (chained, each launch's outputs read back before the
-//! next runs), [`compare_with_reference`] says how far each launch is from the reference.
+//! launches of the step on a device from it (chained, each launch's outputs and choices read back
+//! before the next runs), [`compare_with_reference`] steps the reference with the device's top-k
+//! lists and routed experts ([`choices`]) and says how far each launch is from it, and whether
+//! each choice that is not the reference's own is a near-tie the measured score error explains.
 //! [`without_cross_wait`] removes one hand-off's wait from a planned launch, and [`wait_control`]
 //! shows that the digests ([`super::digest`]) catch it; [`lists`] checks the selected slots of a
 //! full-indexer launch against the reference radix select of its own scores.
 
+pub mod choices;
 pub mod lists;
 
 use std::fmt;
@@ -31,7 +34,11 @@ use super::scene::SceneRequest;
 use super::weights::DeviceWeights;
 use super::{Result, StepError};
 use crate::fused::layer::{LaunchAt, LayerPlan};
-use crate::reference::{DecodeState, ReferenceModel, ReferenceOptions, Row, StepOutput};
+use crate::reference::{DecodeState, MlpBlock, ReferenceModel, ReferenceOptions, Row, StepOutput};
+use choices::{
+    check_front, check_route, device_choices, read_front_look, read_route, ChoiceFlip, FrontLook,
+    RouteLook,
+};
 
 /// Largest relative L2 error of a layer's output rows against the reference's (engine numerics:
 /// bf16 activations; the kernels sum in fp32 in their own order where the reference sums in f64,
@@ -67,8 +74,11 @@ pub struct CheckScene {
     /// Each request on pages of its own, in reverse, so slots are not positions.
     pub table: PageTable,
     pub batch: Batch,
-    /// The reference's step over the batch's rows (engine numerics).
+    /// The step's rows, as the reference takes them.
+    pub rows: Vec<Row>,
+    /// The reference's step over the batch's rows (engine numerics), its own choices.
     pub want: StepOutput,
+    pub model: ReferenceModel,
 }
 
 impl CheckScene {
@@ -158,7 +168,9 @@ impl CheckScene {
             prefilled,
             table,
             batch,
+            rows: step_rows,
             want,
+            model,
         })
     }
 
@@ -192,6 +204,10 @@ pub struct LaunchOutputs {
     pub name: String,
     /// Each tensor it writes, by name (`hidden` or `tokens` first; `slot lists` on full layers).
     pub tensors: Vec<(String, Vec<u8>)>,
+    /// On a full-indexer layer, its index scores and top-k lists.
+    pub front: Option<FrontLook>,
+    /// On an MoE layer, its router's scores and choices.
+    pub route: Option<RouteLook>,
 }
 
 /// The launches that ran, and why the step stopped early if it did.
@@ -283,6 +299,7 @@ pub fn run_launches(
         feed: Some(&feed),
         variant,
     };
+    let kept = plans.clone();
     let graph = step_graph(dev, &pieces, plans)?;
     let mut launches = Vec::new();
     let ran = graph.run_inspected(&mut |i, launch| {
@@ -291,10 +308,13 @@ pub fn run_launches(
             .iter()
             .map(|o| Ok((o.name.clone(), o.data.bytes()?)))
             .collect::<Result<Vec<_>>>()?;
+        let plan = &kept[i];
         launches.push(LaunchOutputs {
             at: ats[i],
             name: launch.name(),
             tensors,
+            front: read_front_look(plan, &arena.arena)?,
+            route: read_route(cfg, plan, &arena.arena, plan.rows as usize)?,
         });
         Ok(())
     });
@@ -450,13 +470,30 @@ impl fmt::Display for LaunchCheck {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckReport {
     pub launches: Vec<LaunchCheck>,
+    /// Every row's top-k list and routed experts of the device that are not the reference's own
+    /// choice over its own scores (the reference took the device's).
+    pub list_flips: Vec<ChoiceFlip>,
+    pub route_flips: Vec<ChoiceFlip>,
+    /// Rows' lists and routes compared (layers x rows).
+    pub lists: usize,
+    pub routes: usize,
+    /// Largest error of a device's index score against the reference's.
+    pub score_error: f32,
+    /// What no near-tie explains: a list not the select of its launch's own scores, a finite
+    /// score past a row's position, a list off its pages, experts not the rule's choice over the
+    /// device's own scores, choices the reference cannot take.
+    pub faults: Vec<String>,
     /// Why the device step stopped before its last launch, if it did.
     pub stopped: Option<String>,
 }
 
 impl CheckReport {
     pub fn passed(&self) -> bool {
-        self.stopped.is_none() && self.launches.iter().all(LaunchCheck::passed)
+        self.stopped.is_none()
+            && self.faults.is_empty()
+            && self.launches.iter().all(LaunchCheck::passed)
+            && self.list_flips.iter().all(ChoiceFlip::explained)
+            && self.route_flips.iter().all(ChoiceFlip::explained)
     }
 }
 
@@ -464,6 +501,27 @@ impl fmt::Display for CheckReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for l in &self.launches {
             writeln!(f, "{l}")?;
+        }
+        let near = |v: &[ChoiceFlip]| v.iter().filter(|c| c.explained()).count();
+        writeln!(
+            f,
+            "the reference stepped with the device's choices: {} of {} top-k lists ({} near-ties              the index score error explains; largest score error {:.2e}) and {} of {} routes ({}              near-ties the router score error explains) are not the reference's own choice",
+            self.list_flips.len(),
+            self.lists,
+            near(&self.list_flips),
+            self.score_error,
+            self.route_flips.len(),
+            self.routes,
+            near(&self.route_flips),
+        )?;
+        for c in &self.list_flips {
+            writeln!(f, "  list {c}")?;
+        }
+        for c in &self.route_flips {
+            writeln!(f, "  route {c}")?;
+        }
+        for fault in &self.faults {
+            writeln!(f, "FAULT {fault}")?;
         }
         if let Some(why) = &self.stopped {
             writeln!(f, "the step stopped early: {why}")?;
@@ -479,32 +537,90 @@ fn u32s(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// Each launch of `run` against the scene's reference: a layer's rows (its first tensor)
-/// against the reference's output of that layer, the tail's tokens against its argmax.
+/// Each launch of `run` against the scene's reference stepped with the device's top-k lists and
+/// routed experts (so that a near-tie the two order differently does not make every later layer
+/// differ): a layer's rows (its first tensor) against the reference's output of that layer, the
+/// tail's tokens against its argmax; and each list and route that is not the reference's own
+/// choice over its own scores, which must be a near-tie the device's measured score error
+/// explains.
 pub fn compare_with_reference(scene: &CheckScene, run: &StepRun) -> CheckReport {
-    let launches = run
-        .launches
-        .iter()
-        .map(|l| {
-            let first: &[u8] = l.tensors.first().map_or(&[], |(_, b)| b);
-            match l.at {
-                LaunchAt::Layer(i) => LaunchCheck::Rows {
-                    name: l.name.clone(),
-                    error: rows_error(first, &scene.want.hidden[i]),
-                    tolerance: TOLERANCE,
-                },
-                LaunchAt::Tail => LaunchCheck::Tokens {
+    let cfg = &scene.cfg;
+    let layers = cfg.num_hidden_layers;
+    let looks = run.launches.iter().filter_map(|l| match l.at {
+        LaunchAt::Layer(i) => Some((i, l.front.as_ref(), l.route.as_ref())),
+        LaunchAt::Tail => None,
+    });
+    let (chosen, mut faults) = device_choices(layers, looks, &scene.rows, &scene.table, 0);
+    let mut state = scene.prefilled.clone();
+    let want = match scene.model.step_choosing(&mut state, &scene.rows, &chosen) {
+        Ok(w) => w,
+        Err(e) => {
+            faults.push(format!(
+                "the reference cannot take the device's lists and routes: {e}"
+            ));
+            scene.want.clone()
+        }
+    };
+    let top = select::TopK::of(cfg);
+    let routing = moe::reference::Routing::new(cfg);
+    let mut report = CheckReport {
+        launches: Vec::new(),
+        list_flips: Vec::new(),
+        route_flips: Vec::new(),
+        lists: 0,
+        routes: 0,
+        score_error: 0.0,
+        faults,
+        stopped: run.stopped.clone(),
+    };
+    for l in &run.launches {
+        let first: &[u8] = l.tensors.first().map_or(&[], |(_, b)| b);
+        let i = match l.at {
+            LaunchAt::Layer(i) => i,
+            LaunchAt::Tail => {
+                report.launches.push(LaunchCheck::Tokens {
                     name: l.name.clone(),
                     got: u32s(first),
-                    want: scene.want.argmax.clone(),
-                },
+                    want: want.argmax.clone(),
+                });
+                continue;
             }
-        })
-        .collect();
-    CheckReport {
-        launches,
-        stopped: run.stopped.clone(),
+        };
+        report.launches.push(LaunchCheck::Rows {
+            name: l.name.clone(),
+            error: rows_error(first, &want.hidden[i]),
+            tolerance: TOLERANCE,
+        });
+        if let Some(front) = &l.front {
+            let (Some(scores), Ok(top)) = (&want.index_scores[i], &top) else {
+                report.faults.push(format!(
+                    "layer {i}: the device ran an indexer the reference does not (or no top-k)"
+                ));
+                continue;
+            };
+            let lists = chosen.lists.get(i).and_then(Option::as_ref);
+            let c = check_front(0, i, front, lists, scores, &scene.rows, *top);
+            report.lists += c.compared;
+            report.score_error = report.score_error.max(c.score_error);
+            report.list_flips.extend(c.flips);
+            report.faults.extend(c.faults);
+        }
+        if let Some(route) = &l.route {
+            let (Some(scores), MlpBlock::Moe(w)) =
+                (&want.router_scores[i], &scene.model.layers[i].mlp)
+            else {
+                report.faults.push(format!(
+                    "layer {i}: the device routed where the reference has no router"
+                ));
+                continue;
+            };
+            let c = check_route(0, i, route, scores, &w.router.bias, &routing);
+            report.routes += c.compared;
+            report.route_flips.extend(c.flips);
+            report.faults.extend(c.faults);
+        }
     }
+    report
 }
 
 /// A wait removed from a launch's placement: which task, and what it no longer waits for.
