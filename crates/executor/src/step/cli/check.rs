@@ -1,5 +1,6 @@
-//! `mono check`: the device step against the CPU reference step (every launch's rows beside the
-//! tolerance, the tokens of both), or with `--select` a large step's replays with every
+//! `mono check`: the device step against the CPU reference step stepped with the device's top-k
+//! lists and routed experts (every launch's rows beside the tolerance, the tokens of both, each
+//! list or route that is not the reference's own a near-tie the measured score error explains), or with `--select` a large step's replays with every
 //! full-indexer launch's selected slots checked against the reference select of its own scores.
 
 use std::path::PathBuf;
