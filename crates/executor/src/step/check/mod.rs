@@ -777,4 +777,42 @@ mod tests {
         };
         assert!(!check.passed() && check.to_string().contains("FAILED"));
     }
+
+    #[test]
+    fn a_choice_other_than_the_references_passes_only_as_a_near_tie() {
+        let flip = |gap: f32| ChoiceFlip {
+            step: 0,
+            layer: 1,
+            row: 2,
+            what: "lists positions",
+            device_only: vec![7],
+            reference_only: vec![9],
+            gap,
+            error: 1e-3,
+        };
+        let report = |lists: Vec<ChoiceFlip>, routes: Vec<ChoiceFlip>| CheckReport {
+            launches: vec![LaunchCheck::Rows {
+                name: "layer 1".into(),
+                error: 1e-3,
+                tolerance: TOLERANCE,
+            }],
+            list_flips: lists,
+            route_flips: routes,
+            lists: 4,
+            routes: 4,
+            score_error: 1e-3,
+            faults: Vec::new(),
+            stopped: None,
+        };
+        assert!(report(vec![flip(5e-4)], vec![flip(1e-3)]).passed());
+        let far = report(vec![flip(5e-4)], vec![flip(2e-3)]);
+        assert!(
+            !far.passed() && far.to_string().contains("NOT explained"),
+            "{far}"
+        );
+        assert!(!report(vec![flip(2e-3)], Vec::new()).passed());
+        let mut faulty = report(Vec::new(), Vec::new());
+        faulty.faults.push("a list off its pages".into());
+        assert!(!faulty.passed());
+    }
 }
