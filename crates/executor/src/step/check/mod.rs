@@ -505,7 +505,9 @@ impl fmt::Display for CheckReport {
         let near = |v: &[ChoiceFlip]| v.iter().filter(|c| c.explained()).count();
         writeln!(
             f,
-            "the reference stepped with the device's choices: {} of {} top-k lists ({} near-ties              the index score error explains; largest score error {:.2e}) and {} of {} routes ({}              near-ties the router score error explains) are not the reference's own choice",
+            "the reference stepped with the device's choices: {} of {} top-k lists ({} near-ties \
+             the index score error explains; largest score error {:.2e}) and {} of {} routes ({} \
+             near-ties the router score error explains) are not the reference's own choice",
             self.list_flips.len(),
             self.lists,
             near(&self.list_flips),
