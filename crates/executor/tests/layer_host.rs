@@ -203,11 +203,14 @@ fn scene(contexts: &[usize]) -> CheckScene {
     CheckScene::new(&cfg, &source, &requests).unwrap()
 }
 
-/// Debug builds: a wait that gives up names its task instead of hanging the run.
+/// Debug builds: a wait that gives up names its task instead of hanging the run. On CPU threads a
+/// wait gives up once the launcher sees the launch make no progress; the count is a backstop only:
+/// polls there sleep up to 200 us each, so 2^20 of them would give up after a few minutes on a
+/// loaded machine where a launch takes longer (as `trace_host` did).
 fn variant() -> mailbox::gpu::Variant {
     mailbox::gpu::Variant {
         debug: Some(mailbox::gpu::DebugBound {
-            poll_limit: 1 << 20,
+            poll_limit: 1 << 26,
             trap: false,
         }),
         ..Default::default()
