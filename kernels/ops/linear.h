@@ -326,6 +326,16 @@ MONO_DEV u32 lin_norm_pair(u32 x, float inv_rms, u32 w) {
          (u32)mono_rmsnorm_value((u16)(x >> 16), inv_rms, (u16)(w >> 16)) << 16;
 }
 
+// Eight elements of a row (one 16-byte chunk of x and of w) normed.
+MONO_DEV mono_u32x4 lin_norm_chunk(mono_u32x4 x, float inv_rms, mono_u32x4 w) {
+  mono_u32x4 o;
+  o.x = lin_norm_pair(x.x, inv_rms, w.x);
+  o.y = lin_norm_pair(x.y, inv_rms, w.y);
+  o.z = lin_norm_pair(x.z, inv_rms, w.z);
+  o.w = lin_norm_pair(x.w, inv_rms, w.w);
+  return o;
+}
+
 template <class Team>
 MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
   float* inv = scratch + MONO_ROWS_SCRATCH_FLOATS;
@@ -346,12 +356,7 @@ MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs,
       mono_u32x4* at = (mono_u32x4*)(xs + r * xstride + 8 * c);
       const mono_u32x4 v = *at;
       const float s = inv[r];
-      mono_u32x4 o;
-      o.x = lin_norm_pair(v.x, s, g.x);
-      o.y = lin_norm_pair(v.y, s, g.y);
-      o.z = lin_norm_pair(v.z, s, g.z);
-      o.w = lin_norm_pair(v.w, s, g.w);
-      *at = o;
+      *at = lin_norm_chunk(v, s, g);
     }
     return;
   }
@@ -368,12 +373,7 @@ MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs,
     const mono_u32x4 v = *(const mono_u32x4*)(m.x + (u64)r * m.x_stride + 8 * c);
     const mono_u32x4 g = *(const mono_u32x4*)(w + 8 * c);
     const float s = inv[r];
-    mono_u32x4 o;
-    o.x = lin_norm_pair(v.x, s, g.x);
-    o.y = lin_norm_pair(v.y, s, g.y);
-    o.z = lin_norm_pair(v.z, s, g.z);
-    o.w = lin_norm_pair(v.w, s, g.w);
-    *(mono_u32x4*)(xs + r * xstride + 8 * c) = o;
+    *(mono_u32x4*)(xs + r * xstride + 8 * c) = lin_norm_chunk(v, s, g);
   }
 }
 
