@@ -299,13 +299,7 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits() {
             norm_probe::check_probe(s, &n, &st)
         };
         run(true).unwrap();
-        eprintln!(
-            "{} rows of {} (k {}..{}): staged = the norm's bits",
-            s.rows,
-            s.n,
-            s.k0,
-            s.k0 + s.k
-        );
+        eprintln!("{}: staged = the norm's bits", s.describe());
         // Negative control: without the flag the tile stages the rows un-normed.
         let e = run(false).unwrap_err();
         eprintln!("prologue off: {e}");

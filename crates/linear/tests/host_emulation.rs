@@ -324,13 +324,7 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits_on_cpu_threads() {
     for s in &sources {
         let (normed, staged) = run_probe(&probe, s, FLAG_RMSNORM);
         check_probe(s, &normed, &staged).unwrap();
-        eprintln!(
-            "{} rows of {} (k {}..{}): staged = the norm's bits",
-            s.rows,
-            s.n,
-            s.k0,
-            s.k0 + s.k
-        );
+        eprintln!("{}: staged = the norm's bits", s.describe());
         // Negative control: without the flag the tile stages the rows un-normed.
         let (normed, staged) = run_probe(&probe, s, 0);
         let e = check_probe(s, &normed, &staged).unwrap_err();

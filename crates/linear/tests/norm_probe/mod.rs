@@ -17,6 +17,12 @@ pub struct NormSource {
 }
 
 impl NormSource {
+    /// The case in a few words: its rows, width and k-range.
+    pub fn describe(&self) -> String {
+        let (rows, n, k0, k) = (self.rows, self.n, self.k0, self.k);
+        format!("{rows} rows of {n} (k {k0}..{})", k0 + k)
+    }
+
     pub fn new(pattern: Pattern, rows: usize, n: usize, k0: usize, k: usize, seed: u64) -> Self {
         let draw = |pattern, rows, seed| {
             Problem::new(
