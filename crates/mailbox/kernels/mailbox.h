@@ -194,7 +194,8 @@ MONO_DEV void mbx_report(const mbx_ctx& c, u32 box, u64 seen) {
 #if MBX_DEBUG
 // A bounded wait's `polls` are enough to give up: MBX_POLL_LIMIT of them, or, on CPU threads (the
 // host prelude), 10000 once the launcher has seen the launch stall (no barrier passed in any CTA
-// for its stall time). There polls back off to sleeps, so a count alone would take hours.
+// for its stall time). There polls back off to sleeps, so the default count (2^30) would take
+// hours on its own; a smaller MBX_POLL_LIMIT stays a backstop for a stall the launcher misses.
 MONO_DEV bool mbx_bound_expired(u32 polls) {
 #if MONO_HOST
   if (polls >= 10000u && emu_launch_stalled()) return true;
