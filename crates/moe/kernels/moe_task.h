@@ -94,26 +94,64 @@ MONO_DEV void moe_wave_best(float& v, u32& e) {
   }
 }
 
-// Row r by the calling wave, its scores in registers (lane l: experts l + MONO_WAVE j): the
-// choice, the weights, the row's experts ascending and their weights to memory; its chosen set a
-// ballot word a j in chosen[j], its weights ascending in weights[0..K) for the slot pass.
-MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* bias, u64* chosen, float* weights) {
+// Router splits the route task adds at most (host twin: layout::MAX_ROUTER_SPLITS).
+#define MOE_MAX_ROUTER_SPLITS 4u
+// (row, expert) pairs a thread scores from one batch of loads: a batch's logits, every split's,
+// are in flight at once, so that the scores cost one round trip to L2 (a round trip under the
+// experts' weight streams is most of a microsecond) instead of one a split and an expert.
+#define MOE_SCORE_BATCH 4u
+// A row's scores in shared memory: every expert a wave's lanes hold (host twin:
+// layout::ROUTE_ROW_SCORES, for the wider, 64-lane wave), those past the experts s = 0 and
+// s + bias = -inf, as a lane's registers held them.
+#define MOE_ROW_SCORES (MOE_ROUTE_PER_LANE * MONO_WAVE)
+
+// Every (row, expert)'s score s and biased score s + bias into shared memory
+// ([rows][MOE_ROW_SCORES] each), by the whole team: the logits summed in split order.
+template <class Team>
+MONO_DEV void moe_scores(const Team& team, const moe_args& a, const float* bias, float* score, float* biased) {
+  constexpr u32 B = MOE_SCORE_BATCH, S = MOE_MAX_ROUTER_SPLITS, N = MOE_ROW_SCORES;
+  const u32 E = a.experts, R = a.rows, splits = a.router_splits;
+  const u64 split_stride = (u64)R * E;
+  for (u32 first = team.thread(); first < R * N; first += Team::size * B) {
+    float part[B][S];
+#pragma unroll
+    for (u32 u = 0; u < B; ++u) {
+      const u32 i = first + u * Team::size, r = i / N, e = i % N;
+      const bool real = r < R && e < E;
+#pragma unroll
+      for (u32 p = 0; p < S; ++p) part[u][p] = real && p < splits ? a.logits[p * split_stride + r * E + e] : 0.f;
+    }
+#pragma unroll
+    for (u32 u = 0; u < B; ++u) {
+      const u32 i = first + u * Team::size, r = i / N, e = i % N;
+      if (r >= R) continue;
+      float logit = part[u][0];
+#pragma unroll
+      for (u32 p = 1; p < S; ++p)
+        if (p < splits) logit += part[u][p];
+      const float s = e < E ? moe_sigmoid(logit) : 0.f;
+      score[i] = s;
+      biased[i] = e < E ? s + bias[e] : moe_neg_inf();
+    }
+  }
+}
+
+// Row r by the calling wave (score, biased: the row's, in shared memory), lane l holding experts
+// l + MONO_WAVE j in registers: the choice, the weights, the row's experts ascending and their
+// weights to memory and to experts[0..K), weights[0..K); its chosen set a ballot word a j in
+// chosen[j]. A lane's experts are named by j alone (immediates) or from a runtime j: in the fused
+// kernel ptxas would otherwise keep l + MONO_WAVE j for every j from the kernel's start, spilled,
+// and reload them from L2 on every pass of the top-k.
+MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* score, const float* biased, u64* chosen,
+                            u32* experts, float* weights) {
   constexpr u32 P = MOE_ROUTE_PER_LANE, W = MONO_WAVE;
-  const u32 R = a.rows, E = a.experts, K = a.top_k, G = a.n_group, per_group = E / G;
+  const u32 E = a.experts, K = a.top_k, G = a.n_group, per_group = E / G;
   const u32 lane = mono_lane();
   float s[P], b[P];
 #pragma unroll
   for (u32 j = 0; j < P; ++j) {
-    const u32 e = lane + W * j;
-    s[j] = 0.f;
-    b[j] = moe_neg_inf();
-    if (e < E) {
-      const u64 i = (u64)r * E + e;
-      float logit = a.logits[i];
-      for (u32 p = 1; p < a.router_splits; ++p) logit += a.logits[(u64)p * R * E + i];
-      s[j] = moe_sigmoid(logit);
-      b[j] = s[j] + bias[j];
-    }
+    s[j] = score[lane + W * j];
+    b[j] = biased[lane + W * j];
   }
   if (G > 1) {
     // Group g's score (the sum of its two best biased scores) in lane g, its rank among the
@@ -146,22 +184,23 @@ MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* bias, u64* ch
       if (e < E && !((kept >> (e / per_group)) & 1ull)) b[j] = moe_neg_inf();
     }
   }
-  // top_k wave argmaxes, in rank order; the chosen scores summed in that order.
+  // top_k wave argmaxes, in rank order; the chosen scores summed in that order. A lane scans its
+  // experts upwards, so a tie never displaces its best so far (a lower expert) but does displace
+  // none yet: moe_before over its experts.
   u32 mine = 0;
   float total = 0.f;
   for (u32 k = 0; k < K; ++k) {
     float v = moe_neg_inf(), sv = 0.f;
-    u32 e = ~0u;
+    u32 at = P;
 #pragma unroll
     for (u32 j = 0; j < P; ++j) {
-      const u32 x = lane + W * j;
-      if (!((mine >> j) & 1u) && moe_before(b[j], x, v, e)) {
+      if (!((mine >> j) & 1u) && (b[j] > v || (b[j] == v && at == P))) {
         v = b[j];
-        e = x;
         sv = s[j];
+        at = j;
       }
     }
-    u32 best = e;
+    u32 best = at == P ? ~0u : lane + W * at;
     moe_wave_best(v, best);
     total += mono_bits_f32(mono_shfl(mono_f32_bits(sv), best % W));
     if (best % W == lane) mine |= 1u << (best / W);
@@ -170,15 +209,16 @@ MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* bias, u64* ch
   // The row's experts ascending: the chosen ones below an expert are the ballots of the lower
   // j's and this j's lower lanes.
   u32 below = 0;
-#pragma unroll
+#pragma unroll 1
   for (u32 j = 0; j < P; ++j) {
     const bool took = (mine >> j) & 1u;
     const u64 word = mono_ballot(took);
     if (took) {
-      const u32 p = below + mono_popc64(word & moe_lanes_below());
-      const float w = s[j] / den * a.scaling;
-      a.row_experts[r * K + p] = lane + W * j;
+      const u32 p = below + mono_popc64(word & moe_lanes_below()), e = lane + W * j;
+      const float w = score[e] / den * a.scaling;
+      a.row_experts[r * K + p] = e;
       a.row_weights[r * K + p] = w;
+      experts[p] = e;
       weights[p] = w;
     }
     if (lane == 0) chosen[j] = word;
@@ -189,55 +229,56 @@ MONO_DEV void moe_route_row(const moe_args& a, u32 r, const float* bias, u64* ch
 template <class Team>
 MONO_DEV bool moe_route(const Team& team, const mbx_task& task, mbx_ctx& c, const moe_args& a, u8* smem) {
   static_assert(Team::size % MONO_WAVE == 0, "the route takes whole waves, a row a wave");
-  constexpr u32 P = MOE_ROUTE_PER_LANE, W = MONO_WAVE;
-  const u32 R = a.rows, E = a.experts, K = a.top_k, lane = team.lane();
-  u64* chosen = (u64*)smem;                        // [R][P] ballot words of each row's choice
-  float* weights = (float*)(chosen + R * P);       // [R][K] each row's weights, ascending expert
-  u32* slot_expert = (u32*)(weights + R * K);      // [slots]
+  constexpr u32 P = MOE_ROUTE_PER_LANE, W = MONO_WAVE, N = MOE_ROW_SCORES;
+  const u32 R = a.rows, E = a.experts, K = a.top_k;
+  u64* chosen = (u64*)smem;                      // [R][P] ballot words of each row's choice
+  u64* any = chosen + R * P;                     // [P] their union over the rows
+  float* weights = (float*)(any + P);            // [R][K] each row's weights, ascending expert
+  u32* experts = (u32*)(weights + R * K);        // [R][K] each row's experts, ascending
+  u32* slot_expert = experts + R * K;            // [slots]
+  u32* expert_slot = slot_expert + a.slots;      // [N]
+  float* bias = (float*)(expert_slot + N);       // [E]
+  float* score = bias + E;                       // [R][N] s
+  float* biased = score + R * N;                 // [R][N] s + bias, for the choice
+  // Read before the waits: after the publish's fence each would be another load from memory.
+  const u32 first_box = task.out.first, boxes = task.out.len;
   for (u32 i = team.thread(); i < a.slots; i += Team::size) slot_expert[i] = LIN_NO_EXPERT;
   for (u32 i = team.thread(); i < a.slots * R; i += Team::size) a.slot_scale[i] = 0.f;
-  float bias[P];
-#pragma unroll
-  for (u32 j = 0; j < P; ++j) bias[j] = lane + W * j < E ? a.bias[lane + W * j] : 0.f;
-  if (!lin_wait_inputs(team, task, c)) return false;
-  for (u32 r = team.wave(); r < R; r += Team::waves) moe_route_row(a, r, bias, chosen + r * P, weights + r * K);
+  for (u32 e = team.thread(); e < E; e += Team::size) bias[e] = a.bias[e];
+  if (!lin_wait_inputs(team, task, c)) return false;  // its barrier also shows every thread the bias
+  moe_scores(team, a, bias, score, biased);
   team.sync();
-  // The step's chosen experts, ascending, fill the slots: slot of an expert = chosen experts below
-  // it in the union of the rows' ballot words.
-  u64 any[P];
-#pragma unroll
-  for (u32 j = 0; j < P; ++j) {
-    any[j] = 0;
-    for (u32 r = 0; r < R; ++r) any[j] |= chosen[r * P + j];
+  for (u32 r = team.wave(); r < R; r += Team::waves)
+    moe_route_row(a, r, score + r * N, biased + r * N, chosen + r * P, experts + r * K, weights + r * K);
+  team.sync();
+  // The step's chosen experts, ascending, fill the slots: the slot of an expert is the number of
+  // chosen experts below it in the union of the rows' ballot words.
+  for (u32 j = team.thread(); j < P; j += Team::size) {
+    u64 word = 0;
+    for (u32 r = 0; r < R; ++r) word |= chosen[r * P + j];
+    any[j] = word;
   }
-  for (u32 r = team.wave(); r < R; r += Team::waves) {
-    u32 below = 0, used_below = 0;
-#pragma unroll
-    for (u32 j = 0; j < P; ++j) {
-      const u64 word = chosen[r * P + j];
-      if ((word >> lane) & 1ull) {
-        const u32 p = below + mono_popc64(word & moe_lanes_below());
-        const u32 slot = used_below + mono_popc64(any[j] & moe_lanes_below());
-        a.row_slots[r * K + p] = slot;
-        if (slot < a.slots) a.slot_scale[slot * R + r] = weights[r * K + p];
-      }
-      below += mono_popc64(word);
-      used_below += mono_popc64(any[j]);
-    }
-  }
-  if (team.wave() == 0) {
-    u32 used_below = 0;
-#pragma unroll
-    for (u32 j = 0; j < P; ++j) {
-      const u32 slot = used_below + mono_popc64(any[j] & moe_lanes_below());
-      if (((any[j] >> lane) & 1ull) && slot < a.slots) slot_expert[slot] = lane + W * j;
-      used_below += mono_popc64(any[j]);
+  team.sync();
+  for (u32 e = team.thread(); e < N; e += Team::size) {
+    const u32 j = e / W, l = e % W;
+    u32 below = 0;
+    for (u32 q = 0; q < j; ++q) below += mono_popc64(any[q]);
+    if ((any[j] >> l) & 1ull) {
+      const u32 slot = below + mono_popc64(any[j] & ((1ull << l) - 1ull));
+      expert_slot[e] = slot;
+      if (slot < a.slots) slot_expert[slot] = e;
     }
   }
   team.sync();
-  for (u32 j = team.thread(); j < task.out.len; j += Team::size) {
+  for (u32 i = team.thread(); i < R * K; i += Team::size) {
+    const u32 slot = expert_slot[experts[i]];
+    a.row_slots[i] = slot;
+    if (slot < a.slots) a.slot_scale[slot * R + i / K] = weights[i];
+  }
+  team.sync();
+  for (u32 j = team.thread(); j < boxes; j += Team::size) {
     mbx_publish();
-    mbx_put(c, task.out.first + j, j < a.slots ? slot_expert[j] : LIN_NO_EXPERT);
+    mbx_put(c, first_box + j, j < a.slots ? slot_expert[j] : LIN_NO_EXPERT);
   }
   return true;
 }

@@ -17,7 +17,7 @@ use crate::layout::Route;
 use crate::problem::{bf16_value, MoeProblem, Pattern};
 use crate::reference::{choose, moe_with_routes, scores, weigh, MlpWeights};
 use crate::Result;
-use model::numerics::bf16_round;
+use model::numerics::{bf16_round, sigmoid};
 use std::collections::BTreeMap;
 
 /// Biased scores closer than this to the reference's last chosen one may be chosen either way.
@@ -30,6 +30,10 @@ pub const OUTPUT_TOLERANCE: f32 = 1.0 / 32.0;
 /// What a launch left in memory, decoded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceResult {
+    /// `[router_splits, rows, experts]`: the router's partial logits, the route task's input.
+    pub logits: Vec<f32>,
+    /// `[slots, rows]`: each slot's weight in each row (0 where the row did not choose it).
+    pub slot_scale: Vec<f32>,
     /// `[rows, top_k]`, ascending expert within a row.
     pub row_experts: Vec<u32>,
     pub row_weights: Vec<f32>,
@@ -201,6 +205,69 @@ pub fn check_routes(
     distinct.dedup();
     m.distinct = distinct.len();
     Ok((used, m))
+}
+
+/// The route task's outputs from its own input, bit for bit: a row's scores are the sigmoid of
+/// the device's partial logits summed in split order, its choice and weights are `choose` and
+/// `weigh` of them (the device's order of every fp32 operation), the slots are the chosen experts
+/// ascending in the step's union, and each slot's per-row weight is 0 for rows that did not choose
+/// it. Holds where the device's exp is the host's (the host emulation).
+pub fn check_route_exact(p: &MoeProblem, dev: &DeviceResult) -> std::result::Result<(), String> {
+    let s: MoeShape = p.shape;
+    let (rows, e, k, splits) = (s.rows, s.experts, s.top_k, s.router_splits());
+    if dev.logits.len() != splits * rows * e || dev.slot_scale.len() != s.slots() * rows {
+        return Err(format!(
+            "{}: {} logits and {} slot scales for {splits} splits of {rows} x {e} and {} slots",
+            p.name,
+            dev.logits.len(),
+            dev.slot_scale.len(),
+            s.slots()
+        ));
+    }
+    let mut experts = Vec::with_capacity(rows * k);
+    let mut weights = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let scores: Vec<f32> = (0..e)
+            .map(|x| {
+                let mut logit = dev.logits[r * e + x];
+                for q in 1..splits {
+                    logit += dev.logits[(q * rows + r) * e + x];
+                }
+                sigmoid(logit)
+            })
+            .collect();
+        let chosen = choose(&scores, &p.bias, &p.routing).map_err(|e| e.to_string())?;
+        let mut routes = weigh(&scores, &chosen, &p.routing);
+        routes.sort_by_key(|x| x.expert);
+        experts.extend(routes.iter().map(|x| x.expert as u32));
+        weights.extend(routes.iter().map(|x| x.weight));
+    }
+    let mut used = experts.clone();
+    used.sort_unstable();
+    used.dedup();
+    let slot_of = |x: &u32| used.binary_search(x).unwrap_or(usize::MAX) as u32;
+    let slots: Vec<u32> = experts.iter().map(slot_of).collect();
+    let mut scale = vec![0f32; s.slots() * rows];
+    for (i, (&slot, &w)) in slots.iter().zip(&weights).enumerate() {
+        scale[slot as usize * rows + i / k] = w;
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for (what, got, want) in [
+        ("experts", dev.row_experts.clone(), experts),
+        ("weights", bits(&dev.row_weights), bits(&weights)),
+        ("slots", dev.row_slots.clone(), slots),
+        ("slot scales", bits(&dev.slot_scale), bits(&scale)),
+    ] {
+        if let Some(i) = (0..want.len().max(got.len())).find(|&i| got.get(i) != want.get(i)) {
+            return Err(format!(
+                "{}: route {what} [{i}] = {:?} (bits), its logits give {:?}",
+                p.name,
+                got.get(i),
+                want.get(i)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The combine from the device's own expert outputs, bit for bit.

@@ -54,13 +54,17 @@ pub const MAT_SHARED_GATE_UP: u32 = 0;
 pub const MAT_SHARED_DOWN: u32 = 1;
 pub const MAT_ROUTER: u32 = 2;
 /// The router is split along k into at most this many matrices, so that its 16 tiles of 256
-/// experts spread over more CTAs: the routed experts cannot start before it ends.
+/// experts spread over more CTAs: the routed experts cannot start before it ends. The route task
+/// loads every split's logits at once, up to this many (`MOE_MAX_ROUTER_SPLITS`).
 pub const MAX_ROUTER_SPLITS: usize = 4;
 /// The route task routes a row by one wave, each lane holding this many experts
 /// (`MOE_ROUTE_PER_LANE`).
 pub const ROUTE_LANE_EXPERTS: usize = 8;
 /// The experts the route task takes: a lane's share times the narrower (32-lane) wave.
 pub const ROUTE_MAX_EXPERTS: usize = 32 * ROUTE_LANE_EXPERTS;
+/// A row's scores in the route task's shared memory (`MOE_ROW_SCORES`): a lane's share times the
+/// wider (64-lane) wave.
+pub const ROUTE_ROW_SCORES: usize = 64 * ROUTE_LANE_EXPERTS;
 /// The expert groups the route task takes: one a lane of a 32-lane wave.
 pub const ROUTE_MAX_GROUPS: usize = 32;
 pub const BANK_GATE_UP: u32 = 0;
@@ -181,12 +185,14 @@ impl MoeShape {
 }
 
 /// Dynamic shared memory of a CTA of `threads`: the largest of the linear tasks' and the route
-/// task's (`moe_route`: each row's chosen set as [`ROUTE_LANE_EXPERTS`] ballot words, each row's
-/// weights, the slots' experts).
+/// task's (`moe_route`: each row's chosen set as [`ROUTE_LANE_EXPERTS`] ballot words and their
+/// union, each row's experts and weights, the slots' experts, the experts' slots, the bias, each
+/// row's [`ROUTE_ROW_SCORES`] scores and biased scores).
 pub fn lds_bytes(shape: &MoeShape, threads: u32) -> std::result::Result<u32, LinLayoutError> {
     let lin = |k| linear::layout::lds_bytes(threads, k, shape.rows);
-    let r = shape.rows;
-    let route = 8 * r * ROUTE_LANE_EXPERTS + 4 * (r * shape.top_k + shape.slots());
+    let (r, k, n) = (shape.rows, shape.top_k, ROUTE_ROW_SCORES);
+    let words = 8 * (r + 1) * ROUTE_LANE_EXPERTS;
+    let route = words + 4 * (2 * r * k + shape.slots() + n + shape.experts + 2 * r * n);
     Ok(lin(shape.hidden)?.max(lin(shape.inter)?).max(route as u32))
 }
 

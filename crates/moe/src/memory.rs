@@ -390,6 +390,8 @@ impl MoeMemory {
         };
         let f32s = |s: Span| -> Vec<f32> { u32s(s).into_iter().map(f32::from_bits).collect() };
         crate::check::DeviceResult {
+            logits: f32s(sp.logits),
+            slot_scale: f32s(sp.slot_scale),
             row_experts: u32s(sp.row_experts),
             row_weights: f32s(sp.row_weights),
             row_slots: u32s(sp.row_slots),

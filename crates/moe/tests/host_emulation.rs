@@ -1,17 +1,22 @@
 //! The MoE launch's own source (`kernels/moe.hip`, `moe_task.h`, the linear stage's `lin_task.h`
 //! and the workspace's `kernels/ops/linear.h`) run on CPU threads through the host stand-in of the
 //! prelude (`kernels/host/prelude.h`) and a driver (`tests/host/`), at the tiny config's shapes:
-//! random rows (FP8 and bf16 weights, 1 to 16 rows), rows that all choose the same experts (by the
+//! random rows (FP8 and bf16 weights, 1 to 16 rows; 64 experts, 8 a row), rows that all choose the same experts (by the
 //! bias alone), rows with disjoint experts, exact router ties, every expert tied (16 rows), and
-//! group-limited routing, each checked by `check::check` with the measured error printed. Then the
-//! negative controls, which must fail: a tie of every expert broken to a higher one, two scale
+//! group-limited routing, each checked by `check::check` with the measured error printed, and the
+//! route task's outputs bit for bit from its input (`check::check_route_exact`). Then the negative
+//! controls, which must fail: a tie of every expert broken to a higher one, a routed weight one ulp
+//! off (within the reference check's tolerance), a slot scale for a row that did not choose the
+//! slot, two scale
 //! blocks of a chosen expert swapped (on the emulated device), one expert dropped from a row, and
 //! the bias used in the weights as well as the choice. This runs the portable path of the linear
 //! tile, not the mma.sync path of the H200 (tests/gpu.rs). Needs g++ with C++20, so ignored:
 //! `cargo test --release -p moe --test host_emulation -- --ignored --nocapture`
 
 use model::{ModelConfig, WeightFormat};
-use moe::check::{check, check_output, check_routes, DeviceResult, Measured, Oracle};
+use moe::check::{
+    check, check_output, check_route_exact, check_routes, DeviceResult, Measured, Oracle,
+};
 use moe::layout::{lds_bytes, place, MoePlan, MoeShape, MoeStart};
 use moe::memory::{Alter, MoeMemory};
 use moe::problem::{MoeProblem, Pattern};
@@ -130,6 +135,11 @@ fn cases() -> Vec<MoeProblem> {
         let (shape, routing) = tiny_shape(rows, format);
         out.push(MoeProblem::new(shape, routing, pattern, seed).unwrap());
     }
+    // 64 experts, 8 a row, 16 rows: lanes past the wave's first expert each, and more scores than
+    // the route's CTA takes in one batch of loads.
+    let (mut shape, mut routing) = tiny_shape(16, Fp8);
+    (shape.experts, shape.top_k, routing.top_k) = (64, 8, 8);
+    out.push(MoeProblem::new(shape, routing, Random, 9).unwrap());
     // Group-limited routing: 4 groups of 4 experts, the best 2 kept.
     let (mut shape, mut routing) = tiny_shape(5, Fp8);
     (shape.n_group, shape.topk_group) = (4, 2);
@@ -164,7 +174,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         let mem = MoeMemory::new(p, None).unwrap();
         let dev = run(&exe, p, &mem, &plan);
         let mut oracle = Oracle::new(p).unwrap();
-        match check(p, &mut oracle, &dev) {
+        match check(p, &mut oracle, &dev).and_then(|m| check_route_exact(p, &dev).map(|()| m)) {
             Ok(m) => print(p, &m),
             Err(e) => {
                 eprintln!("FAILED {e}");
@@ -188,13 +198,32 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         .expect_err("a tie broken to the higher expert passed");
     eprintln!("tie to the higher expert: {err}");
 
+    // 1. A routed weight one ulp off, within the reference check's tolerance: the route's own
+    // arithmetic is held bit for bit.
+    let mut off = results[0].clone();
+    off.row_weights[0] = f32::from_bits(off.row_weights[0].to_bits() + 1);
+    check_routes(&cases[0], &Oracle::new(&cases[0]).unwrap(), &off)
+        .expect("a weight one ulp off is within the reference check's tolerance");
+    let err = check_route_exact(&cases[0], &off).expect_err("a weight one ulp off passed");
+    eprintln!("weight one ulp off: {err}");
+    // 2. A slot's scale for a row that did not choose it.
+    let at = results
+        .iter()
+        .position(|d| d.slot_scale.contains(&0.0))
+        .unwrap();
+    let mut stray = results[at].clone();
+    let unchosen = stray.slot_scale.iter().position(|&w| w == 0.0).unwrap();
+    stray.slot_scale[unchosen] = 0.5;
+    let err = check_route_exact(&cases[at], &stray).expect_err("a stray slot scale passed");
+    eprintln!("stray slot scale: {err}");
+
     // The controls on the first random FP8 case.
     let p = &cases[0];
     let plan = place(&p.shape, CTAS, &MoeStart::default()).unwrap();
     let mut oracle = Oracle::new(p).unwrap();
     let target = oracle.routes[0][0].expert;
 
-    // 1. Two scale blocks that differ, of an expert row 0 chose, swapped (its down's, or its
+    // 3. Two scale blocks that differ, of an expert row 0 chose, swapped (its down's, or its
     // gate/up's when the down's are all equal).
     let swap: Alter = &|e, gate_up, down| {
         if e == target {
@@ -217,7 +246,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     let dev = run(&exe, p, &mem, &plan);
     check(p, &mut oracle, &dev).unwrap();
 
-    // 2. One expert dropped from row 0: its routes, and an output computed without it.
+    // 4. One expert dropped from row 0: its routes, and an output computed without it.
     let mut fewer = dev.clone();
     fewer.row_experts[0] = fewer.row_experts[1];
     let err = check_routes(p, &oracle, &fewer).expect_err("a dropped expert's routes passed");
@@ -239,7 +268,7 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
         .expect_err("an output without one expert passed");
     eprintln!("dropped expert (output): {err}");
 
-    // 3. The bias in the weights as well as the choice.
+    // 5. The bias in the weights as well as the choice.
     let mut biased = dev.clone();
     for (r, s) in oracle.scores.iter().enumerate() {
         let with_bias: Vec<f32> = s.iter().zip(&p.bias).map(|(s, b)| s + b).collect();
