@@ -1,16 +1,16 @@
 //! The MoE launch's own source (`kernels/moe.hip`, `moe_task.h`, the linear stage's `lin_task.h`
 //! and the workspace's `kernels/ops/linear.h`) run on CPU threads through the host stand-in of the
 //! prelude (`kernels/host/prelude.h`) and a driver (`tests/host/`), at the tiny config's shapes:
-//! random rows (FP8 and bf16 weights, 1 to 16 rows; 64 experts, 8 a row), rows that all choose the same experts (by the
-//! bias alone), rows with disjoint experts, exact router ties, every expert tied (16 rows), and
-//! group-limited routing, each checked by `check::check` with the measured error printed, and the
-//! route task's outputs bit for bit from its input (`check::check_route_exact`). Then the negative
-//! controls, which must fail: a tie of every expert broken to a higher one, a routed weight one ulp
-//! off (within the reference check's tolerance), a slot scale for a row that did not choose the
-//! slot, two scale
-//! blocks of a chosen expert swapped (on the emulated device), one expert dropped from a row, and
-//! the bias used in the weights as well as the choice. This runs the portable path of the linear
-//! tile, not the mma.sync path of the H200 (tests/gpu.rs). Needs g++ with C++20, so ignored:
+//! random rows (FP8 and bf16 weights, 1 to 16 rows; 64 experts, 8 a row), rows that all choose the
+//! same experts (by the bias alone), rows with disjoint experts, exact router ties, every expert
+//! tied (16 rows), and group-limited routing, each checked by `check::check` with the measured
+//! error printed, and the route task's outputs bit for bit from its input
+//! (`check::check_route_exact`). Then the negative controls, which must fail: a tie of every expert
+//! broken to a higher one, a routed weight one ulp off (within the reference check's tolerance), a
+//! slot scale for a row that did not choose the slot, two scale blocks of a chosen expert swapped
+//! (on the emulated device), one expert dropped from a row, and the bias used in the weights as
+//! well as the choice. This runs the portable path of the linear tile, not the mma.sync path of the
+//! H200 (tests/gpu.rs). Needs g++ with C++20, so ignored:
 //! `cargo test --release -p moe --test host_emulation -- --ignored --nocapture`
 
 use model::{ModelConfig, WeightFormat};
