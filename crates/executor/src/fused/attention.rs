@@ -364,6 +364,8 @@ pub struct HalfPhases {
     /// The input norm and q norm tasks are planned (their outputs read by the indexer).
     keep_norms: bool,
     hidden_in: Vec<BoxRange>,
+    /// The CTA of the KV norm (behind kv_a's last task); the q rope goes behind it.
+    norm_kv_cta: u32,
 }
 
 impl HalfPlan {
@@ -459,8 +461,12 @@ impl HalfPlan {
         let splits: Vec<Vec<linear::layout::TileRange>> = mats
             .iter()
             .map(|m| {
+                // A head's matrices over a share of the grid each, rounded down so that every
+                // head's tasks together fit on the grid once (GLM-5 TP8: 8 heads x 16 tasks on
+                // 132 CTAs): W_UK and W_UV each wait on a whole link, so a CTA with two of their
+                // tasks would end the link a task late.
                 let parts = match m {
-                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => ctas.div_ceil(dims.heads as u32),
+                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => (ctas / dims.heads as u32).max(1),
                     _ => ctas,
                 };
                 split_tiles(m.tiles(&dims), parts)
@@ -512,22 +518,36 @@ impl HalfPlan {
             lists_in_launch,
             keep_norms,
             hidden_in: hidden.waits(),
+            norm_kv_cta: 0,
         };
         phases.latents(g)?;
         Ok(phases)
     }
 }
 
-/// Adds a task at the next rank on the next CTA.
+/// Adds a task at the next rank on the next CTA; returns the CTA.
 fn push(
     g: &mut LaunchGraph,
     kind: u32,
     out: BoxRange,
     inputs: &[BoxRange],
     args: [u32; 3],
+) -> Result<u32, HalfError> {
+    let cta = g.next_cta();
+    push_on(g, cta, kind, out, inputs, args)?;
+    Ok(cta)
+}
+
+/// Adds a task at the next rank on CTA `cta`.
+fn push_on(
+    g: &mut LaunchGraph,
+    cta: u32,
+    kind: u32,
+    out: BoxRange,
+    inputs: &[BoxRange],
+    args: [u32; 3],
 ) -> Result<(), HalfError> {
     let rank = g.rank();
-    let cta = g.next_cta();
     let t =
         Task::new(kind, rank, out, inputs, args).map_err(|e| HalfError::Graph(e.to_string()))?;
     g.push(cta, t).map_err(|e| HalfError::Graph(e.to_string()))
@@ -540,7 +560,8 @@ impl HalfPhases {
         &self.plan
     }
 
-    /// The linear tasks of one matrix, each writing its own line of `region` from `*line` on.
+    /// The linear tasks of one matrix, each writing its own line of `region` from `*line` on, on
+    /// the CTAs in turn; returns the CTA of the last.
     fn linear_tasks(
         &self,
         g: &mut LaunchGraph,
@@ -548,13 +569,31 @@ impl HalfPhases {
         region: &Region<u32>,
         line: &mut u32,
         inputs: &[BoxRange],
+    ) -> Result<u32, HalfError> {
+        let ranges = &self.splits[m.index(self.plan.dims.heads)];
+        let ctas: Vec<u32> = ranges.iter().map(|_| g.next_cta()).collect();
+        self.linear_tasks_on(g, m, ranges, &ctas, region, line, inputs)?;
+        Ok(ctas.last().copied().unwrap_or(0))
+    }
+
+    /// The tasks of matrix `m`'s tile `ranges`, range i on `ctas[i]`, each writing its own line of
+    /// `region` from `*line` on.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_tasks_on(
+        &self,
+        g: &mut LaunchGraph,
+        m: HalfMatrix,
+        ranges: &[linear::layout::TileRange],
+        ctas: &[u32],
+        region: &Region<u32>,
+        line: &mut u32,
+        inputs: &[BoxRange],
     ) -> Result<(), HalfError> {
-        let index = m.index(self.plan.dims.heads);
-        for r in &self.splits[index] {
+        let matrix = self.plan.first_matrix + m.index(self.plan.dims.heads) as u32;
+        for (r, &cta) in ranges.iter().zip(ctas) {
             let out = region.slot(*line).expect("a line a task");
             *line += 1;
-            let args = [self.plan.first_matrix + index as u32, r.first, r.count];
-            push(g, KIND_TILES, out, inputs, args)?;
+            push_on(g, cta, KIND_TILES, out, inputs, [matrix, r.first, r.count])?;
         }
         Ok(())
     }
@@ -572,12 +611,15 @@ impl HalfPhases {
             slots.slot(first).expect("a slot a row").first,
             (n - 1) * slots.stride() + self.plan.topk,
         );
-        push(g, MlaKind::Slots.kind(), out, waits, [first, n, 0])
+        push(g, MlaKind::Slots.kind(), out, waits, [first, n, 0]).map(|_| ())
     }
 
     /// The first phase's tasks: the slot lists from memory (unless select publishes them in the
     /// launch), the input norm (for the indexer), q_a and kv_a (on the input rows, normed as they
-    /// are staged), the KV norm, the q norm (for the indexer).
+    /// are staged), the KV norm, the q norm (for the indexer). q_a and kv_a take the CTAs in turn,
+    /// so where they hold more tiles than the grid has CTAs, the CTAs from the first of q_a's on
+    /// run two of them; each norm waits on a whole matrix, so it goes behind the last task of that
+    /// matrix rather than onto a CTA that would otherwise be done first.
     fn latents(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
         let rows = self.plan.rows;
         let boxes = self.plan.boxes;
@@ -595,18 +637,21 @@ impl HalfPhases {
             )?;
         }
         let hidden_in = self.hidden_in.clone();
-        self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &hidden_in)?;
-        self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &hidden_in)?;
-        push(
+        let last_q_a = self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &hidden_in)?;
+        let last_kv_a = self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &hidden_in)?;
+        push_on(
             g,
+            last_kv_a,
             MlaKind::Norm.kind(),
             first_box(&boxes.norm_kv),
             &[whole(&boxes.kv_a)],
             norm(NormOf::KvLatent),
         )?;
+        self.norm_kv_cta = last_kv_a;
         if self.keep_norms {
-            push(
+            push_on(
                 g,
+                last_q_a,
                 MlaKind::Norm.kind(),
                 first_box(&boxes.norm_q),
                 &[whole(&boxes.q_a)],
@@ -617,30 +662,48 @@ impl HalfPhases {
     }
 
     /// The second phase: q_b (on q_a's output, normed as it is staged), the q rope, W_UK of
-    /// every head.
+    /// every head. q_b goes to the CTAs with the fewest tasks so far, split into as many tasks as
+    /// there are of them (when they are at least half the grid): a CTA that runs q_a and kv_a
+    /// would start its q_b a whole task late, and W_UK and the attention wait on all of q_b. The
+    /// rope goes behind the KV norm (it waits on it), and W_UK, a task a CTA, onto the CTAs with
+    /// the fewest tasks.
     pub fn queries(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
         let rows = self.plan.rows;
         let boxes = self.plan.boxes;
-        self.linear_tasks(g, HalfMatrix::QB, &boxes.q_b, &mut 0, &[whole(&boxes.q_a)])?;
+        let tiles = HalfMatrix::QB.tiles(&self.plan.dims);
+        let least = g.least_loaded();
+        let ctas = if 2 * least.len() as u32 >= g.ctas() {
+            least
+        } else {
+            g.by_load()
+        };
+        let ranges = split_tiles(tiles, ctas.len() as u32);
+        let mut line = 0;
+        let q_a = [whole(&boxes.q_a)];
+        self.linear_tasks_on(g, HalfMatrix::QB, &ranges, &ctas, &boxes.q_b, &mut line, &q_a)?;
+        // The region holds a line for a task on every CTA; the tasks write the first `line`.
+        let q_b = BoxRange::new(boxes.q_b.offset(), line * boxes.q_b.stride());
         // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
         // rows' new tokens from the new latents.
-        let rope_in = [whole(&boxes.q_b), first_box(&boxes.norm_kv)];
-        push(
+        let rope_in = [q_b, first_box(&boxes.norm_kv)];
+        push_on(
             g,
+            self.norm_kv_cta,
             MlaKind::RopeQ.kind(),
             first_box(&boxes.rope_q),
             &rope_in,
             [0, rows, 0],
         )?;
+        let order = g.by_load();
         let mut line = 0;
         for h in 0..self.plan.dims.heads {
-            self.linear_tasks(
-                g,
-                HalfMatrix::Uk(h),
-                &boxes.uk,
-                &mut line,
-                &[whole(&boxes.q_b)],
-            )?;
+            let m = HalfMatrix::Uk(h);
+            let ranges = &self.splits[m.index(self.plan.dims.heads)];
+            let first = line as usize;
+            let ctas: Vec<u32> = (first..first + ranges.len())
+                .map(|i| order[i % order.len()])
+                .collect();
+            self.linear_tasks_on(g, m, ranges, &ctas, &boxes.uk, &mut line, &[q_b])?;
         }
         Ok(())
     }

@@ -182,6 +182,28 @@ impl LaunchGraph {
         cta
     }
 
+    /// Every CTA, those with the fewest tasks so far first, ties in turn from the one
+    /// [`Self::next_cta`] returns next. A link whose tasks all wait on the one before does best on
+    /// the CTAs that are done first: a CTA that took two of the last link's tasks would start its
+    /// task of this link a whole task later than the others, and the link ends with its last task.
+    pub fn by_load(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.ctas)
+            .map(|i| (self.cursor + i) % self.ctas)
+            .collect();
+        order.sort_by_key(|&c| self.lists[c as usize].len());
+        order
+    }
+
+    /// The CTAs with the fewest tasks so far, in the order of [`Self::by_load`].
+    pub fn least_loaded(&self) -> Vec<u32> {
+        let order = self.by_load();
+        let least = self.lists[order[0] as usize].len();
+        order
+            .into_iter()
+            .take_while(|&c| self.lists[c as usize].len() == least)
+            .collect()
+    }
+
     /// Appends `task` to CTA `cta`'s list. The rule's other conditions (increasing ranks on a
     /// CTA, waits on earlier ranks, gangs on distinct CTAs) are checked by [`Self::finish`].
     pub fn push(&mut self, cta: u32, task: Task) -> Result<(), GraphError> {
