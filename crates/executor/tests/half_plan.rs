@@ -184,3 +184,48 @@ proptest! {
         prop_assert_eq!(p.rows, shape.iter().map(|s| s.1).sum::<u32>());
     }
 }
+
+/// How many tasks of matrix `m` each CTA runs.
+fn per_cta(p: &HalfPlan, placement: &Placement, m: HalfMatrix) -> Vec<usize> {
+    let index = p.first_matrix + m.index(p.dims.heads) as u32;
+    placement
+        .lists()
+        .iter()
+        .map(|l| {
+            l.iter()
+                .filter(|t| t.kind == KIND_TILES && t.args[0] == index)
+                .count()
+        })
+        .collect()
+}
+
+/// Where q_a and kv_a hold more tiles than the grid has CTAs (GLM-5 TP8 on 132 CTAs: 128 + 36),
+/// q_b runs on the CTAs that took one of them, W_UK and W_UV a task a CTA; the negative control
+/// is the CTAs that ran two latent tasks, which exist.
+#[test]
+fn each_link_ends_together_at_glm5_tp8() {
+    let d = dims("glm-5", 8);
+    let heads = d.heads;
+    for rows in [1, 4] {
+        let (p, launch) = plan(d, &[req(100, rows)], build(1), 132, None).unwrap();
+        let placement = launch.placement.placement();
+        let q_a = per_cta(&p, placement, HalfMatrix::QA);
+        let kv_a = per_cta(&p, placement, HalfMatrix::KvA);
+        let q_b = per_cta(&p, placement, HalfMatrix::QB);
+        let latents: Vec<usize> = q_a.iter().zip(&kv_a).map(|(a, b)| a + b).collect();
+        assert!(latents.iter().any(|&n| n == 2), "no CTA runs two latent tasks");
+        for (cta, (&l, &b)) in latents.iter().zip(&q_b).enumerate() {
+            assert!(b <= 1, "CTA {cta} runs {b} q_b tasks");
+            assert!(b == 0 || l == 1, "CTA {cta} runs q_b after {l} latent tasks");
+        }
+        for m in [HalfMatrix::Uk, HalfMatrix::Uv] {
+            let mut n = vec![0; 132];
+            for h in 0..heads {
+                for (c, k) in per_cta(&p, placement, m(h)).into_iter().enumerate() {
+                    n[c] += k;
+                }
+            }
+            assert!(n.iter().all(|&k| k <= 1), "{:?}: {n:?}", m(0));
+        }
+    }
+}
