@@ -411,3 +411,66 @@ fn the_kernel_table_holds_every_layer_kind() {
         assert!(paths.contains(&path), "{path}");
     }
 }
+
+/// The CTAs of the index key and query tasks in `placement` hold no q_b, q rope or W_UK task of
+/// the launch's attention half (which would run ahead of them).
+fn key_ctas_are_spared(p: &LayerPlan, placement: &mailbox::Placement) -> Result<(), String> {
+    use executor::fused::attention::HalfMatrix;
+    use indexer::layout::TaskKind;
+    let half = p.attention.as_ref().ok_or("no attention half")?;
+    let heads = half.dims.heads;
+    let matrix = |m: HalfMatrix| half.first_matrix + m.index(heads) as u32;
+    let ahead: Vec<u32> = std::iter::once(matrix(HalfMatrix::QB))
+        .chain((0..heads).map(|h| matrix(HalfMatrix::Uk(h))))
+        .collect();
+    let keys = [TaskKind::Key.kind(), TaskKind::Query.kind()];
+    for (cta, list) in placement.lists().iter().enumerate() {
+        if !list.iter().any(|t| keys.contains(&t.kind)) {
+            continue;
+        }
+        for t in list {
+            let linear = t.kind == linear::layout::KIND_TILES && ahead.contains(&t.args[0]);
+            if linear || t.kind == MlaKind::RopeQ.kind() {
+                return Err(format!("CTA {cta} runs {t:?} beside an index key or query"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Full-indexer launches keep their index key and query tasks' CTAs free of q_b, the q rope and
+/// W_UK; the check's control: a q_b task moved onto the query's CTA is caught.
+#[test]
+fn index_key_and_query_ctas_are_spared() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    for rows in [1, 4] {
+        let reqs = requests(&[8192], rows);
+        for at in one_of_each(&cfg) {
+            let p = LayerPlan::plan(&cfg, at, &reqs, &b).unwrap();
+            if p.index.is_none() {
+                continue;
+            }
+            let placement = p.launch.placement.placement();
+            key_ctas_are_spared(&p, placement).unwrap_or_else(|e| panic!("{at:?} x {rows}: {e}"));
+            let mut lists = placement.lists().to_vec();
+            let query = indexer::layout::TaskKind::Query.kind();
+            let to = lists.iter().position(|l| l.iter().any(|t| t.kind == query));
+            let half = p.attention.as_ref().unwrap();
+            let q_b = half.first_matrix
+                + executor::fused::attention::HalfMatrix::QB.index(half.dims.heads) as u32;
+            let from = lists.iter().position(|l| {
+                l.iter()
+                    .any(|t| t.kind == linear::layout::KIND_TILES && t.args[0] == q_b)
+            });
+            let (to, from) = (to.unwrap(), from.unwrap());
+            let at_q_b = lists[from]
+                .iter()
+                .position(|t| t.kind == linear::layout::KIND_TILES && t.args[0] == q_b)
+                .unwrap();
+            let moved = lists[from].remove(at_q_b);
+            lists[to].insert(0, moved);
+            assert!(key_ctas_are_spared(&p, &mailbox::Placement::new(lists)).is_err());
+        }
+    }
+}

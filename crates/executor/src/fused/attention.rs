@@ -24,8 +24,12 @@
 //! The global order: the input norm, q_a, kv_a, the KV norm, the q norm ([`HalfPlan::begin`]),
 //! q_b, the q rope, W_UK ([`HalfPhases::queries`]), the attention's cache writes, splits and
 //! combines, W_UV, o_proj ([`HalfPhases::attend`]); every task on the CTA after the one before
-//! (round robin), so that every matrix streams on as many CTAs as it has tasks. A layer launch
-//! puts the indexer's projections after the first phase and the front half after the second.
+//! (round robin), so that every matrix streams on as many CTAs as it has tasks, but for the links
+//! that follow an uneven one: q_a and kv_a hold more tiles than the grid has CTAs (GLM-5 TP8:
+//! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to the
+//! CTAs with the fewest tasks; the norms and the rope, each waiting on a whole matrix, go behind
+//! its last task. A layer launch puts the indexer's projections after the first phase and the
+//! front half after the second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
 //!
 //! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
 //! with one Slots task ahead of the input norm (they are in memory before the launch); a layer
@@ -668,19 +672,44 @@ impl HalfPhases {
     /// rope goes behind the KV norm (it waits on it), and W_UK, a task a CTA, onto the CTAs with
     /// the fewest tasks.
     pub fn queries(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
+        self.queries_sparing(g, &[])
+    }
+
+    /// [`Self::queries`] with none of the tasks on the CTAs `spare` (kept for a later part's
+    /// tasks that should start as soon as their inputs are ready: a full-indexer layer's index
+    /// key and query tasks).
+    pub fn queries_sparing(&mut self, g: &mut LaunchGraph, spare: &[u32]) -> Result<(), HalfError> {
         let rows = self.plan.rows;
         let boxes = self.plan.boxes;
         let tiles = HalfMatrix::QB.tiles(&self.plan.dims);
-        let least = g.least_loaded();
+        let open = |ctas: Vec<u32>| -> Vec<u32> {
+            ctas.into_iter().filter(|c| !spare.contains(c)).collect()
+        };
+        let least = open(g.least_loaded());
         let ctas = if 2 * least.len() as u32 >= g.ctas() {
             least
         } else {
-            g.by_load()
+            open(g.by_load())
         };
+        if ctas.is_empty() {
+            return Err(HalfError::Shape(format!(
+                "no CTA of {} is left beside the {} spared",
+                g.ctas(),
+                spare.len()
+            )));
+        }
         let ranges = split_tiles(tiles, ctas.len() as u32);
         let mut line = 0;
         let q_a = [whole(&boxes.q_a)];
-        self.linear_tasks_on(g, HalfMatrix::QB, &ranges, &ctas, &boxes.q_b, &mut line, &q_a)?;
+        self.linear_tasks_on(
+            g,
+            HalfMatrix::QB,
+            &ranges,
+            &ctas,
+            &boxes.q_b,
+            &mut line,
+            &q_a,
+        )?;
         // The region holds a line for a task on every CTA; the tasks write the first `line`.
         let q_b = BoxRange::new(boxes.q_b.offset(), line * boxes.q_b.stride());
         // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
@@ -694,7 +723,7 @@ impl HalfPhases {
             &rope_in,
             [0, rows, 0],
         )?;
-        let order = g.by_load();
+        let order = open(g.by_load());
         let mut line = 0;
         for h in 0..self.plan.dims.heads {
             let m = HalfMatrix::Uk(h);

@@ -30,8 +30,8 @@
 use super::{fused_source, CtaShape, GraphError, LaunchGraph};
 use device::KernelSource;
 use indexer::layout::{
-    max_runs, IndexerBoxes, Limits as PlanLimits, ProjectionWaits, Row, ScorePlan, MAX_GROUP_ROWS,
-    MAX_RUNS, RUNS_PER_SCORE_TASK,
+    max_runs, IndexerBoxes, Limits as PlanLimits, ProjectionWaits, Row, ScorePlan, TaskKind,
+    MAX_GROUP_ROWS, MAX_RUNS, RUNS_PER_SCORE_TASK,
 };
 use indexer::reference::IndexerDims;
 use mailbox::gpu::Variant;
@@ -167,18 +167,21 @@ impl FrontPart {
         requests: &[FrontRequest],
         build: FrontBuild,
     ) -> Result<FrontPart, FrontError> {
-        Self::plan_waiting(g, cfg, requests, build, &ProjectionWaits::default())
+        Self::plan_waiting(g, cfg, requests, build, &ProjectionWaits::default(), None)
     }
 
     /// [`Self::plan`] in a launch that makes the indexer's projections itself: the key tasks wait
     /// on `waits.key` (what writes `key_proj`), the query tasks on `waits.query` (`query_proj`
-    /// and `gates`), before they read them.
+    /// and `gates`), before they read them. With `key_cta`, the part's tasks are turned around the
+    /// grid so that row 0's key task is on that CTA (the rows' key and query tasks follow it on
+    /// consecutive CTAs): a launch keeps those CTAs free of the tasks ahead of them.
     pub fn plan_waiting(
         g: &mut LaunchGraph,
         cfg: &ModelConfig,
         requests: &[FrontRequest],
         build: FrontBuild,
         waits: &ProjectionWaits,
+        key_cta: Option<u32>,
     ) -> Result<FrontPart, FrontError> {
         let top = TopK::of(cfg)
             .and_then(TopK::for_kernels)
@@ -226,7 +229,7 @@ impl FrontPart {
         let select = SelectBoxes::add(g.regions(), "sel", n_rows, top)
             .map_err(|e| FrontError::Select(e.to_string()))?;
         let boxes = FrontBoxes { indexer, select };
-        let ranks = place(g, &plan, &lens, select_kind, top, &boxes, waits)?;
+        let ranks = place(g, &plan, &lens, select_kind, top, &boxes, waits, key_cta)?;
         Ok(FrontPart {
             top,
             plan,
@@ -431,6 +434,7 @@ fn rows_of(requests: &[FrontRequest], build: FrontBuild) -> Result<Vec<Row>, Fro
 /// the CTAs after the scorers (wrapping), then select: row r's tasks at rank 2 rows + scorers + r,
 /// on CTAs in turn from CTA 0 (a row's slices a gang on distinct CTAs), each waiting on the
 /// completion boxes of the runs it reads. Returns the ranks taken.
+#[allow(clippy::too_many_arguments)]
 fn place(
     g: &mut LaunchGraph,
     plan: &ScorePlan,
@@ -439,6 +443,7 @@ fn place(
     top: TopK,
     boxes: &FrontBoxes,
     waits: &ProjectionWaits,
+    key_cta: Option<u32>,
 ) -> Result<Range<u32>, FrontError> {
     let ctas = g.ctas();
     let idx = |e: indexer::IndexerError| FrontError::Indexer(e.to_string());
@@ -483,13 +488,24 @@ fn place(
         .map_err(|e| FrontError::Select(e.to_string()))?;
     let ranks = g.ranks(first_order + rows);
     let placement = |e: GraphError| FrontError::Placement(e.to_string());
+    // Turning every list by the same number of CTAs keeps each CTA's order and a gang's CTAs
+    // distinct.
+    let first_key = indexer_lists
+        .tasks()
+        .find(|(_, t)| t.kind == TaskKind::Key.kind() && t.args[0] == 0)
+        .map(|(cta, _)| cta as u32);
+    let shift = match (key_cta, first_key) {
+        (Some(want), Some(have)) => (want % ctas + ctas - have) % ctas,
+        _ => 0,
+    };
+    let turned = |cta: u32| (cta + shift) % ctas;
     for (cta, list) in indexer_lists.lists().iter().enumerate() {
         for t in list {
             let task = Task {
                 order: t.order + ranks.start,
                 ..*t
             };
-            g.push(cta as u32, task).map_err(placement)?;
+            g.push(turned(cta as u32), task).map_err(placement)?;
         }
     }
     for t in select.tasks() {
@@ -497,7 +513,7 @@ fn place(
             order: t.task.order + ranks.start,
             ..t.task
         };
-        g.push(t.cta, task).map_err(placement)?;
+        g.push(turned(t.cta), task).map_err(placement)?;
     }
     Ok(ranks)
 }

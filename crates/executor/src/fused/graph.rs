@@ -204,6 +204,18 @@ impl LaunchGraph {
             .collect()
     }
 
+    /// The first CTA of the `n` consecutive CTAs (wrapping) whose busiest holds the fewest tasks so
+    /// far, ties to the first in turn from the one [`Self::next_cta`] returns next: where a part
+    /// whose tasks sit on consecutive CTAs runs soonest.
+    pub fn lightest_block(&self, n: u32) -> u32 {
+        let n = n.clamp(1, self.ctas);
+        let load = |c: u32| self.lists[(c % self.ctas) as usize].len();
+        (0..self.ctas)
+            .map(|i| (self.cursor + i) % self.ctas)
+            .min_by_key(|&first| (first..first + n).map(load).max().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
     /// Appends `task` to CTA `cta`'s list. The rule's other conditions (increasing ranks on a
     /// CTA, waits on earlier ranks, gangs on distinct CTAs) are checked by [`Self::finish`].
     pub fn push(&mut self, cta: u32, task: Task) -> Result<(), GraphError> {

@@ -138,15 +138,18 @@ impl IndexProjections {
         }
     }
 
-    /// The front half after the projections, its key and query tasks waiting on them.
+    /// The front half after the projections, its key and query tasks waiting on them, row 0's
+    /// key task on CTA `key_cta` and the rest of the rows' key and query tasks on the CTAs after
+    /// it ([`FrontPart::plan_waiting`]).
     pub fn front(
         self,
         g: &mut LaunchGraph,
         cfg: &ModelConfig,
         requests: &[FrontRequest],
         build: FrontBuild,
+        key_cta: Option<u32>,
     ) -> Result<IndexPart, LayerError> {
-        let front = FrontPart::plan_waiting(g, cfg, requests, build, &self.waits())?;
+        let front = FrontPart::plan_waiting(g, cfg, requests, build, &self.waits(), key_cta)?;
         let rows = u64::from(self.dims.rows);
         let scores = g.arena("index_scores", rows * u64::from(front.plan.stride) * 4)?;
         let select_flags = g.arena(

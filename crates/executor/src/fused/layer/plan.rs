@@ -233,7 +233,19 @@ impl Composer<'_> {
         } else {
             None
         };
-        half.queries(&mut self.g)?;
+        // The index key and query tasks (one each a row, on consecutive CTAs) head the
+        // indexer's chain to select and the attention: their CTAs are kept free of q_b, the
+        // rope and W_UK, which the attention needs only after select, so that they start as soon
+        // as the projections are done.
+        let key_ctas: Vec<u32> = match projections {
+            Some(_) => {
+                let n = (2 * self.rows).min(self.build.ctas / 2);
+                let first = self.g.lightest_block(n);
+                (first..first + n).map(|c| c % self.build.ctas).collect()
+            }
+            None => Vec::new(),
+        };
+        half.queries_sparing(&mut self.g, &key_ctas)?;
         let index = match projections {
             Some(p) => {
                 let front_build = FrontBuild {
@@ -241,7 +253,8 @@ impl Composer<'_> {
                     cache_pages: self.build.cache_pages,
                     max_rows: self.build.step.max_rows,
                 };
-                Some(p.front(&mut self.g, self.cfg, requests, front_build)?)
+                let key_cta = key_ctas.first().copied();
+                Some(p.front(&mut self.g, self.cfg, requests, front_build, key_cta)?)
             }
             None => None,
         };
