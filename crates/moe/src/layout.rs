@@ -270,8 +270,11 @@ impl Cursor {
 /// logits (its k-splits, each a linear matrix of a task a tile), the route task, the shared
 /// expert's gate/up and down (which wait on the input alone, so they run beside the router, over a
 /// quarter of the CTAs each), every slot's gate/up, every slot's down, then the combine tasks.
-/// Tasks go to CTAs in turn from CTA 0; each slot's matrices split over about `ctas / (slots + 1)`
-/// CTAs.
+/// Tasks go to CTAs in turn from CTA 0; each slot's matrices split over `ctas / slots` CTAs, so
+/// that the slots' gate/ups together take the grid once: their weights can only be read once the
+/// route has named the experts, so every gate/up task's tiles stream after the route, and the
+/// downs wait on whole gate/ups (at one row, 8 slots: 16 tasks of 2 tiles a gate/up, where 14
+/// gave some 3 and their downs a task later).
 pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
     shape.check()?;
     if ctas == 0 {
@@ -330,7 +333,7 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
         shared_parts,
         &[shared_gate_up],
     )?;
-    let parts = (ctas / (slots + 1)).max(1);
+    let parts = (ctas / slots.max(1)).max(1);
     let too_many = || invalid("moe launch", format!("{slots} slots"));
     let mut gate_up = Vec::new();
     for j in 0..slots {

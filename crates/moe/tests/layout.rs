@@ -78,6 +78,36 @@ mod launch {
         assert!(message.contains("in 64 groups"), "{message}");
     }
 
+    /// GLM-5.2 at TP8 on 132 CTAs: the slots' gate/ups together take the grid at most once, and
+    /// none holds more tiles than an even share of them all (at one row: 8 slots x 32 tiles in
+    /// 128 tasks of 2; splitting each over 132 / 9 = 14 CTAs gave some 3).
+    #[test]
+    fn the_slots_gate_ups_take_the_grid_once() {
+        let cfg = model::ModelConfig::preset("glm-5.2").unwrap();
+        let ctas = 132;
+        for rows in [1, 2, 4] {
+            let s = MoeShape::new(&cfg, 8, rows, WeightFormat::Fp8).unwrap();
+            let plan = place(&s, ctas, &MoeStart::default()).unwrap();
+            let gate_ups: Vec<u32> = plan
+                .placement
+                .tasks()
+                .filter(|(_, t)| t.kind == KIND_EXPERT_TILES && t.args[0] & 0xffff != BANK_DOWN)
+                .map(|(_, t)| t.args[2])
+                .collect();
+            let tiles = s.slots() as u32 * s.gate_up_tiles();
+            assert!(
+                gate_ups.len() as u32 <= ctas,
+                "{rows} rows: {}",
+                gate_ups.len()
+            );
+            let most = gate_ups.iter().max().copied().unwrap_or(0);
+            assert!(
+                most <= tiles.div_ceil(ctas),
+                "{rows} rows: a task of {most} tiles"
+            );
+        }
+    }
+
     proptest! {
         /// Every tile of every matrix (the router's splits, the shared expert, each slot's gate/up
         /// and down) and every output column is some task's exactly once; the placement keeps the
