@@ -1,7 +1,7 @@
 //! Layer launches (`fused::layer::LayerPlan`) planned for every launch kind at glm-5.2 TP8 (1 and
 //! 4 rows, 8K and 128K contexts) and at the tiny preset, each checked three ways: the placement
 //! rule (`LaunchGraph::finish`), the data dependencies through the arena (`check_dependencies`,
-//! with negative controls: a key task or a Slots task without its wait is caught), and the MoE
+//! with negative controls: a query task or a Slots task without its wait is caught), and the MoE
 //! part's own hand-offs; the step slices sit at the same offsets in every launch.
 
 use executor::fused::front::FrontRequest;
@@ -205,9 +205,11 @@ fn a_task_missing_its_wait_is_caught() {
         .unwrap();
     let p = LayerPlan::plan(&cfg, at, &requests(&[8192], 4), &b).unwrap();
     check_dependencies(&p, p.launch.placement.placement()).unwrap();
-    let key = indexer::layout::TaskKind::Key.kind();
+    // The query task: each key task shares its CTA with one of the wk tasks it waits on, so
+    // only part of its wait crosses CTAs; the query's producers (wq_b, the gates) run elsewhere.
+    let query = indexer::layout::TaskKind::Query.kind();
     let slots = MlaKind::Slots.kind();
-    for (what, kind) in [("an index key task", key), ("a Slots task", slots)] {
+    for (what, kind) in [("an index query task", query), ("a Slots task", slots)] {
         let mut broken = p.clone();
         let removed = without_cross_wait(&mut broken, kind).unwrap();
         assert_eq!(removed.kind, kind);

@@ -144,6 +144,34 @@ pub(super) fn matrix_tasks(
     Ok(done)
 }
 
+/// Matrix `matrix` of `tiles` tiles split into a linear task on each of `ctas` (fewer where it has
+/// fewer tiles), each at its own rank and writing its line of `name`'s completion after waiting on
+/// `waits`.
+pub(super) fn matrix_tasks_on(
+    g: &mut LaunchGraph,
+    name: &str,
+    matrix: u32,
+    tiles: u32,
+    waits: &[BoxRange],
+    ctas: &[u32],
+) -> Result<Completion> {
+    if ctas.is_empty() {
+        return Err(HeadPartError::Shape {
+            what: "linear tasks",
+            reason: format!("matrix {matrix} ({name}) given no CTA to run on"),
+        });
+    }
+    let ranges = split_tiles(tiles, ctas.len() as u32);
+    let done = g.completion(name, ranges.len() as u32)?;
+    for (i, (range, &cta)) in ranges.iter().zip(ctas).enumerate() {
+        let rank = g.rank();
+        let out = done.line(i as u32).expect("a line a task");
+        let args = [matrix, range.first, range.count];
+        g.push(cta, Task::new(KIND_TILES, rank, out, waits, args)?)?;
+    }
+    Ok(done)
+}
+
 /// `[rows, cols]` of `bytes`-wide elements in the arena.
 fn rows_slice(
     g: &mut LaunchGraph,

@@ -14,7 +14,7 @@
 use super::super::attention::{HalfPlan, PackedAt};
 use super::super::front::{FrontBuild, FrontPart, FrontRequest};
 use super::super::graph::{ArenaSlice, Completion, LaunchGraph};
-use super::super::head::matrix_tasks;
+use super::super::head::matrix_tasks_on;
 use super::LayerError;
 use indexer::layout::ProjectionWaits;
 use linear::gpu::{LinMatrix, FLAG_FP8, FLAG_OUT_F32};
@@ -98,20 +98,36 @@ pub fn index_projections(
     let after_norm = [one(&half.boxes.norm_hidden)];
     let after_q_norm = [one(&half.boxes.norm_q)];
     let (wk, weights_proj, wq_b) = (g.matrix(), g.matrix(), g.matrix());
-    let key_done = matrix_tasks(g, "index_wk_done", wk, tiles(dims.head_dim), &after_norm)?;
-    let gates_done = matrix_tasks(
+    // The three go to the CTAs that ran one of q_a and kv_a (the others also ran the other, or
+    // a norm): wk and the gates first, a task a CTA, then wq_b, which heads the indexer's chain
+    // (the query task waits on all of it), split over as many of the rest as there are.
+    let key_tiles = tiles(dims.head_dim);
+    let gate_tiles = tiles(dims.heads);
+    let first = g.by_load();
+    let (key_ctas, rest) = first.split_at((key_tiles as usize).clamp(1, first.len()));
+    let rest = if rest.is_empty() { &first[..] } else { rest };
+    let key_done = matrix_tasks_on(g, "index_wk_done", wk, key_tiles, &after_norm, key_ctas)?;
+    let gates_done = matrix_tasks_on(
         g,
         "index_weights_proj_done",
         weights_proj,
-        tiles(dims.heads),
+        gate_tiles,
         &after_norm,
+        rest,
     )?;
-    let query_done = matrix_tasks(
+    let least = g.least_loaded();
+    let wq_b_ctas = if 2 * least.len() as u32 >= g.ctas() {
+        least
+    } else {
+        g.by_load()
+    };
+    let query_done = matrix_tasks_on(
         g,
         "index_wq_b_done",
         wq_b,
         tiles(dims.heads * dims.head_dim),
         &after_q_norm,
+        &wq_b_ctas,
     )?;
     Ok(IndexProjections {
         dims,
