@@ -213,10 +213,7 @@ fn each_link_ends_together_at_glm5_tp8() {
         let kv_a = per_cta(&p, placement, HalfMatrix::KvA);
         let q_b = per_cta(&p, placement, HalfMatrix::QB);
         let latents: Vec<usize> = q_a.iter().zip(&kv_a).map(|(a, b)| a + b).collect();
-        assert!(
-            latents.iter().any(|&n| n == 2),
-            "no CTA runs two latent tasks"
-        );
+        assert!(latents.contains(&2), "no CTA runs two latent tasks");
         for (cta, (&l, &b)) in latents.iter().zip(&q_b).enumerate() {
             assert!(b <= 1, "CTA {cta} runs {b} q_b tasks");
             assert!(

@@ -493,7 +493,7 @@ fn place(
     let first_key = indexer_lists
         .tasks()
         .find(|(_, t)| t.kind == TaskKind::Key.kind() && t.args[0] == 0)
-        .map(|(cta, _)| cta as u32);
+        .map(|(cta, _)| cta);
     let shift = match (key_cta, first_key) {
         (Some(want), Some(have)) => (want % ctas + ctas - have) % ctas,
         _ => 0,
