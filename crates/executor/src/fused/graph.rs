@@ -15,7 +15,9 @@
 //!   producer writes a whole line of boxes (as the linear task does), so the boxes of all of them
 //!   are one contiguous range, and a consumer waits on it as one input (a thread a box);
 //! - **CTA lists**: a task goes to the end of its CTA's list; [`LaunchGraph::next_cta`] walks the
-//!   grid in turn, so parts spread their tasks without knowing of each other;
+//!   grid in turn, so parts spread their tasks without knowing of each other; a link that follows
+//!   an uneven one takes the CTAs with the fewest tasks instead ([`LaunchGraph::by_load`],
+//!   [`LaunchGraph::least_loaded`], [`LaunchGraph::lightest_block`]);
 //! - **the activation arena**: the rows handed from part to part live in one device buffer, as
 //!   named, aligned byte slices ([`LaunchGraph::arena`]);
 //! - **the launch's linear matrices**: the linear stage takes one list of matrices per launch;
