@@ -344,6 +344,30 @@ mod tests {
         assert!(matches!(g.finish(), Err(GraphError::Placement(_))));
     }
 
+    /// CTAs by their tasks so far, ties in turn from the cursor; the lightest run of consecutive
+    /// CTAs wraps around the grid.
+    #[test]
+    fn ctas_order_by_load() {
+        let mut g = LaunchGraph::new(5).unwrap();
+        for cta in [0, 0, 1, 3, 4] {
+            let rank = g.rank();
+            let t = task(&mut g, rank, BoxRange::default(), &[]);
+            g.push(cta, t).unwrap();
+        }
+        g.next_cta();
+        g.next_cta();
+        g.next_cta();
+        assert_eq!(g.by_load(), vec![2, 3, 4, 1, 0]);
+        assert_eq!(g.least_loaded(), vec![2]);
+        assert_eq!(g.lightest_block(2), 3);
+        assert_eq!(g.lightest_block(3), 1);
+        let rank = g.rank();
+        let t = task(&mut g, rank, BoxRange::default(), &[]);
+        g.push(2, t).unwrap();
+        assert_eq!(g.least_loaded(), vec![3, 4, 1, 2]);
+        assert_eq!(g.lightest_block(4), 1);
+    }
+
     #[test]
     fn bad_ctas_ranks_and_names_are_errors() {
         assert_eq!(LaunchGraph::new(0).unwrap_err(), GraphError::NoCtas);
