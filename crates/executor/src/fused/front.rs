@@ -433,7 +433,8 @@ fn rows_of(requests: &[FrontRequest], build: FrontBuild) -> Result<Vec<Row>, Fro
 /// r and its query rows + r, score task k rank 2 rows + k on CTA k, the key and query tasks on
 /// the CTAs after the scorers (wrapping), then select: row r's tasks at rank 2 rows + scorers + r,
 /// on CTAs in turn from CTA 0 (a row's slices a gang on distinct CTAs), each waiting on the
-/// completion boxes of the runs it reads. Returns the ranks taken.
+/// completion boxes of the runs it reads; with `key_cta`, every CTA turned by the number that
+/// puts row 0's key task there. Returns the ranks taken.
 #[allow(clippy::too_many_arguments)]
 fn place(
     g: &mut LaunchGraph,
