@@ -7,18 +7,23 @@
 //! graph replays of 16 launches, and the floor (the bytes over the measured copy bandwidth). The
 //! bytes are the weights one step must read: the router, the shared expert and the distinct
 //! experts the step's rows chose (their count is printed), scales included. Figures also go to
-//! device::report records. Prints "skipped" without a GPU.
+//! device::report records. Prints "skipped" without a GPU. With `MOE_BENCH_STAMPS=1`, each case
+//! also runs one launch of a build with the tile's clock stamps (`LIN_STAMPS`,
+//! `kernels/ops/linear.h`) after its timing, and prints a line for the slots' gate/ups and one for
+//! their downs (the tasks of used slots): each milestone's median and longest, us after the tile's
+//! start (a gate/up's tile starts once the route has named its expert).
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
+use linear::layout::KIND_EXPERT_TILES;
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::Tags;
 use model::{ModelConfig, WeightFormat};
 use moe::gpu::{DeviceMoe, MoeKernel};
-use moe::layout::{lds_bytes, MoeStart};
+use moe::layout::{lds_bytes, MoeStart, BANK_DOWN, BANK_GATE_UP};
 use moe::memory::MoeMemory;
 use moe::problem::{MoeProblem, Pattern};
 use moe::reference::Routing;
@@ -28,6 +33,10 @@ type Error = Box<dyn std::error::Error>;
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
 const COLD_BYTES: usize = 128 << 20;
+/// Words of clock stamps a task writes (`LIN_STAMP_WORDS`), and the most tasks a stamped launch
+/// may hold.
+const STAMP_WORDS: usize = 8;
+const MAX_STAMPED_TASKS: usize = 4096;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -103,6 +112,19 @@ fn main() -> Result<(), Error> {
         shape.threads,
     )?;
     let epoch = EpochNode::build(&dev, Variant::default())?;
+    // The stamped build and the buffer its tasks write (its address is built into the kernel).
+    let stamped = if stamps() {
+        let buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_STAMPED_TASKS)?;
+        let src = moe_source(shape, Variant::default())?
+            .define("LIN_STAMPS", 1)
+            .define("LIN_STAMP_BUF", buf.device_ptr());
+        Some((
+            MoeKernel::from_source(&dev, &src, ENTRY, shape.threads)?,
+            buf,
+        ))
+    } else {
+        None
+    };
     let bench = Bench {
         stream: dev.new_stream()?,
         flush: dev.alloc_zeroed::<u8>(256 << 20)?,
@@ -152,6 +174,21 @@ fn main() -> Result<(), Error> {
             Ok(sets[i % copies].launch(&bench.stream, &kernel, tags, i as u32)?)
         })?;
         let copy = bench.copy_us(bytes as usize)?;
+        if let Some((k, buf)) = &stamped {
+            if g.plan.end_order as usize > MAX_STAMPED_TASKS {
+                return Err(format!(
+                    "{} tasks: the stamps hold {MAX_STAMPED_TASKS}",
+                    g.plan.end_order
+                )
+                .into());
+            }
+            let lds = k.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
+            let d = DeviceMoe::new(&bench.dev, k, &p, &mem, &g.plan, lds)?;
+            d.launch(&bench.stream, k, Tags::new(1)?, 0)?;
+            bench.stream.sync()?;
+            let words = buf.download()?;
+            print_stamps(&g, &words, bench.dev.info().clock_khz);
+        }
         let floor = bytes as f64 / bandwidth * 1e6;
         println!(
             "{rows:<6} {:>8} {:>9.2} {floor:>9.2} {copy:>9.2} {us:>9.2} {:>8.3} {:>8.3}",
@@ -179,4 +216,60 @@ fn main() -> Result<(), Error> {
         )?;
     }
     Ok(())
+}
+
+/// `MOE_BENCH_STAMPS=1`: the stamped launch after each case's timing.
+fn stamps() -> bool {
+    std::env::var("MOE_BENCH_STAMPS").is_ok_and(|v| v == "1")
+}
+
+/// The slots' gate/ups and downs (bank 0 and 1 of the expert tasks), the tasks of used slots (an
+/// unused slot's task publishes without a tile, so its tile stamp is 0): each milestone of
+/// `LIN_STAMP_*` after the first (the tile's start), median and longest in us (SM clock).
+fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
+    let us = |c: u64| c as f64 * 1e3 / f64::from(khz);
+    let names = ["ready", "x", "first", "last", "stored", "published"];
+    for (bank, what, k) in [
+        (BANK_GATE_UP, "gate/up", g.shape.hidden),
+        (BANK_DOWN, "down", g.shape.inter),
+    ] {
+        let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        let (mut tasks, mut tiles) = (0, Vec::new());
+        for t in g.plan.placement.lists().iter().flatten() {
+            let at = t.order as usize * STAMP_WORDS;
+            if t.kind != KIND_EXPERT_TILES
+                || t.args[0] & 0xffff != bank
+                || at + STAMP_WORDS > words.len()
+            {
+                continue;
+            }
+            let w = &words[at..at + STAMP_WORDS];
+            if w[0] == 0 {
+                continue;
+            }
+            tasks += 1;
+            tiles.push(f64::from(t.args[2]));
+            for (j, col) in cols.iter_mut().enumerate() {
+                if w[j + 1] != 0 {
+                    col.push(us(w[j + 1].wrapping_sub(w[0])));
+                }
+            }
+        }
+        if tasks == 0 {
+            continue;
+        }
+        // A tile: 16 packed rows of k FP8 codes and two scales a k-block.
+        let tile_kb = (16 * k + 8 * (k / 128)) as f64 / 1024.0;
+        let mut text = format!(
+            "    stamps {what} ({tasks} tasks of used slots, {:.0} KB median): us after the tile's start",
+            median(tiles) * tile_kb
+        );
+        for (name, col) in names.iter().zip(cols) {
+            if !col.is_empty() {
+                let max = col.iter().copied().fold(0.0, f64::max);
+                text += &format!(", {name} {:.2}/{max:.2}", median(col));
+            }
+        }
+        println!("{text}");
+    }
 }
