@@ -41,6 +41,27 @@ struct lin_args {
   u32 n_experts;
 };
 
+// Measurement knobs, until timed (PERF.md): LIN_FENCE_ONEWAY 1: the wait's acquire and the
+// publish's release are one-way fences (fence.acquire.gpu, fence.release.gpu; NVIDIA) instead of
+// the mailbox's two-way ones.
+#ifndef LIN_FENCE_ONEWAY
+#define LIN_FENCE_ONEWAY 1
+#endif
+MONO_DEV void lin_acquire() {
+#if LIN_FENCE_ONEWAY && MONO_NVIDIA && !MBX_POLL_ACQUIRE
+  asm volatile("fence.acquire.gpu;" ::: "memory");
+#else
+  mbx_acquire();
+#endif
+}
+MONO_DEV void lin_release() {
+#if LIN_FENCE_ONEWAY && MONO_NVIDIA
+  asm volatile("fence.release.gpu;" ::: "memory");
+#else
+  mbx_publish();
+#endif
+}
+
 // Every box of the task's input ranges, a thread a box, then the team agrees; the acquire makes
 // the data published beside the boxes visible.
 template <class Team>
@@ -53,7 +74,7 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
       ok = mbx_poll(c, task.in[r].first + i, &v);
     }
   ok = team.all(ok);
-  mbx_acquire();
+  lin_acquire();
   return ok;
 }
 
@@ -61,7 +82,7 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
 template <class Team>
 MONO_DEV void lin_publish(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 count) {
   for (u32 i = team.thread(); i < task.out.len; i += Team::size) {
-    mbx_publish();
+    lin_release();
     mbx_put(c, task.out.first + i, count);
   }
 }
