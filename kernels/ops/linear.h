@@ -406,140 +406,58 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 #endif
 }
 
-// Measurement knobs of the register path and the epilogue, until timed (PERF.md):
-//   LIN_SCALES_EARLY 1: a batch's FP8 scales are loaded with its weights (the first batch's before
-//                    the input wait); 0: when the batch is multiplied.
-//   LIN_EPI_EARLY    1: a thread's first epilogue item loads its residual and row scale before the
-//                    round's barrier; 0: after it.
-//   LIN_EPI_SHARE    1: on the register path, the G groups of a tile add up its sums between
-//                    barriers of their own (G < groups), the team's barrier only after the last
-//                    round; 0: every round between two team barriers.
-#ifndef LIN_SCALES_EARLY
-#define LIN_SCALES_EARLY 1
-#endif
-#ifndef LIN_EPI_EARLY
-#define LIN_EPI_EARLY 1
-#endif
-#ifndef LIN_EPI_SHARE
-#define LIN_EPI_SHARE 1
-#endif
-
-// A barrier of `threads` consecutive threads of the team (a multiple of its groups, dividing the
-// team): the team's own when they are all of it, else a named barrier with team.h's rule for
-// teams of that size (ids 1..14 for teams down to an eighth of the CTA; smaller ones use the
-// team's, as they cannot have one).
-template <u32 T, u32 C>
-MONO_DEV void lin_sync_part(const mono_team<T, C>& team, u32 threads) {
-  const u32 teams = C / threads;
-  if (threads >= T || teams > 8) return team.sync();
-  mono_named_sync(teams - 1 + mono_thread() / threads, threads);
-}
-
-// Where round r's epilogue item `it` of a set of the round's tiles writes: the set is tiles set,
-// set + sets, ... of the round, `per` items a tile. False when the item's tile or column is past
-// the range or the matrix.
-struct lin_item {
-  u32 pp, n, row, col;
-};
-MONO_DEV bool lin_item_of(const lin_matrix& m, const lin_plan& p, u32 r, u32 first, u32 set, u32 sets, u32 cols,
-                          u32 it, lin_item* o) {
-  const u32 per = cols * m.rows;
-  o->pp = set + sets * (it / per);
-  o->n = it / m.rows % cols;
-  o->row = it % m.rows;
-  const u32 t = r * p.across + o->pp;
-  o->col = (first + t) * cols + o->n;
-  return t < p.count && o->col < m.n;
-}
-
-// The end of round r: each group's sums to LDS, then the G parts of each output are added in
-// group order and the epilogue applied. `by_share`: the G groups of each tile do so for their own
-// tile between barriers of their own, and the last round ends on the team's barrier; otherwise
-// the team does it for every tile of the round between two team barriers.
+// The end of round r: each group's sums to LDS, then the team adds the G parts of each output in
+// group order and applies the epilogue. Starts and ends with a team barrier.
 template <u32 RT, class Team>
-MONO_DEV void lin_round_sums(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
-                             lin_acc<RT>& acc, float* parts, bool by_share, bool last) {
+MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
+                            lin_acc<RT>& acc, float* parts) {
   constexpr u32 RS = 8 * RT;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
-  const u32 threads = by_share ? p.share * LIN_GROUP : Team::size;
-  const u32 set = team.thread() / threads, sets = Team::size / threads, me = team.thread() % threads;
-  if (by_share && r * p.across + set >= p.count) {
-    // No tile for these groups this round, nor in any later one.
-    if (last) team.sync();
-    return;
-  }
-  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
-  const u32 items = p.across / sets * cols * m.rows;
-  const bool plain = !(m.flags & (LIN_OUT_F32 | LIN_SWIGLU));
-  // The first item's epilogue inputs go out before the barrier, so their round trip overlaps it.
-  float scale0 = 1.f, res0 = 0.f;
-  lin_item o = {0, 0, 0, 0};
-  if (LIN_EPI_EARLY && plain && me < items && lin_item_of(m, p, r, first, set, sets, cols, me, &o)) {
-    if (m.flags & LIN_ROW_SCALE) scale0 = m.row_scale[o.row];
-    if (m.flags & LIN_RESIDUAL) res0 = mono_bf16_to_f32(m.residual[(u64)o.row * m.y_stride + o.col]);
-  }
   lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
-  lin_sync_part(team, threads);
-  for (u32 it = me; it < items; it += threads) {
-    if (!lin_item_of(m, p, r, first, set, sets, cols, it, &o)) continue;
-    const float* part = parts + o.pp * p.share * LIN_TILE_ROWS * RS;
+  team.sync();
+  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+  const u32 items = p.across * cols * m.rows;
+  for (u32 it = team.thread(); it < items; it += Team::size) {
+    const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
+    const u32 t = r * p.across + pp;
+    if (t >= p.count) continue;
+    const u32 col = (first + t) * cols + n;
+    if (col >= m.n) continue;
+    const float* part = parts + pp * p.share * LIN_TILE_ROWS * RS;
     float v = 0.f, u = 0.f;
-    for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + o.n) * RS + o.row];
-    const u64 at = (u64)o.row * m.y_stride + o.col;
+    for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
+    const u64 at = (u64)row * m.y_stride + col;
     if (m.flags & LIN_OUT_F32) {
       ((float*)m.y)[at] = v;
       continue;
     }
     if (m.flags & LIN_SWIGLU) {
-      for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + o.n + LIN_HALF_ROWS) * RS + o.row];
+      for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
       v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
     } else {
-      const bool early = LIN_EPI_EARLY && it == me;
-      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * (early ? scale0 : m.row_scale[o.row]);
-      if (m.flags & LIN_RESIDUAL) v = (early ? res0 : mono_bf16_to_f32(m.residual[at])) + lin_bf16(v);
+      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
+      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
     }
     ((u16*)m.y)[at] = mono_f32_to_bf16(v);
   }
-  if (last)
-    team.sync();
-  else
-    lin_sync_part(team, threads);
+  team.sync();
 }
 
-// The end of round r by the whole team: starts and ends with a team barrier.
-template <u32 RT, class Team>
-MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
-                            lin_acc<RT>& acc, float* parts) {
-  lin_round_sums<RT>(team, m, p, r, first, acc, parts, false, false);
-}
-
-// The FP8 scales of batch (tile, unit), tile counted from the matrix's first.
-MONO_DEV void lin_load_scales(const lin_matrix& m, u32 units, u32 tile, u32 unit, float* s0, float* s1) {
-  const float* sc = m.scales + ((u64)tile * units + unit) * 2;
-  *s0 = sc[0], *s1 = sc[1];
-}
-
-// Through registers: each group keeps its next batch's loads (and its FP8 scales) in flight while
-// it multiplies the current one (the path of every target without a copy engine, and of a CTA
-// whose LDS is too small for the ring). The first batch and its scales go out before the wait.
+// Through registers: each group keeps its next batch's loads in flight while it multiplies the
+// current one (the path of every target without a copy engine, and of a CTA whose LDS is too
+// small for the ring).
 template <bool FP8, u32 RT, class Team, class Ready>
 MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_plan& p, u32 first, float* parts,
                              u16* xs, u32 xstride, Ready ready) {
   constexpr u32 L = LIN_LOADS;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
-  constexpr bool scales_early = FP8 && LIN_SCALES_EARLY;
   const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
-  const bool by_share = LIN_EPI_SHARE && p.share > 1 && p.share < Team::size / LIN_GROUP;
   LIN_STAMP(team, LIN_STAMP_TILE, p.units);
 
   mono_u32x4 cur[L], nxt[L];
-  float cs0 = 0.f, cs1 = 0.f;
   u32 cr = 0, ci = 0, ctile = 0, cunit = 0;
   bool have = lin_batch(p, grp, 0, 0, &ctile, &cunit);
-  if (have) {
-    lin_load(cur, m, p.units, first + ctile, cunit, lane);
-    if (scales_early) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
-  }
+  if (have) lin_load(cur, m, p.units, first + ctile, cunit, lane);
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) return false;
   LIN_STAMP(team, LIN_STAMP_READY, 0u);
@@ -556,21 +474,20 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
         nr = cr + 1, ni = 0;
         nhave = lin_batch(p, grp, nr, ni, &ntile, &nunit);
       }
-      float ns0 = 0.f, ns1 = 0.f;
-      if (nhave) {
-        lin_load(nxt, m, p.units, first + ntile, nunit, lane);
-        if (scales_early) lin_load_scales(m, p.units, first + ntile, nunit, &ns0, &ns1);
+      if (nhave) lin_load(nxt, m, p.units, first + ntile, nunit, lane);
+      float s0 = 0.f, s1 = 0.f;
+      if (FP8) {
+        const float* sc = m.scales + ((u64)(first + ctile) * p.units + cunit) * 2;
+        s0 = sc[0], s1 = sc[1];
       }
-      if (FP8 && !scales_early) lin_load_scales(m, p.units, first + ctile, cunit, &cs0, &cs1);
-      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, cs0, cs1, lane);
+      lin_multiply<FP8, RT>(acc, cur, xs, xstride, m.rows, cunit * unit_k, s0, s1, lane);
       if (cr == 0 && ci == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
 #pragma unroll
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
-      cs0 = ns0, cs1 = ns1;
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
     if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
-    lin_round_sums<RT>(team, m, p, r, first, acc, parts, by_share, r + 1 == p.rounds);
+    lin_round_end<RT>(team, m, p, r, first, acc, parts);
   }
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
