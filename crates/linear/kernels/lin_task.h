@@ -41,26 +41,6 @@ struct lin_args {
   u32 n_experts;
 };
 
-// The wait's acquire and the publish's release as one-way fences on NVIDIA (fence.acquire.gpu
-// after the relaxed polls, fence.release.gpu before the relaxed puts: the acquire and release
-// patterns of the PTX memory model) instead of the mailbox's two-way fence.acq_rel.gpu. On the
-// H200 a task was ready 0.3 to 0.4 us sooner after its wait and published about 0.1 us sooner:
-// 3 to 5 % off every linear figure (PERF.md). Elsewhere, the mailbox's own.
-MONO_DEV void lin_acquire() {
-#if MONO_NVIDIA && !MBX_POLL_ACQUIRE
-  asm volatile("fence.acquire.gpu;" ::: "memory");
-#else
-  mbx_acquire();
-#endif
-}
-MONO_DEV void lin_release() {
-#if MONO_NVIDIA
-  asm volatile("fence.release.gpu;" ::: "memory");
-#else
-  mbx_publish();
-#endif
-}
-
 // Every box of the task's input ranges, a thread a box, then the team agrees; the acquire makes
 // the data published beside the boxes visible.
 template <class Team>
@@ -73,7 +53,7 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
       ok = mbx_poll(c, task.in[r].first + i, &v);
     }
   ok = team.all(ok);
-  lin_acquire();
+  mbx_acquire();
   return ok;
 }
 
@@ -81,7 +61,7 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
 template <class Team>
 MONO_DEV void lin_publish(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 count) {
   for (u32 i = team.thread(); i < task.out.len; i += Team::size) {
-    lin_release();
+    mbx_publish();
     mbx_put(c, task.out.first + i, count);
   }
 }
