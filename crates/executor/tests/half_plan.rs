@@ -232,3 +232,61 @@ fn each_link_ends_together_at_glm5_tp8() {
         }
     }
 }
+
+/// The CTAs that run a split and also a W_UK task (a split there gathers its records only once
+/// the CTA's W_UK task is done).
+fn splits_behind_uk(p: &HalfPlan, placement: &Placement) -> Vec<usize> {
+    let mut uk = vec![0; placement.lists().len()];
+    for h in 0..p.dims.heads {
+        for (c, k) in per_cta(p, placement, HalfMatrix::Uk(h))
+            .into_iter()
+            .enumerate()
+        {
+            uk[c] += k;
+        }
+    }
+    placement
+        .lists()
+        .iter()
+        .enumerate()
+        .filter(|(c, l)| uk[*c] > 0 && l.iter().any(|t| t.kind == MlaKind::Split.kind()))
+        .map(|(c, _)| c)
+        .collect()
+}
+
+/// At GLM-5 TP8 on 132 CTAs W_UK takes 64 of them and the splits go to the others, where they
+/// gather their records while W_UK runs; the control: a split moved onto a W_UK CTA is seen.
+#[test]
+fn splits_start_beside_w_uk_at_glm5_tp8() {
+    let d = dims("glm-5", 8);
+    for rows in [1, 4] {
+        let (p, launch) = plan(d, &[req(100, rows)], build(1), 132, None).unwrap();
+        let placement = launch.placement.placement();
+        assert_eq!(
+            splits_behind_uk(&p, placement),
+            Vec::<usize>::new(),
+            "{rows} rows"
+        );
+
+        let mut lists: Vec<Vec<_>> = placement.lists().to_vec();
+        let from = lists
+            .iter()
+            .position(|l| l.iter().any(|t| t.kind == MlaKind::Split.kind()))
+            .unwrap();
+        let to = (0..lists.len())
+            .find(|&c| per_cta(&p, placement, HalfMatrix::Uk(0))[c] > 0)
+            .unwrap();
+        let at = lists[from]
+            .iter()
+            .position(|t| t.kind == MlaKind::Split.kind())
+            .unwrap();
+        let split = lists[from].remove(at);
+        lists[to].push(split);
+        let moved = Placement::new(lists);
+        assert_eq!(
+            splits_behind_uk(&p, &moved),
+            vec![to],
+            "control, {rows} rows"
+        );
+    }
+}

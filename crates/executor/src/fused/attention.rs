@@ -26,9 +26,10 @@
 //! combines, W_UV, o_proj ([`HalfPhases::attend`]); every task on the CTA after the one before
 //! (round robin), so that every matrix streams on as many CTAs as it has tasks, but for the links
 //! that follow an uneven one: q_a and kv_a hold more tiles than the grid has CTAs (GLM-5 TP8:
-//! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to the
-//! CTAs with the fewest tasks; the norms and the rope, each waiting on a whole matrix, go behind
-//! its last task. A layer launch puts the indexer's projections after the first phase and the
+//! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to half
+//! of the CTAs with the fewest tasks; the cache writes, splits and combines each to the CTA with
+//! the fewest tasks so far, so that the splits gather their records beside W_UK rather than after
+//! it; the norms and the rope, each waiting on a whole matrix, go behind its last task. A layer launch puts the indexer's projections after the first phase and the
 //! front half after the second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
 //!
 //! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
@@ -468,9 +469,13 @@ impl HalfPlan {
                 // A head's matrices over a share of the grid each, rounded down so that every
                 // head's tasks together fit on the grid once (GLM-5 TP8: 8 heads x 16 tasks on
                 // 132 CTAs): W_UK and W_UV each wait on a whole link, so a CTA with two of their
-                // tasks would end the link a task late.
+                // tasks would end the link a task late. W_UK's tasks are small (a head's 256 KB
+                // in 16 KB pieces at GLM-5 TP8), so it takes half of that share and leaves the
+                // other CTAs to the attention's splits: a split gathers its slots' records before
+                // it waits on the queries, which it can do only on a CTA that is not running W_UK.
                 let parts = match m {
-                    HalfMatrix::Uk(_) | HalfMatrix::Uv(_) => (ctas / dims.heads as u32).max(1),
+                    HalfMatrix::Uk(_) => (ctas / dims.heads as u32 / 2).max(1),
+                    HalfMatrix::Uv(_) => (ctas / dims.heads as u32).max(1),
                     _ => ctas,
                 };
                 split_tiles(m.tiles(&dims), parts)
@@ -768,8 +773,9 @@ impl HalfPhases {
         let attend = &self.plan.attend;
         let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
         let ranks = g.ranks(n);
+        // Each on the CTA with the fewest tasks: the splits then start while W_UK runs elsewhere.
         for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
-            let cta = g.next_cta();
+            let cta = g.by_load()[0];
             g.push(cta, t).map_err(graph)?;
         }
         // A combine writes its whole line (`MlaBoxes::out_done`), so the range is every box.
