@@ -133,15 +133,9 @@ pub(super) fn matrix_tasks(
     tiles: u32,
     waits: &[BoxRange],
 ) -> Result<Completion> {
-    let ranges = split_tiles(tiles, g.ctas());
-    let done = g.completion(name, ranges.len() as u32)?;
-    for (i, range) in ranges.iter().enumerate() {
-        let (rank, cta) = (g.rank(), g.next_cta());
-        let out = done.line(i as u32).expect("a line a task");
-        let args = [matrix, range.first, range.count];
-        g.push(cta, Task::new(KIND_TILES, rank, out, waits, args)?)?;
-    }
-    Ok(done)
+    let tasks = split_tiles(tiles, g.ctas()).len();
+    let ctas: Vec<u32> = (0..tasks).map(|_| g.next_cta()).collect();
+    matrix_tasks_on(g, name, matrix, tiles, waits, &ctas)
 }
 
 /// Matrix `matrix` of `tiles` tiles split into a linear task on each of `ctas` (fewer where it has
