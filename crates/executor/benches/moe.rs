@@ -18,6 +18,7 @@ use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
+use linear::gpu::{STAMP_MILESTONES, STAMP_WORDS};
 use linear::layout::KIND_EXPERT_TILES;
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::Tags;
@@ -33,9 +34,7 @@ type Error = Box<dyn std::error::Error>;
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
 const COLD_BYTES: usize = 128 << 20;
-/// Words of clock stamps a task writes (`LIN_STAMP_WORDS`), and the most tasks a stamped launch
-/// may hold.
-const STAMP_WORDS: usize = 8;
+/// The most tasks a stamped launch may hold.
 const MAX_STAMPED_TASKS: usize = 4096;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -228,7 +227,8 @@ fn stamps() -> bool {
 /// `LIN_STAMP_*` after the first (the tile's start), median and longest in us (SM clock).
 fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
     let us = |c: u64| c as f64 * 1e3 / f64::from(khz);
-    let names = ["ready", "x", "first", "last", "stored", "published"];
+    // The tile's start (word 0) is where the others are counted from.
+    let names = &STAMP_MILESTONES[1..];
     for (bank, what, k) in [
         (BANK_GATE_UP, "gate/up", g.shape.hidden),
         (BANK_DOWN, "down", g.shape.inter),

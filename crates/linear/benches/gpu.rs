@@ -23,7 +23,9 @@
 use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use linear::cases::{Pattern, Problem};
-use linear::gpu::{source, DevicePlan, DeviceProblem, LinMatrix, LinearKernel};
+use linear::gpu::{
+    source, DevicePlan, DeviceProblem, LinMatrix, LinearKernel, STAMP_MILESTONES, STAMP_WORDS,
+};
 use linear::layout::{lds_bytes, place_weighted, LaunchPlan, MatrixPlan};
 use linear::shapes::{rank_matrices, RankMatrix};
 use mailbox::gpu::{EpochNode, Variant};
@@ -39,8 +41,7 @@ const COLD_BYTES: usize = 128 << 20;
 const TABLE: &str = "linear (GLM-5.2 TP8 rank's matrices)";
 const WHAT: &str = "linear task, graph replays, weights cold in L2";
 const COPY: &str = "copy kernel moving the same bytes, same launch mode";
-/// `LIN_STAMP_WORDS` (`kernels/ops/linear.h`), and the most tasks a traced launch stamps.
-const STAMP_WORDS: usize = 8;
+/// The most tasks a traced launch stamps.
 const MAX_TASKS: usize = 4096;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -602,16 +603,8 @@ fn chain_fits(chain: &[Part]) -> bool {
 /// task does not reach (0) is left out.
 fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64], khz: u32) {
     let ghz = f64::from(khz) / 1e6;
-    let names = [
-        "desc",
-        "ready",
-        "x",
-        "first",
-        "last",
-        "stored",
-        "published",
-        "end",
-    ];
+    let marks = STAMP_MILESTONES.len();
+    let names: Vec<&str> = STAMP_MILESTONES.iter().copied().chain(["end"]).collect();
     for (m, p) in parts.iter().enumerate() {
         let mut starts = Vec::new();
         let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
@@ -625,12 +618,12 @@ fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64]
             let w = &words[order * STAMP_WORDS..(order + 1) * STAMP_WORDS];
             starts.push(bar.start_us);
             let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
-            for (j, col) in cols.iter_mut().enumerate().take(7) {
+            for (j, col) in cols.iter_mut().enumerate().take(marks) {
                 if w[j] != 0 {
                     col.push(us(w[j]));
                 }
             }
-            cols[7].push(us(span.end_cycles));
+            cols[marks].push(us(span.end_cycles));
         }
         if starts.is_empty() {
             continue;

@@ -17,6 +17,15 @@ pub const NORM_PROBE_HIP: (&str, &str) =
     ("norm_probe.hip", include_str!("../kernels/norm_probe.hip"));
 
 /// `lin_matrix.flags` (`kernels/ops/linear.h`).
+/// Words of the tile's clock stamps a task writes in `LIN_STAMPS` builds (`LIN_STAMP_WORDS`,
+/// `kernels/ops/linear.h`), at `LIN_STAMP_BUF` + its order.
+pub const STAMP_WORDS: usize = 8;
+/// The milestone each stamp word `LIN_STAMP_TILE..=LIN_STAMP_PUBLISHED` records, in word order:
+/// the matrix descriptor read and first loads issued, the input wait over, x in LDS, the first
+/// and the last batch multiplied (or slot landed), the last epilogue stored, the boxes published.
+pub const STAMP_MILESTONES: [&str; 7] =
+    ["desc", "ready", "x", "first", "last", "stored", "published"];
+
 pub const FLAG_FP8: u32 = 1;
 pub const FLAG_OUT_F32: u32 = 2;
 pub const FLAG_SWIGLU: u32 = 4;
