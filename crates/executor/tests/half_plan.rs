@@ -273,8 +273,9 @@ fn splits_start_beside_w_uk_at_glm5_tp8() {
             .iter()
             .position(|l| l.iter().any(|t| t.kind == MlaKind::Split.kind()))
             .unwrap();
-        let to = (0..lists.len())
-            .find(|&c| per_cta(&p, placement, HalfMatrix::Uk(0))[c] > 0)
+        let to = per_cta(&p, placement, HalfMatrix::Uk(0))
+            .iter()
+            .position(|&k| k > 0)
             .unwrap();
         let at = lists[from]
             .iter()

@@ -29,8 +29,9 @@
 //! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to half
 //! of the CTAs with the fewest tasks; the cache writes, splits and combines each to the CTA with
 //! the fewest tasks so far, so that the splits gather their records beside W_UK rather than after
-//! it; the norms and the rope, each waiting on a whole matrix, go behind its last task. A layer launch puts the indexer's projections after the first phase and the
-//! front half after the second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
+//! it; the norms and the rope, each waiting on a whole matrix, go behind its last task. A layer
+//! launch puts the indexer's projections after the first phase and the front half after the
+//! second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
 //!
 //! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
 //! with one Slots task ahead of the input norm (they are in memory before the launch); a layer
