@@ -493,6 +493,15 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
   return true;
 }
 
+// The fewest steps a range takes to go through the ring at all (tests set 1 to run the ring on
+// small matrices). On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
+// after a task's first slot took 2.4 us): a long range streams at the HBM's rate when every SM
+// does so (lm_head: 1.05 x the copy kernel, against 1.16 x through registers), but a range of a
+// few steps finishes sooner through registers, whose loads many warps keep in flight (q_a: 3
+// steps a CTA, 11.3 against 13.3 us a launch). PERF.md has the figures.
+#ifndef LIN_RING_MIN_STEPS
+#define LIN_RING_MIN_STEPS 8u
+#endif
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
 // ---- through an LDS ring filled by the copy engine (NVIDIA) ----------------------------------------
 // A step is one batch of every group: for each of a round's P tiles, G consecutive units (one run
@@ -506,15 +515,6 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 // no faster on the H200 (PERF.md).
 #define LIN_RING_MAX 8u
 #define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
-// The fewest steps a range takes to go through the ring at all (tests set 1 to run the ring on
-// small matrices). On the H200 the copy engine lands a task's slots at about 27 GB/s an SM (the 64 KB
-// after a task's first slot took 2.4 us): a long range streams at the HBM's rate when every SM
-// does so (lm_head: 1.05 x the copy kernel, against 1.16 x through registers), but a range of a
-// few steps finishes sooner through registers, whose loads many warps keep in flight (q_a: 3
-// steps a CTA, 11.3 against 13.3 us a launch). PERF.md has the figures.
-#ifndef LIN_RING_MIN_STEPS
-#define LIN_RING_MIN_STEPS 8u
-#endif
 #define LIN_RING_PIECE (1u << 20)
 
 MONO_DEV u32 lin_dynamic_lds() {
@@ -535,7 +535,7 @@ struct lin_ring {
 };
 
 template <u32 groups>
-MONO_DEV lin_ring lin_ring_of(const lin_matrix& m, const lin_plan& p, bool fp8, u32 used) {
+MONO_DEV lin_ring lin_ring_of(const lin_matrix& m, const lin_plan& p, bool fp8, u32 used, u32 min_steps) {
   lin_ring g;
   g.per_round = (p.units + p.share - 1) / p.share;
   g.steps = p.rounds * g.per_round;
@@ -546,42 +546,57 @@ MONO_DEV lin_ring lin_ring_of(const lin_matrix& m, const lin_plan& p, bool fp8, 
   const u32 lds = lin_dynamic_lds(), slot = groups * LIN_UNIT_BYTES;
   const u32 fit = lin_min(lin_min(lds > g.w ? (lds - g.w) / slot : 0u, LIN_RING_MAX), g.steps);
   // One slot for a longer range would leave nothing in flight while it is multiplied.
-  g.slots = (g.steps >= LIN_RING_MIN_STEPS && (fit >= 2 || fit == g.steps)) ? fit : 0u;
+  g.slots = (g.steps >= min_steps && (fit >= 2 || fit == g.steps)) ? fit : 0u;
   return g;
 }
 
-template <bool FP8, u32 RT, class Team, class Ready>
-MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_plan& p, const lin_ring& g, u32 first,
-                             u8* smem, float* parts, u16* xs, u32 xstride, Ready ready) {
+// Step s's copies into its slot, by one thread.
+template <class Team>
+MONO_DEV void lin_ring_issue(const lin_matrix& m, const lin_plan& p, const lin_ring& g, u32 first, u32 base, u32 s) {
   constexpr u32 groups = Team::size / LIN_GROUP, slot_bytes = groups * LIN_UNIT_BYTES;
-  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
-  const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
-  const u32 base = mono_lds_address(smem);
-  auto issue = [&](u32 s) {
-    const u32 slot = s % g.slots, r = s / g.per_round, u0 = (s % g.per_round) * p.share;
-    const u32 nu = lin_min(p.share, p.units - u0), tiles = lin_min(p.across, p.count - r * p.across);
-    const u32 bar = base + g.bar + 8u * slot;
-    mono_lds_barrier_expect(bar, tiles * nu * (LIN_UNIT_BYTES + (g.lds_scales ? 8u : 0u)));
-    for (u32 q = 0; q < tiles; ++q) {
-      const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
-      const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
-      // In pieces of at most LIN_RING_PIECE (a run is at most 32 KB, so one): the plain single
-      // copy made the fused attention kernel spill about 170 bytes more (nvrtc 13.0).
-      for (u32 at = 0; at < len; at += LIN_RING_PIECE)
-        mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
-      if (g.lds_scales)
-        mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
-    }
-  };
+  const u32 slot = s % g.slots, r = s / g.per_round, u0 = (s % g.per_round) * p.share;
+  const u32 nu = lin_min(p.share, p.units - u0), tiles = lin_min(p.across, p.count - r * p.across);
+  const u32 bar = base + g.bar + 8u * slot;
+  mono_lds_barrier_expect(bar, tiles * nu * (LIN_UNIT_BYTES + (g.lds_scales ? 8u : 0u)));
+  for (u32 q = 0; q < tiles; ++q) {
+    const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
+    const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
+    // In pieces of at most LIN_RING_PIECE (a run is at most 32 KB, so one): the plain single
+    // copy made the fused attention kernel spill about 170 bytes more (nvrtc 13.0).
+    for (u32 at = 0; at < len; at += LIN_RING_PIECE)
+      mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
+    if (g.lds_scales)
+      mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
+  }
+}
 
-  LIN_STAMP(team, LIN_STAMP_TILE, p.units);
+// Every slot's first step in flight: the ring's barriers set up, then its first `slots` steps
+// issued by the leader.
+template <class Team>
+MONO_DEV void lin_ring_fill(const Team& team, const lin_matrix& m, const lin_plan& p, const lin_ring& g, u32 first,
+                            u8* smem) {
+  const u32 base = mono_lds_address(smem);
   // The previous task's plain stores to this LDS come before the copy engine's writes.
   mono_fence_lds_async();
   team.sync();
   if (team.leader()) {
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_init(base + g.bar + 8u * j);
-    for (u32 s = 0; s < g.slots; ++s) issue(s);
+    for (u32 s = 0; s < g.slots; ++s) lin_ring_issue<Team>(m, p, g, first, base, s);
   }
+}
+
+// `filled`: lin_ring_fill already ran for this range and ring (a task that fills the ring of a
+// later range early, before an earlier one runs through registers below it).
+template <bool FP8, u32 RT, class Team, class Ready>
+MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_plan& p, const lin_ring& g, u32 first,
+                             u8* smem, float* parts, u16* xs, u32 xstride, bool filled, Ready ready) {
+  constexpr u32 groups = Team::size / LIN_GROUP, slot_bytes = groups * LIN_UNIT_BYTES;
+  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
+  const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
+  const u32 base = mono_lds_address(smem);
+
+  LIN_STAMP(team, LIN_STAMP_TILE, p.units);
+  if (!filled) lin_ring_fill(team, m, p, g, first, smem);
   lin_prefetch_residual(team, m, first, p.count);
   if (!ready()) {
     // The copies still land in this LDS: let them before the CTA stops.
@@ -598,7 +613,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
     const u32 r = s / g.per_round, i = s % g.per_round, slot = s % g.slots;
     if (s > 0 && s - 1 + g.slots < g.steps) {
       if (i != 0) team.sync();
-      if (team.leader()) issue(s - 1 + g.slots);
+      if (team.leader()) lin_ring_issue<Team>(m, p, g, first, base, s - 1 + g.slots);
     }
     mono_lds_barrier_wait(base + g.bar + 8u * slot, (s / g.slots) & 1u);
     if (s == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
@@ -631,13 +646,29 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
 }
 #endif
 
+// Bytes of the team's LDS a range's partial sums and x take (its ring lies beyond them).
+MONO_DEV u32 lin_lds_used(u32 groups, const lin_matrix& m) {
+  return lin_partial_floats(groups, m.rows > 8 ? 2u : 1u) * 4u + m.rows * lin_x_stride(m.k) * 2u;
+}
+
+// Where a range's ring may lie and from how many steps it takes one (lin_tiles_ring), and
+// whether lin_ring_start already filled it. A task that runs two ranges fills the second one's
+// ring before the first runs through registers below it: `from` past both ranges' partials and x.
+struct lin_ring_use {
+  u32 from;       // the ring starts at or beyond this LDS offset
+  u32 min_steps;  // the fewest steps a range takes to go through the ring (~0u: registers only)
+  bool filled;
+};
+MONO_DEV lin_ring_use lin_ring_default() { return {0u, LIN_RING_MIN_STEPS, false}; }
+
 // Tiles first .. first + count of matrix m, by the team; `ready()` is called by every thread after
 // the first weight loads are issued and before x is read (false: stop, returned). Ends on a team
 // barrier after the last store. smem: the team's LDS, at least lin_partial_floats + the x rows;
 // for a team that is the whole CTA (NVIDIA), the CTA's dynamic shared memory from its start, and
-// what lies beyond partials and x becomes the ring.
+// what lies beyond partials and x (and u.from) becomes the ring.
 template <bool FP8, u32 RT, class Team, class Ready>
-MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, Ready ready) {
+MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem,
+                           const lin_ring_use& u, Ready ready) {
   static_assert(Team::size % LIN_GROUP == 0, "a team of whole groups of 32");
   constexpr u32 groups = Team::size / LIN_GROUP;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
@@ -647,20 +678,56 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
   const u32 xstride = lin_x_stride(m.k);
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
   if (Team::size == MONO_CTA_THREADS) {
-    const u32 used = lin_partial_floats(groups, RT) * 4u + m.rows * xstride * 2u;
-    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used);
-    if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, ready);
+    const u32 used = u.from > lin_lds_used(groups, m) ? u.from : lin_lds_used(groups, m);
+    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used, u.min_steps);
+    if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, u.filled, ready);
   }
+#else
+  (void)u;
 #endif
   return lin_tiles_regs<FP8, RT>(team, m, p, first, parts, xs, xstride, ready);
 }
 
+// The ring lin_tiles_as(.., u, ..) will take for this range, filled now (its first steps in
+// flight); false where it takes none (registers, or no copy engine).
+template <bool FP8, u32 RT, class Team>
+MONO_DEV bool lin_ring_start_as(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem,
+                                const lin_ring_use& u) {
+#if MONO_NVIDIA && defined(MONO_CTA_THREADS)
+  constexpr u32 groups = Team::size / LIN_GROUP;
+  constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
+  if (Team::size == MONO_CTA_THREADS) {
+    const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
+    const u32 used = u.from > lin_lds_used(groups, m) ? u.from : lin_lds_used(groups, m);
+    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used, u.min_steps);
+    if (g.slots) {
+      lin_ring_fill(team, m, p, g, first, smem);
+      return true;
+    }
+  }
+#else
+  (void)team, (void)m, (void)first, (void)count, (void)smem, (void)u;
+#endif
+  return false;
+}
+
 // The same for any matrix: dispatches on its format and row count.
 template <class Team, class Ready>
-MONO_DEV bool lin_tiles(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, Ready ready) {
+MONO_DEV bool lin_tiles(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, const lin_ring_use& u,
+                        Ready ready) {
   const bool fp8 = (m.flags & LIN_FP8) != 0, wide = m.rows > 8;
-  if (fp8) return wide ? lin_tiles_as<true, 2>(team, m, first, count, smem, ready)
-                       : lin_tiles_as<true, 1>(team, m, first, count, smem, ready);
-  return wide ? lin_tiles_as<false, 2>(team, m, first, count, smem, ready)
-              : lin_tiles_as<false, 1>(team, m, first, count, smem, ready);
+  if (fp8) return wide ? lin_tiles_as<true, 2>(team, m, first, count, smem, u, ready)
+                       : lin_tiles_as<true, 1>(team, m, first, count, smem, u, ready);
+  return wide ? lin_tiles_as<false, 2>(team, m, first, count, smem, u, ready)
+              : lin_tiles_as<false, 1>(team, m, first, count, smem, u, ready);
+}
+
+template <class Team>
+MONO_DEV bool lin_ring_start(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem,
+                             const lin_ring_use& u) {
+  const bool fp8 = (m.flags & LIN_FP8) != 0, wide = m.rows > 8;
+  if (fp8) return wide ? lin_ring_start_as<true, 2>(team, m, first, count, smem, u)
+                       : lin_ring_start_as<true, 1>(team, m, first, count, smem, u);
+  return wide ? lin_ring_start_as<false, 2>(team, m, first, count, smem, u)
+              : lin_ring_start_as<false, 1>(team, m, first, count, smem, u);
 }

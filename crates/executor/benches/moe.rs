@@ -10,8 +10,9 @@
 //! device::report records. Prints "skipped" without a GPU. With `MOE_BENCH_STAMPS=1`, each case
 //! also runs one launch of a build with the tile's clock stamps (`LIN_STAMPS`,
 //! `kernels/ops/linear.h`) after its timing, and prints a line for the slots' gate/ups and one for
-//! their downs (the tasks of used slots): each milestone's median and longest, us after the tile's
-//! start (a gate/up's tile starts once the route has named its expert).
+//! their downs (the pair tasks of used slots): each milestone's median and longest, us after the
+//! tile's start (a gate/up's tile starts once the route has named its expert, a down's once its
+//! gate/up has published).
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
@@ -19,12 +20,12 @@ use device::{Args, Buffer, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
 use linear::gpu::{STAMP_MILESTONES, STAMP_WORDS};
-use linear::layout::KIND_EXPERT_TILES;
+use linear::layout::{pair_range, KIND_EXPERT_PAIR};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::Tags;
 use model::{ModelConfig, WeightFormat};
 use moe::gpu::{DeviceMoe, MoeKernel};
-use moe::layout::{lds_bytes, MoeStart, BANK_DOWN, BANK_GATE_UP};
+use moe::layout::{lds_bytes, MoeStart};
 use moe::memory::MoeMemory;
 use moe::problem::{MoeProblem, Pattern};
 use moe::reference::Routing;
@@ -34,8 +35,8 @@ type Error = Box<dyn std::error::Error>;
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
 const COLD_BYTES: usize = 128 << 20;
-/// The most tasks a stamped launch may hold.
-const MAX_STAMPED_TASKS: usize = 4096;
+/// The most boxes a stamped launch may hold (a task writes its stamps at its first box's record).
+const MAX_STAMPED_BOXES: usize = 1 << 16;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -113,7 +114,7 @@ fn main() -> Result<(), Error> {
     let epoch = EpochNode::build(&dev, Variant::default())?;
     // The stamped build and the buffer its tasks write (its address is built into the kernel).
     let stamped = if stamps() {
-        let buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_STAMPED_TASKS)?;
+        let buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_STAMPED_BOXES)?;
         let src = moe_source(shape, Variant::default())?
             .define("LIN_STAMPS", 1)
             .define("LIN_STAMP_BUF", buf.device_ptr());
@@ -174,10 +175,10 @@ fn main() -> Result<(), Error> {
         })?;
         let copy = bench.copy_us(bytes as usize)?;
         if let Some((k, buf)) = &stamped {
-            if g.plan.end_order as usize > MAX_STAMPED_TASKS {
+            if g.plan.end_box as usize > MAX_STAMPED_BOXES {
                 return Err(format!(
-                    "{} tasks: the stamps hold {MAX_STAMPED_TASKS}",
-                    g.plan.end_order
+                    "{} boxes: the stamps hold {MAX_STAMPED_BOXES}",
+                    g.plan.end_box
                 )
                 .into());
             }
@@ -222,25 +223,20 @@ fn stamps() -> bool {
     std::env::var("MOE_BENCH_STAMPS").is_ok_and(|v| v == "1")
 }
 
-/// The slots' gate/ups and downs (bank 0 and 1 of the expert tasks), the tasks of used slots (an
-/// unused slot's task publishes without a tile, so its tile stamp is 0): each milestone of
-/// `LIN_STAMP_*` after the first (the tile's start), median and longest in us (SM clock).
+/// The slots' gate/ups and downs (the two records of each pair task, at its first box's and the
+/// next), the tasks of used slots (an unused slot's task publishes without a tile, so its tile
+/// stamp is 0): each milestone of `LIN_STAMP_*` after the first (the tile's start), median and
+/// longest in us (SM clock).
 fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
     let us = |c: u64| c as f64 * 1e3 / f64::from(khz);
     // The tile's start (word 0) is where the others are counted from.
     let names = &STAMP_MILESTONES[1..];
-    for (bank, what, k) in [
-        (BANK_GATE_UP, "gate/up", g.shape.hidden),
-        (BANK_DOWN, "down", g.shape.inter),
-    ] {
+    for (part, what, k) in [(0, "gate/up", g.shape.hidden), (1, "down", g.shape.inter)] {
         let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let (mut tasks, mut tiles) = (0, Vec::new());
         for t in g.plan.placement.lists().iter().flatten() {
-            let at = t.order as usize * STAMP_WORDS;
-            if t.kind != KIND_EXPERT_TILES
-                || t.args[0] & 0xffff != bank
-                || at + STAMP_WORDS > words.len()
-            {
+            let at = (t.out.first as usize + part) * STAMP_WORDS;
+            if t.kind != KIND_EXPERT_PAIR || at + STAMP_WORDS > words.len() {
                 continue;
             }
             let w = &words[at..at + STAMP_WORDS];
@@ -248,7 +244,7 @@ fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
                 continue;
             }
             tasks += 1;
-            tiles.push(f64::from(t.args[2]));
+            tiles.push(f64::from(pair_range(t.args[1 + part]).count));
             for (j, col) in cols.iter_mut().enumerate() {
                 if w[j + 1] != 0 {
                     col.push(us(w[j + 1].wrapping_sub(w[0])));

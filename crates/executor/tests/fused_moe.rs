@@ -1,17 +1,17 @@
 //! The MoE half's fused launch on the host: its task graph at a GLM-5.2 TP-8 rank's shapes (1, 4
 //! and 16 rows over 132 CTAs) passes the placement's rules and the hand-off rules, and the
-//! hand-off check fails when a wait is taken away (a down that does not wait on its slot's box or
-//! its gate/up, a combine that does not wait on the downs); the generated source holds both stages'
-//! decoders. The kernel itself runs in `crates/moe/tests/host_emulation.rs` (CPU threads) and
+//! hand-off check fails when a wait is taken away (a pair task that does not wait on its slot's
+//! box or on one of its gang's other members, a combine that does not wait on the gangs); the
+//! generated source holds both stages' decoders. The kernel itself runs in `crates/moe/tests/host_emulation.rs` (CPU threads) and
 //! `tests/gpu_moe.rs` (the H200).
 
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph, MoeGraphError};
 use executor::fused::CtaShape;
-use linear::layout::KIND_EXPERT_TILES;
+use linear::layout::{KIND_EXPERT_PAIR, PAIR_PEERS_AFTER, PAIR_PEERS_BEFORE};
 use mailbox::layout::BoxRange;
 use mailbox::Task;
 use model::{ModelConfig, WeightFormat};
-use moe::layout::{MoeStart, BANK_DOWN, KIND_COMBINE, KIND_ROUTE};
+use moe::layout::{MoeStart, KIND_COMBINE, KIND_ROUTE};
 
 fn graph(rows: usize) -> MoeGraph {
     let cfg = ModelConfig::preset("glm-5.2").unwrap();
@@ -26,12 +26,12 @@ fn rank_shapes_place_and_hand_off() {
         let tasks: Vec<Task> = g.placement.placement().tasks().map(|(_, t)| *t).collect();
         let count = |kind| tasks.iter().filter(|t| t.kind == kind).count();
         assert_eq!(count(KIND_ROUTE), 1);
-        assert_eq!(g.plan.gate_up.len(), (rows * 8).min(256));
+        assert_eq!(g.plan.experts.len(), (rows * 8).min(256));
         assert!(count(KIND_COMBINE) >= 1);
         eprintln!(
             "{rows} rows: {} tasks, {} slots, {} boxes",
             tasks.len(),
-            g.plan.gate_up.len(),
+            g.plan.experts.len(),
             g.plan.end_box
         );
     }
@@ -57,10 +57,18 @@ fn without_wait(
 #[test]
 fn a_missing_wait_fails_the_hand_off_check() {
     let g = graph(4);
-    let down = |t: &Task| t.kind == KIND_EXPERT_TILES && t.args[0] & 0xffff == BANK_DOWN;
-    let err = without_wait(&g, &down, &|t| t.inputs()[1..].to_vec()).unwrap_err();
+    let pair = |t: &Task| t.kind == KIND_EXPERT_PAIR;
+    let err = without_wait(&g, &pair, &|t| t.inputs()[1..].to_vec()).unwrap_err();
     eprintln!("{err}");
-    let err = without_wait(&g, &down, &|t| t.inputs()[..1].to_vec()).unwrap_err();
+    // The first member of a gang, without one of its peers (the last line after it), or any.
+    let peer_gone = |t: &Task| {
+        let mut inputs = t.inputs().to_vec();
+        inputs[PAIR_PEERS_AFTER].len -= mailbox::layout::BOXES_PER_LINE;
+        inputs
+    };
+    let err = without_wait(&g, &pair, &peer_gone).unwrap_err();
+    eprintln!("{err}");
+    let err = without_wait(&g, &pair, &|t| t.inputs()[..PAIR_PEERS_BEFORE].to_vec()).unwrap_err();
     eprintln!("{err}");
     let combine = |t: &Task| t.kind == KIND_COMBINE;
     let err = without_wait(&g, &combine, &|t| t.inputs()[..2].to_vec()).unwrap_err();
@@ -116,10 +124,10 @@ fn the_moe_part_composes_after_its_producer() {
         .tasks()
         .filter(|(_, t)| t.inputs().contains(&done.all()))
         .count();
-    // The router's tasks, the shared gate/up's and every slot's gate/up read x.
+    // The router's tasks, the shared gate/up's and every pair task (a line each) read x.
     let expected = part.plan.router.len / 16
         + part.plan.shared_gate_up.len / 16
-        + part.plan.gate_up.iter().map(|r| r.len / 16).sum::<u32>();
+        + part.plan.experts.iter().map(|r| r.len / 16).sum::<u32>();
     assert_eq!(readers as u32, expected);
     assert!(launch.arena.get("moe_out").is_some());
 }

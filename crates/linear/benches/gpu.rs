@@ -43,6 +43,8 @@ const WHAT: &str = "linear task, graph replays, weights cold in L2";
 const COPY: &str = "copy kernel moving the same bytes, same launch mode";
 /// The most tasks a traced launch stamps.
 const MAX_TASKS: usize = 4096;
+/// Records the stamps buffer holds: one a box, since a task writes its record at its first box's.
+const MAX_STAMP_RECORDS: usize = MAX_TASKS * mailbox::layout::BOXES_PER_LINE as usize;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -68,7 +70,7 @@ struct Bench {
     stream: Stream,
     flush: Buffer<u8>,
     builds: Vec<Build>,
-    /// `LIN_STAMP_BUF` of the traced builds: LIN_STAMP_WORDS a task, by its order.
+    /// `LIN_STAMP_BUF` of the traced builds: LIN_STAMP_WORDS a task, at its first box's record.
     stamps: Buffer<u64>,
     lds: u32,
     copy: device::Kernel,
@@ -452,7 +454,7 @@ fn main() -> Result<(), Error> {
     };
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
-    let stamps_buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_TASKS)?;
+    let stamps_buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_STAMP_RECORDS)?;
     let mut sources = Vec::new();
     for (name, own) in variants() {
         let with_defines = |mut src: device::KernelSource| {
@@ -610,12 +612,12 @@ fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64]
         let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         for bar in &line.bars {
             let span = &bar.span;
-            let order = span.order as usize;
             let task = &table.tasks[span.position as usize];
-            if task.args[0] as usize != m || words.len() < (order + 1) * STAMP_WORDS {
+            let record = task.out.first as usize;
+            if task.args[0] as usize != m || words.len() < (record + 1) * STAMP_WORDS {
                 continue;
             }
-            let w = &words[order * STAMP_WORDS..(order + 1) * STAMP_WORDS];
+            let w = &words[record * STAMP_WORDS..(record + 1) * STAMP_WORDS];
             starts.push(bar.start_us);
             let us = |c: u64| c.wrapping_sub(span.start_cycles) as f64 / ghz / 1e3;
             for (j, col) in cols.iter_mut().enumerate().take(marks) {

@@ -6,19 +6,31 @@
 // rows' completion boxes), computes and stores its columns of y, then publishes: every box of
 // task.out gets (tag, tile count) after a release.
 //
-// LIN_KIND_EXPERT_TILES: a range of tiles of an expert chosen on the device. args[0] the bank (an
-// index into lin_args.experts) | the slot << 16, args[1] the first tile, args[2] the tile count;
+// LIN_KIND_EXPERT_PAIR: one member of a slot's gang (the slot's members share one rank, each on a
+// CTA of its own): a range of the gate/up of the expert the slot names, then a range of its down.
+// args[0] the gate/up's bank (an index into lin_args.experts; the down's is the next one) | the
+// slot << 16, args[1] the gate/up's first tile | its count << 16, args[2] the same for the down.
 // task.in[0] is the slot's box, whose value is the expert (LIN_NO_EXPERT: the slot is unused, the
-// task only publishes). The weight follows the box, so its loads start after that one wait; the
-// rest of task.in (the x rows' boxes) is waited on after them, as for LIN_KIND_TILES.
+// task only publishes); in[1] and in[2] the lines of the gang's members before and after this one;
+// in[3], if any, the boxes of the gate/up's x rows. task.out is one line: its first box says the
+// member's gate/up columns (a part of the down's x) are stored, the rest that its down columns are.
+// The weight follows the slot's box, so the loads start after that one wait; the down's weights go
+// into the LDS ring once the gate/up's first loads are out, so they land while the gate/up streams
+// through registers below the ring and the peers finish theirs. Then the member publishes its
+// first box and waits on the first box of each peer's line.
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
 #include "ops/linear.h"
 
 #define LIN_KIND_TILES 1u
-#define LIN_KIND_EXPERT_TILES 2u
+#define LIN_KIND_EXPERT_PAIR 2u
 #define LIN_NO_EXPERT 0xffffffffu
+// A pair task's inputs: its slot, its gang peers before and after it, its x rows.
+#define LIN_PAIR_SLOT 0u
+#define LIN_PAIR_PEERS_BEFORE 1u
+#define LIN_PAIR_PEERS_AFTER 2u
+#define LIN_PAIR_X 3u
 
 // A bank of same-shaped experts (src/gpu.rs `LinExpert`, 144 bytes): `m` is expert 0 of slot 0;
 // expert e's weight and scales lie e strides further, slot j's x, y and row scales j strides.
@@ -41,13 +53,13 @@ struct lin_args {
   u32 n_experts;
 };
 
-// Every box of the task's input ranges, a thread a box, then the team agrees; the acquire makes
-// the data published beside the boxes visible.
+// Every box of the task's input ranges from `from` on, a thread a box, then the team agrees; the
+// acquire makes the data published beside the boxes visible.
 template <class Team>
-MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c) {
+MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from = 0) {
   bool ok = true;
   const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  for (u32 r = 0; r < n_in && ok; ++r)
+  for (u32 r = from; r < n_in && ok; ++r)
     for (u32 i = team.thread(); i < task.in[r].len && ok; i += Team::size) {
       u32 v;
       ok = mbx_poll(c, task.in[r].first + i, &v);
@@ -57,74 +69,145 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
   return ok;
 }
 
-// After the task's last store and a team barrier: a release, then every box of task.out.
+// The first box of every line of in[first_range .. last_range]: a pair's peers' gate/up boxes.
 template <class Team>
-MONO_DEV void lin_publish(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 count) {
-  for (u32 i = team.thread(); i < task.out.len; i += Team::size) {
+MONO_DEV bool lin_wait_line_heads(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 first_range,
+                                  u32 last_range) {
+  bool ok = true;
+  const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
+  for (u32 r = first_range; r <= last_range && r < n_in && ok; ++r)
+    for (u32 i = team.thread() * MBX_BOXES_PER_LINE; i < task.in[r].len && ok; i += Team::size * MBX_BOXES_PER_LINE) {
+      u32 v;
+      ok = mbx_poll(c, task.in[r].first + i, &v);
+    }
+  ok = team.all(ok);
+  mbx_acquire();
+  return ok;
+}
+
+// After the task's last store and a team barrier: a release, then boxes first .. first + len.
+template <class Team>
+MONO_DEV void lin_publish(const Team& team, const mbx_ctx& c, u32 first, u32 len, u32 count) {
+  for (u32 i = team.thread(); i < len; i += Team::size) {
     mbx_publish();
-    mbx_put(c, task.out.first + i, count);
+    mbx_put(c, first + i, count);
   }
 }
 
-// The matrix of an expert task, in shared memory (a copy in registers would hold 20 of them
-// through the whole tile), or null: the slot is unused (or the bank is not the launch's).
-// Every thread polls the slot's box; false only when that wait gave up.
+// LIN_STAMPS builds with LIN_STAMP_BUF (the device address of the stamps, LIN_STAMP_WORDS a
+// record): the tile's stamps to record `record` (a box of the task's own, so unique to it; a pair
+// writes its gate/up's to its first box's and its down's to the next), then cleared.
 template <class Team>
-MONO_DEV bool lin_expert_matrix(const Team& team, const mbx_task& task, const mbx_ctx& c, const lin_args& a,
-                                const lin_matrix** out) {
-  __shared__ lin_matrix chosen;
-  *out = nullptr;
-  const u32 bank = task.args[0] & 0xffffu, slot = task.args[0] >> 16;
-  if (bank >= a.n_experts || task.n_inputs == 0 || task.in[0].len != 1) return true;  // the host builds no such task
-  const lin_expert& b = a.experts[bank];
-  u32 e = LIN_NO_EXPERT;
-  if (!team.all(mbx_poll(c, task.in[0].first, &e))) return false;
-  if (e >= b.n_experts) return true;
-  if (team.leader()) {
-    chosen = b.m;
-    chosen.w += e * b.w_stride;
-    chosen.scales += e * b.scales_stride;
-    chosen.x += slot * b.x_slot;
-    chosen.y = (u8*)chosen.y + slot * b.y_slot * ((chosen.flags & LIN_OUT_F32) ? 4u : 2u);
-    chosen.row_scale += slot * b.row_scale_slot;
-  }
-  team.sync();
-  *out = &chosen;
-  return true;
-}
-
-// Both kinds, through one call of the tile (one inlined copy of it in the kernel).
-template <class Team>
-MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
-  const lin_matrix* m = nullptr;
-  if (mbx_own_kind(task.kind) == LIN_KIND_TILES) {
-    if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
-    m = a.mats + task.args[0];
-  } else if (!lin_expert_matrix(team, task, c, a, &m)) {
-    return false;
-  }
-  const u32 first = task.args[1], count = task.args[2];
-#if LIN_STAMPS && MONO_NVIDIA
-  if (team.leader())
-    for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) lin_stamps[j] = 0;
-#endif
-  // An unused slot's task writes nothing, so it publishes without waiting.
-  if (m && !lin_tiles(team, *m, first, count, smem, [&] { return lin_wait_inputs(team, task, c); })) return false;
-  lin_publish(team, task, c, count);
+MONO_DEV void lin_stamps_out(const Team& team, u32 record) {
 #if LIN_STAMPS && MONO_NVIDIA && defined(LIN_STAMP_BUF)
-  // LIN_STAMP_BUF: the device address of the stamps (LIN_STAMP_WORDS a task, by its order).
   LIN_STAMP(team, LIN_STAMP_PUBLISHED, 0u);
   if (team.leader())
-    for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) ((u64*)LIN_STAMP_BUF)[(u64)task.order * LIN_STAMP_WORDS + j] = lin_stamps[j];
+    for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) {
+      ((u64*)LIN_STAMP_BUF)[(u64)record * LIN_STAMP_WORDS + j] = lin_stamps[j];
+      lin_stamps[j] = 0;
+    }
+#else
+  (void)team, (void)record;
 #endif
+}
+
+// The gate/up and down of a pair task's expert, in shared memory (a copy in registers would hold
+// 20 of them through the whole tile), or null: the slot is unused (or the banks are not the
+// launch's). Every thread polls the slot's box; false only when that wait gave up.
+template <class Team>
+MONO_DEV bool lin_expert_matrices(const Team& team, const mbx_task& task, const mbx_ctx& c, const lin_args& a,
+                                  const lin_matrix** gate_up, const lin_matrix** down) {
+  __shared__ lin_matrix chosen[2];
+  *gate_up = *down = nullptr;
+  const u32 bank = task.args[0] & 0xffffu, slot = task.args[0] >> 16;
+  // The host builds no such task.
+  if (bank + 1 >= a.n_experts || task.n_inputs <= LIN_PAIR_PEERS_AFTER || task.in[LIN_PAIR_SLOT].len != 1) return true;
+  u32 e = LIN_NO_EXPERT;
+  if (!team.all(mbx_poll(c, task.in[LIN_PAIR_SLOT].first, &e))) return false;
+  if (e >= a.experts[bank].n_experts || e >= a.experts[bank + 1].n_experts) return true;
+  if (team.thread() < 2) {
+    const lin_expert& b = a.experts[bank + team.thread()];
+    lin_matrix& m = chosen[team.thread()];
+    m = b.m;
+    m.w += e * b.w_stride;
+    m.scales += e * b.scales_stride;
+    m.x += slot * b.x_slot;
+    m.y = (u8*)m.y + slot * b.y_slot * ((m.flags & LIN_OUT_F32) ? 4u : 2u);
+    m.row_scale += slot * b.row_scale_slot;
+  }
+  team.sync();
+  *gate_up = &chosen[0];
+  *down = &chosen[1];
   return true;
+}
+
+MONO_DEV u32 lin_range_first(u32 arg) { return arg & 0xffffu; }
+MONO_DEV u32 lin_range_count(u32 arg) { return arg >> 16; }
+
+// Both kinds, through one call of the tile (one inlined copy of it in the kernel): a LIN_KIND_TILES
+// task's range, or a pair's gate/up and then its down.
+template <class Team>
+MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
+  const bool pair = mbx_own_kind(task.kind) == LIN_KIND_EXPERT_PAIR;
+  const lin_matrix* mats[2] = {nullptr, nullptr};
+  u32 first[2] = {task.args[1], 0u}, count[2] = {task.args[2], 0u};
+  lin_ring_use use[2] = {lin_ring_default(), lin_ring_default()};
+  if (!pair) {
+    if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
+    mats[0] = a.mats + task.args[0];
+  } else {
+    if (!lin_expert_matrices(team, task, c, a, &mats[0], &mats[1])) return false;
+    if (!mats[0]) {
+      // An unused slot's member writes nothing, so it publishes without waiting.
+      lin_publish(team, c, task.out.first, task.out.len, 0u);
+      return true;
+    }
+    for (u32 j = 0; j < 2; ++j) first[j] = lin_range_first(task.args[1 + j]), count[j] = lin_range_count(task.args[1 + j]);
+    // The gate/up through registers only, so that the LDS beyond its partials and x is the down's
+    // ring from the start; the down through the ring whatever its length.
+    constexpr u32 groups = Team::size / LIN_GROUP;
+    const u32 up_lds = lin_lds_used(groups, *mats[0]), down_lds = lin_lds_used(groups, *mats[1]);
+    use[0] = {0u, ~0u, false};
+    use[1] = {up_lds > down_lds ? up_lds : down_lds, 1u, false};
+  }
+  bool ok = true, started = !pair || count[1] == 0;
+  auto start_down = [&] {
+    if (!started) use[1].filled = lin_ring_start(team, *mats[1], first[1], count[1], smem, use[1]);
+    started = true;
+  };
+  for (u32 phase = 0; phase < (pair ? 2u : 1u); ++phase) {
+    if (count[phase] == 0) {
+      start_down();
+    } else if (!lin_tiles(team, *mats[phase], first[phase], count[phase], smem, use[phase], [&] {
+                 if (!pair) return lin_wait_inputs(team, task, c);
+                 if (phase == 0) {
+                   start_down();
+                   return lin_wait_inputs(team, task, c, LIN_PAIR_X);
+                 }
+                 // After a failed gate/up this fails at once, and a ring already filled lands first.
+                 return ok && lin_wait_line_heads(team, task, c, LIN_PAIR_PEERS_BEFORE, LIN_PAIR_PEERS_AFTER);
+               })) {
+      ok = false;
+    }
+    if (!ok) continue;
+    // A pair's gate/up publishes its line's first box, its down the rest.
+    const u32 box = pair ? task.out.first + phase : task.out.first;
+    const u32 len = !pair ? task.out.len : phase == 0 ? 1u : task.out.len - 1u;
+    lin_publish(team, c, box, len, count[phase]);
+    lin_stamps_out(team, box);
+  }
+  return ok;
 }
 
 template <class Team>
 MONO_DEV bool lin_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
+#if LIN_STAMPS && MONO_NVIDIA
+  if (team.leader())
+    for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) lin_stamps[j] = 0;
+#endif
   switch (mbx_own_kind(task.kind)) {
     case LIN_KIND_TILES:
-    case LIN_KIND_EXPERT_TILES:
+    case LIN_KIND_EXPERT_PAIR:
       return lin_task(team, task, c, a, smem);
     default:
       return true;

@@ -18,7 +18,8 @@ pub const NORM_PROBE_HIP: (&str, &str) =
 
 /// `lin_matrix.flags` (`kernels/ops/linear.h`).
 /// Words of the tile's clock stamps a task writes in `LIN_STAMPS` builds (`LIN_STAMP_WORDS`,
-/// `kernels/ops/linear.h`), at `LIN_STAMP_BUF` + its order.
+/// `kernels/ops/linear.h`), at `LIN_STAMP_BUF` + its first box's record (a pair task: its gate/up's
+/// there, its down's at the next box's).
 pub const STAMP_WORDS: usize = 8;
 /// The milestone each stamp word `LIN_STAMP_TILE..=LIN_STAMP_PUBLISHED` records, in word order:
 /// the matrix descriptor read and first loads issued, the input wait over, x in LDS, the first

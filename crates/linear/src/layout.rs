@@ -9,16 +9,36 @@ use model::WEIGHT_BLOCK;
 
 /// `LIN_KIND_TILES`: a range of one matrix's tiles.
 pub const KIND_TILES: u32 = Task::kind_of(Stage::Linear, 1);
-/// `LIN_KIND_EXPERT_TILES`: a range of tiles of the expert a slot's box names.
-pub const KIND_EXPERT_TILES: u32 = Task::kind_of(Stage::Linear, 2);
+/// `LIN_KIND_EXPERT_PAIR`: one member of a slot's gang, a range of the gate/up of the expert the
+/// slot's box names and then a range of its down (`kernels/lin_task.h` has the contract).
+pub const KIND_EXPERT_PAIR: u32 = Task::kind_of(Stage::Linear, 2);
 /// A slot box's value when no expert fills the slot (`LIN_NO_EXPERT`).
 pub const NO_EXPERT: u32 = u32::MAX;
 /// Slots an expert task addresses at most (the high half of its `args[0]`).
 pub const MAX_SLOTS: u32 = 1 << 16;
+/// The input ranges of a pair task, by position (`LIN_PAIR_*`): its slot's box, the lines of its
+/// gang's members before and after it, and (if any) its gate/up's x rows.
+pub const PAIR_SLOT: usize = 0;
+pub const PAIR_PEERS_BEFORE: usize = 1;
+pub const PAIR_PEERS_AFTER: usize = 2;
+pub const PAIR_X: usize = 3;
 
-/// `args[0]` of an expert task: its bank and slot.
+/// `args[0]` of a pair task: its gate/up's bank (its down's is the next) and its slot.
 pub fn expert_arg(bank: u32, slot: u32) -> Option<u32> {
-    (bank < 1 << 16 && slot < MAX_SLOTS).then_some(bank | slot << 16)
+    (bank + 1 < 1 << 16 && slot < MAX_SLOTS).then_some(bank | slot << 16)
+}
+
+/// `args[1]` and `args[2]` of a pair task: a range of tiles, `first | count << 16`.
+pub fn pair_range_arg(r: TileRange) -> Option<u32> {
+    (r.first < 1 << 16 && r.count < 1 << 16).then_some(r.first | r.count << 16)
+}
+
+/// The range a pair task's `args[1]` or `args[2]` holds.
+pub fn pair_range(arg: u32) -> TileRange {
+    TileRange {
+        first: arg & 0xffff,
+        count: arg >> 16,
+    }
 }
 /// Rows of x a launch multiplies at most (`LIN_MAX_ROWS`).
 pub const MAX_ROWS: usize = 16;

@@ -43,6 +43,8 @@
 #define MBX_DIAG_WORDS 8
 #define MBX_MAX_INPUTS 4
 #define MBX_TASK_ARGS 3
+// Boxes a 128-byte line holds (src/layout.rs BOXES_PER_LINE): boxes of different CTAs never share one.
+#define MBX_BOXES_PER_LINE 16u
 
 // ---- task descriptor (src/task.rs `Task`, 64 bytes) ----------------------------------------------
 struct mbx_range {

@@ -115,3 +115,9 @@ proptest! {
         prop_assert!(past_index);
     }
 }
+
+#[test]
+fn the_header_has_the_same_line() {
+    let header = mailbox::gpu::HEADER.1;
+    assert!(header.contains(&format!("#define MBX_BOXES_PER_LINE {BOXES_PER_LINE}u\n")));
+}

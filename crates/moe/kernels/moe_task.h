@@ -1,6 +1,6 @@
 // The MoE stage's own tasks (host twin: src/layout.rs). The matrices around them are the linear
 // stage's: the router's fp32 logits and the shared expert are LIN_KIND_TILES tasks, the routed
-// experts LIN_KIND_EXPERT_TILES tasks reading their expert from the route task's slot boxes.
+// experts LIN_KIND_EXPERT_PAIR gangs reading their expert from the route task's slot boxes.
 // Kinds: (MBX_STAGE_MOE << 8) | MOE_KIND_*.
 //
 // MOE_KIND_ROUTE: waits on task.in (the router's logits tasks: the router is split along k into
@@ -14,7 +14,7 @@
 // a release, then task.out's box j gets slot j's expert (LIN_NO_EXPERT past d).
 //
 // MOE_KIND_COMBINE: args[0] the first column, args[1] the columns. Waits on task.in (the route
-// task, the shared down, every routed down), then out[r, c] = bf16(residual + y) with
+// task, the shared down, every slot's gang), then out[r, c] = bf16(residual + y) with
 // y = bf16(bf16(sum over the row's experts ascending of the weighted outputs, a bf16 running sum)
 // + shared): one thread an output, a fixed order, no atomics. Publishes its boxes.
 #pragma once
@@ -301,7 +301,7 @@ MONO_DEV bool moe_combine(const Team& team, const mbx_task& task, mbx_ctx& c, co
     a.out[at] = mono_f32_to_bf16(mono_bf16_to_f32(a.residual[at]) + y);
   }
   team.sync();
-  lin_publish(team, task, c, count);
+  lin_publish(team, c, task.out.first, task.out.len, count);
   return true;
 }
 

@@ -4,7 +4,8 @@
 
 use crate::error::{invalid, Result};
 use linear::layout::{
-    expert_arg, split_tiles, LayoutError as LinLayoutError, KIND_EXPERT_TILES, KIND_TILES,
+    expert_arg, pair_range_arg, split_tiles, LayoutError as LinLayoutError, TileRange,
+    KIND_EXPERT_PAIR, KIND_TILES,
 };
 use mailbox::layout::{BoxRange, BOXES_PER_LINE};
 use mailbox::{Placement, Stage, Task};
@@ -68,7 +69,8 @@ pub const ROUTE_ROW_SCORES: usize = 64 * ROUTE_LANE_EXPERTS;
 /// The expert groups the route task takes: one a lane of a 32-lane wave.
 pub const ROUTE_MAX_GROUPS: usize = 32;
 pub const BANK_GATE_UP: u32 = 0;
-pub const BANK_DOWN: u32 = 1;
+/// The bank after the gate/up's: a pair task reads its down from the bank after its gate/up's.
+pub const BANK_DOWN: u32 = BANK_GATE_UP + 1;
 
 /// One MoE launch's shape: a TP rank's slices of every expert, the step's rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,10 +223,10 @@ pub struct MoePlan {
     pub slots: BoxRange,
     pub shared_gate_up: BoxRange,
     pub shared_down: BoxRange,
-    /// Each slot's gate/up tasks' boxes.
-    pub gate_up: Vec<BoxRange>,
-    /// Every slot's down tasks' boxes, slot by slot.
-    pub down: BoxRange,
+    /// Each slot's gang of pair tasks: a line a member, the line's first box its gate/up's.
+    pub experts: Vec<BoxRange>,
+    /// Every slot's gang, slot by slot: the routed experts' outputs are ready when all are.
+    pub routed: BoxRange,
     /// The combine tasks' boxes: the MoE output rows are ready when all are.
     pub combine: BoxRange,
 }
@@ -237,15 +239,28 @@ struct Cursor {
 }
 
 impl Cursor {
-    /// Adds a task on the next CTA with its own line of boxes, or `lines` of them.
-    fn push(&mut self, kind: u32, inputs: &[BoxRange], args: [u32; 3], lines: u32) -> Result<()> {
+    /// Adds a task on the next CTA with its own line of boxes, or `lines` of them, at the current
+    /// rank (a gang's members share it: the caller moves to the next rank after the last).
+    fn push_member(
+        &mut self,
+        kind: u32,
+        inputs: &[BoxRange],
+        args: [u32; 3],
+        lines: u32,
+    ) -> Result<()> {
         let out = BoxRange::new(self.next_box, lines * BOXES_PER_LINE);
         let task = Task::new(kind, self.order, out, inputs, args)
             .map_err(|e| invalid("moe launch", e.to_string()))?;
         self.lists[self.cta as usize].push(task);
         self.next_box += out.len;
-        self.order += 1;
         self.cta = (self.cta + 1) % self.lists.len() as u32;
+        Ok(())
+    }
+
+    /// Adds a task of a rank of its own.
+    fn push(&mut self, kind: u32, inputs: &[BoxRange], args: [u32; 3], lines: u32) -> Result<()> {
+        self.push_member(kind, inputs, args, lines)?;
+        self.order += 1;
         Ok(())
     }
 
@@ -264,17 +279,65 @@ impl Cursor {
         }
         Ok(BoxRange::new(first, self.next_box - first))
     }
+
+    /// Slot `slot`'s expert as a gang of `members` pair tasks on consecutive CTAs, member i with
+    /// the i-th runs of the gate/up's and the down's tiles (empty where a matrix has fewer tiles
+    /// than members); each member waits on the lines of the others. Returns the gang's lines.
+    fn expert_gang(
+        &mut self,
+        shape: &MoeShape,
+        slot: u32,
+        slot_box: BoxRange,
+        members: u32,
+        input: &[BoxRange],
+    ) -> Result<BoxRange> {
+        let runs = |tiles| {
+            let mut r = split_tiles(tiles, members);
+            r.resize(
+                members as usize,
+                TileRange {
+                    first: tiles,
+                    count: 0,
+                },
+            );
+            r
+        };
+        let too_large = || invalid("moe launch", format!("slot {slot} or its tiles"));
+        let bank = expert_arg(BANK_GATE_UP, slot).ok_or_else(too_large)?;
+        let first = self.next_box;
+        for (i, (up, down)) in (0..members).zip(
+            runs(shape.gate_up_tiles())
+                .into_iter()
+                .zip(runs(shape.down_tiles())),
+        ) {
+            let before = BoxRange::new(first, i * BOXES_PER_LINE);
+            let after = BoxRange::new(
+                first + (i + 1) * BOXES_PER_LINE,
+                (members - i - 1) * BOXES_PER_LINE,
+            );
+            let mut inputs = vec![slot_box, before, after];
+            inputs.extend_from_slice(input);
+            let args = [
+                bank,
+                pair_range_arg(up).ok_or_else(too_large)?,
+                pair_range_arg(down).ok_or_else(too_large)?,
+            ];
+            self.push_member(KIND_EXPERT_PAIR, &inputs, args, 1)?;
+        }
+        self.order += 1;
+        Ok(BoxRange::new(first, self.next_box - first))
+    }
 }
 
 /// The MoE launch's task graph placed over `ctas` CTAs, in one global order: the router's partial
 /// logits (its k-splits, each a linear matrix of a task a tile), the route task, the shared
 /// expert's gate/up and down (which wait on the input alone, so they run beside the router, over a
-/// quarter of the CTAs each), every slot's gate/up, every slot's down, then the combine tasks.
-/// Tasks go to CTAs in turn from CTA 0; each slot's matrices split over `ctas / slots` CTAs, so
-/// that the slots' gate/ups together take the grid once: their weights can only be read once the
-/// route has named the experts, so every gate/up task's tiles stream after the route, and the
-/// downs wait on whole gate/ups (at one row, 8 slots: 16 tasks of 2 tiles a gate/up, where 14
-/// gave some 3 and their downs a task later).
+/// quarter of the CTAs each), every slot's expert as a gang of pair tasks, then the combine tasks.
+/// Tasks go to CTAs in turn from CTA 0; each slot's gang has `ctas / slots` members, so that the
+/// gangs together take the grid once. An expert's weights can only be read once the route has
+/// named it; a member streams its run of the gate/up, and its run of the down lands in its LDS
+/// meanwhile, so the down's weights are on chip once the gang's gate/up parts are stored (at one
+/// row, 8 slots: 16 members of 2 gate/up tiles and 24 down tiles each).
 pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
     shape.check()?;
     if ctas == 0 {
@@ -334,33 +397,14 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
         &[shared_gate_up],
     )?;
     let parts = (ctas / slots.max(1)).max(1);
-    let too_many = || invalid("moe launch", format!("{slots} slots"));
-    let mut gate_up = Vec::new();
+    let members = parts.min(shape.gate_up_tiles().max(shape.down_tiles()));
+    let first_expert = c.next_box;
+    let mut experts = Vec::new();
     for j in 0..slots {
         let slot = BoxRange::new(slot_boxes.first + j, 1);
-        let inputs: Vec<BoxRange> = std::iter::once(slot).chain(input.iter().copied()).collect();
-        let arg = expert_arg(BANK_GATE_UP, j).ok_or_else(too_many)?;
-        gate_up.push(c.matrix(
-            KIND_EXPERT_TILES,
-            arg,
-            shape.gate_up_tiles(),
-            parts,
-            &inputs,
-        )?);
+        experts.push(c.expert_gang(shape, j, slot, members, input)?);
     }
-    let first_down = c.next_box;
-    for (j, &gu) in gate_up.iter().enumerate() {
-        let slot = BoxRange::new(slot_boxes.first + j as u32, 1);
-        let arg = expert_arg(BANK_DOWN, j as u32).ok_or_else(too_many)?;
-        c.matrix(
-            KIND_EXPERT_TILES,
-            arg,
-            shape.down_tiles(),
-            parts,
-            &[slot, gu],
-        )?;
-    }
-    let down = BoxRange::new(first_down, c.next_box - first_down);
+    let routed = BoxRange::new(first_expert, c.next_box - first_expert);
     let first_combine = c.next_box;
     let columns = shape.hidden as u32;
     let combines = columns.div_ceil(COMBINE_COLUMNS).min(ctas);
@@ -368,7 +412,7 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
         let mut inputs = vec![
             BoxRange::new(slot_boxes.first, slot_lines * BOXES_PER_LINE),
             shared_down,
-            down,
+            routed,
         ];
         inputs.extend(start.residual.iter().copied());
         c.push(KIND_COMBINE, &inputs, [r.first, r.count, 0], 1)?;
@@ -382,8 +426,8 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
         slots: slot_boxes,
         shared_gate_up,
         shared_down,
-        gate_up,
-        down,
+        experts,
+        routed,
         combine,
     })
 }

@@ -36,11 +36,14 @@ fn an_expert_out_of_range_is_an_error() {
 }
 
 mod launch {
-    use linear::layout::{KIND_EXPERT_TILES, KIND_TILES};
+    use linear::layout::{
+        pair_range, KIND_EXPERT_PAIR, KIND_TILES, PAIR_PEERS_AFTER, PAIR_PEERS_BEFORE, PAIR_SLOT,
+    };
+    use mailbox::layout::{BoxRange, BOXES_PER_LINE};
     use mailbox::Limits;
     use model::WeightFormat;
     use moe::layout::{
-        place, MoeShape, MoeStart, BANK_DOWN, KIND_COMBINE, KIND_ROUTE, MAT_ROUTER,
+        place, MoeShape, MoeStart, BANK_DOWN, BANK_GATE_UP, KIND_COMBINE, KIND_ROUTE, MAT_ROUTER,
         MAT_SHARED_DOWN, MAT_SHARED_GATE_UP,
     };
     use proptest::prelude::*;
@@ -78,9 +81,9 @@ mod launch {
         assert!(message.contains("in 64 groups"), "{message}");
     }
 
-    /// GLM-5.2 at TP8 on 132 CTAs: the slots' gate/ups together take the grid at most once, and
-    /// none holds more tiles than an even share of them all (at one row: 8 slots x 32 tiles in
-    /// 128 tasks of 2; splitting each over 132 / 9 = 14 CTAs gave some 3).
+    /// GLM-5.2 at TP8 on 132 CTAs: the slots' pair tasks together take the grid at most once, and
+    /// none holds more gate/up tiles than an even share of them all (at one row: 8 slots x 32
+    /// tiles in 128 tasks of 2; splitting each over 132 / 9 = 14 CTAs gave some 3).
     #[test]
     fn the_slots_gate_ups_take_the_grid_once() {
         let cfg = model::ModelConfig::preset("glm-5.2").unwrap();
@@ -91,8 +94,8 @@ mod launch {
             let gate_ups: Vec<u32> = plan
                 .placement
                 .tasks()
-                .filter(|(_, t)| t.kind == KIND_EXPERT_TILES && t.args[0] & 0xffff != BANK_DOWN)
-                .map(|(_, t)| t.args[2])
+                .filter(|(_, t)| t.kind == KIND_EXPERT_PAIR)
+                .map(|(_, t)| pair_range(t.args[1]).count)
                 .collect();
             let tiles = s.slots() as u32 * s.gate_up_tiles();
             assert!(
@@ -111,7 +114,8 @@ mod launch {
     proptest! {
         /// Every tile of every matrix (the router's splits, the shared expert, each slot's gate/up
         /// and down) and every output column is some task's exactly once; the placement keeps the
-        /// rule; one route task; each slot's tasks name their own slot and wait on its box.
+        /// rule; one route task; each slot's pair tasks name their own slot, wait on its box, and
+        /// form one gang whose members each wait on the lines of all the others.
         #[test]
         fn every_tile_and_column_once(
             rows in 1usize..=16,
@@ -133,16 +137,31 @@ mod launch {
             let mut seen = std::collections::HashMap::new();
             let mut columns = vec![0u32; s.hidden];
             let mut routes = 0;
+            let mut gangs: std::collections::HashMap<u32, Vec<u32>> = Default::default();
             for (_, t) in plan.placement.tasks() {
-                if t.kind == KIND_TILES || t.kind == KIND_EXPERT_TILES {
+                if t.kind == KIND_TILES {
                     for tile in t.args[1]..t.args[1] + t.args[2] {
                         *seen.entry(((t.kind, t.args[0]), tile)).or_insert(0) += 1;
                     }
-                    if t.kind == KIND_EXPERT_TILES {
-                        let slot = t.args[0] >> 16;
-                        prop_assert!(slot < slots);
-                        prop_assert_eq!(t.inputs()[0].first, plan.slots.first + slot);
+                } else if t.kind == KIND_EXPERT_PAIR {
+                    let slot = t.args[0] >> 16;
+                    prop_assert!(slot < slots);
+                    prop_assert_eq!(t.args[0] & 0xffff, BANK_GATE_UP);
+                    for (bank, arg) in [(BANK_GATE_UP, t.args[1]), (BANK_DOWN, t.args[2])] {
+                        let r = pair_range(arg);
+                        for tile in r.first..r.first + r.count {
+                            *seen.entry(((t.kind, bank | slot << 16), tile)).or_insert(0) += 1;
+                        }
                     }
+                    let inputs = t.inputs();
+                    prop_assert_eq!(inputs[PAIR_SLOT], BoxRange::new(plan.slots.first + slot, 1));
+                    let gang = plan.experts[slot as usize];
+                    prop_assert_eq!(t.out.len, BOXES_PER_LINE);
+                    prop_assert!(gang.first <= t.out.first && t.out.end() <= gang.end());
+                    prop_assert_eq!(inputs[PAIR_PEERS_BEFORE], BoxRange::new(gang.first, t.out.first - gang.first));
+                    prop_assert_eq!(inputs[PAIR_PEERS_AFTER].first as u64, t.out.end());
+                    prop_assert_eq!(inputs[PAIR_PEERS_AFTER].end(), gang.end());
+                    gangs.entry(slot).or_default().push(t.order);
                 } else if t.kind == KIND_ROUTE {
                     routes += 1;
                 } else if t.kind == KIND_COMBINE {
@@ -154,6 +173,11 @@ mod launch {
                 }
             }
             prop_assert_eq!(routes, 1);
+            prop_assert_eq!(gangs.len() as u32, slots);
+            for (slot, orders) in &gangs {
+                prop_assert!(orders.iter().all(|&o| o == orders[0]), "slot {} spans ranks", slot);
+                prop_assert_eq!(orders.len() as u32 * BOXES_PER_LINE, plan.experts[*slot as usize].len);
+            }
             prop_assert!(columns.iter().all(|&n| n == 1));
             let mut expect: Vec<((u32, u32), u32)> = Vec::new();
             for m in 0..splits {
@@ -162,8 +186,8 @@ mod launch {
             expect.push(((KIND_TILES, MAT_SHARED_GATE_UP), s.gate_up_tiles()));
             expect.push(((KIND_TILES, MAT_SHARED_DOWN), s.down_tiles()));
             for j in 0..slots {
-                expect.push(((KIND_EXPERT_TILES, j << 16), s.gate_up_tiles()));
-                expect.push(((KIND_EXPERT_TILES, BANK_DOWN | j << 16), s.down_tiles()));
+                expect.push(((KIND_EXPERT_PAIR, BANK_GATE_UP | j << 16), s.gate_up_tiles()));
+                expect.push(((KIND_EXPERT_PAIR, BANK_DOWN | j << 16), s.down_tiles()));
             }
             let total: u32 = expect.iter().map(|(_, n)| n).sum();
             prop_assert_eq!(seen.len() as u32, total);

@@ -7,21 +7,21 @@
 //! stages in one switch).
 //!
 //! The hand-offs: the route task publishes slot j's expert in slot box j (a tagged pair); a slot's
-//! expert tasks wait on that box before they load a weight (the choice is made on the device), and
-//! a down waits on its slot's gate/up boxes after issuing its first weight loads. The combine
-//! waits on the route task (each row's slots and weights, published beside its boxes), the shared
-//! down and every slot's down. Where the launch's input rows come from a hand-off, the router, the
-//! shared gate/up and every slot's gate/up wait on its boxes.
+//! gang of pair tasks waits on that box before it loads a weight (the choice is made on the
+//! device), and each member's down, its weights already in its LDS, waits on the gate/up boxes of
+//! the other members. The combine waits on the route task (each row's slots and weights,
+//! published beside its boxes), the shared down and every gang. Where the launch's input rows come
+//! from a hand-off, the router, the shared gate/up and every pair task wait on its boxes.
 
 use super::graph::{ArenaSlice, GraphError, Handoff, LaunchGraph};
 use super::{fused_source, CtaShape};
 use device::KernelSource;
-use linear::layout::KIND_EXPERT_TILES;
+use linear::layout::{KIND_EXPERT_PAIR, PAIR_PEERS_AFTER, PAIR_PEERS_BEFORE, PAIR_SLOT};
 use mailbox::gpu::Variant;
 use mailbox::layout::BoxRange;
 use mailbox::{Limits, Placement, Stage, ValidPlacement};
 use model::{ModelConfig, WeightFormat};
-use moe::layout::{place, MoePlan, MoeShape, MoeStart, BANK_DOWN, BANK_GATE_UP, KIND_COMBINE};
+use moe::layout::{place, MoePlan, MoeShape, MoeStart, BANK_GATE_UP, KIND_COMBINE};
 
 /// What a MoE launch is built for: the CTAs (one a SM) and the TP degree of the rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,8 +93,9 @@ impl MoeGraph {
 }
 
 /// The hand-off rules the placement check cannot see (it knows boxes, not what they mean): every
-/// expert task of `plan` in `placement` waits on its slot's box, every down on its slot's gate/up,
-/// every combine on the route task, the shared down and every slot's down.
+/// pair task of `plan` in `placement` reads the launch's banks, waits on its slot's box and on the
+/// lines of every other member of its slot's gang (and those lines alone), and every combine on
+/// the route task, the shared down and every gang.
 pub fn check_moe_handoff(plan: &MoePlan, placement: &Placement) -> Result<(), MoeGraphError> {
     let waits_on = |t: &mailbox::Task, r: BoxRange| {
         t.inputs()
@@ -109,23 +110,32 @@ pub fn check_moe_handoff(plan: &MoePlan, placement: &Placement) -> Result<(), Mo
             slot,
             what,
         };
-        if t.kind == KIND_EXPERT_TILES {
+        if t.kind == KIND_EXPERT_PAIR {
             let (bank, slot) = (t.args[0] & 0xffff, t.args[0] >> 16);
-            if !waits_on(t, BoxRange::new(plan.slots.first + slot, 1)) {
-                return Err(missed(slot, "its slot's box"));
+            if bank != BANK_GATE_UP {
+                return Err(missed(slot, "the banks of the launch"));
             }
-            let gate_up = plan.gate_up.get(slot as usize).copied();
-            if bank == BANK_DOWN && !gate_up.is_some_and(|g| waits_on(t, g)) {
-                return Err(missed(slot, "its slot's gate/up"));
+            let inputs = t.inputs();
+            if inputs.get(PAIR_SLOT) != Some(&BoxRange::new(plan.slots.first + slot, 1)) {
+                return Err(missed(slot, "its slot's box, as its first input"));
             }
-            if bank != BANK_DOWN && bank != BANK_GATE_UP {
-                return Err(missed(slot, "a bank of the launch"));
+            // Its gang's lines but its own, in two ranges around it.
+            let gang = plan.experts.get(slot as usize).copied();
+            let (before, after) = (inputs.get(PAIR_PEERS_BEFORE), inputs.get(PAIR_PEERS_AFTER));
+            let peers = gang.zip(before).zip(after).is_some_and(|((g, b), a)| {
+                b.first == g.first
+                    && b.end() == u64::from(t.out.first)
+                    && a.first as u64 == t.out.end()
+                    && a.end() == g.end()
+            });
+            if !peers {
+                return Err(missed(slot, "the other members of its slot's gang"));
             }
         } else if t.kind == KIND_COMBINE {
             for (range, what) in [
                 (plan.slots, "the route task"),
                 (plan.shared_down, "the shared down"),
-                (plan.down, "every slot's down"),
+                (plan.routed, "every slot's gang"),
             ] {
                 if !waits_on(t, range) {
                     return Err(missed(0, what));

@@ -14,7 +14,7 @@ pub fn kind_label(kind: u32) -> String {
     };
     let what = match (stage, kind) {
         (Stage::Linear, linear::layout::KIND_TILES) => "tiles",
-        (Stage::Linear, linear::layout::KIND_EXPERT_TILES) => "expert tiles",
+        (Stage::Linear, linear::layout::KIND_EXPERT_PAIR) => "expert pair",
         (Stage::Moe, moe::layout::KIND_ROUTE) => "route",
         (Stage::Moe, moe::layout::KIND_COMBINE) => "combine",
         (Stage::Head, head::layout::KIND_EMBED) => "embed",
@@ -91,13 +91,14 @@ impl TaskNames {
             linear::layout::KIND_TILES => {
                 return format!("linear {} tiles {}", self.matrix(a), range(b, c));
             }
-            linear::layout::KIND_EXPERT_TILES => {
-                let bank = match a & 0xffff {
-                    moe::layout::BANK_GATE_UP => "gate/up".to_owned(),
-                    moe::layout::BANK_DOWN => "down".to_owned(),
-                    other => format!("bank {other}"),
-                };
-                return format!("moe expert slot {} {bank} tiles {}", a >> 16, range(b, c));
+            linear::layout::KIND_EXPERT_PAIR => {
+                let (up, down) = (linear::layout::pair_range(b), linear::layout::pair_range(c));
+                return format!(
+                    "moe expert slot {} gate/up tiles {}, down tiles {}",
+                    a >> 16,
+                    range(up.first, up.count),
+                    range(down.first, down.count)
+                );
             }
             moe::layout::KIND_COMBINE => format!("columns {}", range(a, b)),
             k if k == indexer::layout::TaskKind::Score.kind() => format!("runs {}", range(a, b)),
@@ -180,16 +181,19 @@ mod tests {
         );
         assert_eq!(names.task(&tiles.unwrap()), "linear q_b_proj tiles 3");
         let expert = linear::layout::expert_arg(moe::layout::BANK_GATE_UP, 17).unwrap();
+        let run = |first, count| {
+            linear::layout::pair_range_arg(linear::layout::TileRange { first, count }).unwrap()
+        };
         let task = Task::new(
-            linear::layout::KIND_EXPERT_TILES,
+            linear::layout::KIND_EXPERT_PAIR,
             0,
             Default::default(),
             &[],
-            [expert, 0, 4],
+            [expert, run(0, 4), run(24, 1)],
         );
         assert_eq!(
             names.task(&task.unwrap()),
-            "moe expert slot 17 gate/up tiles 0..4"
+            "moe expert slot 17 gate/up tiles 0..4, down tiles 24"
         );
     }
 }

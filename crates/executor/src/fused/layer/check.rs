@@ -17,11 +17,11 @@ use crate::fused::front::FrontGraph;
 use crate::fused::head::{DenseWeights, HeadDescriptors, TailWeights};
 use indexer::layout::TaskKind as IdxKind;
 use linear::gpu::{LinMatrix, FLAG_OUT_F32, FLAG_RESIDUAL, FLAG_RMSNORM};
-use linear::layout::{KIND_EXPERT_TILES, KIND_TILES};
+use linear::layout::{KIND_EXPERT_PAIR, KIND_TILES};
 use mailbox::{Placement, Stage, Task};
 use mla::layout::{MlaKind, NormOf};
 use model::paging::PAGE_TOKENS;
-use moe::layout::{BANK_GATE_UP, KIND_COMBINE, MAT_ROUTER, MAT_SHARED_GATE_UP};
+use moe::layout::{KIND_COMBINE, MAT_ROUTER, MAT_SHARED_GATE_UP};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -227,12 +227,9 @@ pub fn accesses(plan: &LayerPlan, placement: &Placement) -> Result<Vec<Access>, 
                     matrix_access(&m)
                 }
             }
-            s if s == Stage::Linear as u32 && t.kind == KIND_EXPERT_TILES => Access {
-                reads: moe_x
-                    .filter(|_| t.args[0] & 0xffff == BANK_GATE_UP)
-                    .map(range)
-                    .into_iter()
-                    .collect(),
+            // A pair's gate/up reads the MoE input; its down, the gang's own rows.
+            s if s == Stage::Linear as u32 && t.kind == KIND_EXPERT_PAIR => Access {
+                reads: moe_x.map(range).into_iter().collect(),
                 writes: Vec::new(),
             },
             s if s == Stage::Moe as u32 => {
