@@ -558,15 +558,19 @@ MONO_DEV void lin_ring_issue(const lin_matrix& m, const lin_plan& p, const lin_r
   const u32 nu = lin_min(p.share, p.units - u0), tiles = lin_min(p.across, p.count - r * p.across);
   const u32 bar = base + g.bar + 8u * slot;
   mono_lds_barrier_expect(bar, tiles * nu * (LIN_UNIT_BYTES + (g.lds_scales ? 8u : 0u)));
-  for (u32 q = 0; q < tiles; ++q) {
+  // Where a tile's run is the whole tile (a short k), the step's tiles lie end to end in memory
+  // and in the slot: one copy for them all, not one a tile. The leader issues every copy, and the
+  // 48 of three steps of 8 down tiles held its team about 5 us (PERF.md).
+  const u32 per = nu == p.units ? tiles : 1u;
+  for (u32 q = 0; q < tiles; q += per) {
     const u64 unit = (u64)(first + r * p.across + q) * p.units + u0;
-    const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = nu * LIN_UNIT_BYTES;
+    const u32 dst = base + g.w + slot * slot_bytes + q * p.share * LIN_UNIT_BYTES, len = per * nu * LIN_UNIT_BYTES;
     // In pieces of at most LIN_RING_PIECE (a run is at most 32 KB, so one): the plain single
     // copy made the fused attention kernel spill about 170 bytes more (nvrtc 13.0).
     for (u32 at = 0; at < len; at += LIN_RING_PIECE)
       mono_copy_bulk(dst + at, m.w + unit * LIN_UNIT_BYTES + at, lin_min(LIN_RING_PIECE, len - at), bar);
     if (g.lds_scales)
-      mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, nu * 8u, bar);
+      mono_copy_bulk(base + g.scales + 8u * (slot * groups + q * p.share), m.scales + unit * 2, per * nu * 8u, bar);
   }
 }
 

@@ -12,7 +12,8 @@
 //! `kernels/ops/linear.h`) after its timing, and prints a line for the slots' gate/ups and one for
 //! their downs (the pair tasks of used slots): each milestone's median and longest, us after the
 //! tile's start (a gate/up's tile starts once the route has named its expert, a down's once its
-//! gate/up has published).
+//! gate/up has published). `MOE_BENCH_DEFINES=NAME=VALUE,...` builds the kernels with those
+//! defines (the tile's and the tasks' knobs), for builds compared in one call.
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
@@ -107,7 +108,7 @@ fn main() -> Result<(), Error> {
     let shape = CtaShape::for_device(dev.info()).ok_or("no fused CTA shape for this device")?;
     let kernel = MoeKernel::from_source(
         &dev,
-        &moe_source(shape, Variant::default())?,
+        &with_defines(moe_source(shape, Variant::default())?),
         ENTRY,
         shape.threads,
     )?;
@@ -115,7 +116,7 @@ fn main() -> Result<(), Error> {
     // The stamped build and the buffer its tasks write (its address is built into the kernel).
     let stamped = if stamps() {
         let buf = dev.alloc_zeroed::<u64>(STAMP_WORDS * MAX_STAMPED_BOXES)?;
-        let src = moe_source(shape, Variant::default())?
+        let src = with_defines(moe_source(shape, Variant::default())?)
             .define("LIN_STAMPS", 1)
             .define("LIN_STAMP_BUF", buf.device_ptr());
         Some((
@@ -216,6 +217,17 @@ fn main() -> Result<(), Error> {
         )?;
     }
     Ok(())
+}
+
+/// `MOE_BENCH_DEFINES=NAME=VALUE,...`: the kernels built with these defines (the tile's and the
+/// tasks' knobs), for builds measured side by side in one call.
+fn with_defines(mut src: device::KernelSource) -> device::KernelSource {
+    let defines = std::env::var("MOE_BENCH_DEFINES").unwrap_or_default();
+    for d in defines.split(',').filter(|d| !d.is_empty()) {
+        let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+        src = src.define(name, value);
+    }
+    src
 }
 
 /// `MOE_BENCH_STAMPS=1`: the stamped launch after each case's timing.

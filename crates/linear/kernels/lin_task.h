@@ -26,6 +26,11 @@
 #define LIN_KIND_TILES 1u
 #define LIN_KIND_EXPERT_PAIR 2u
 #define LIN_NO_EXPERT 0xffffffffu
+// LIN_PAIR_EARLY_RING=0 (measurement builds): a pair's down streams after its wait, as a range
+// of its own would, instead of filling the ring early.
+#ifndef LIN_PAIR_EARLY_RING
+#define LIN_PAIR_EARLY_RING 1
+#endif
 // A pair task's inputs: its slot, its gang peers before and after it, its x rows.
 #define LIN_PAIR_SLOT 0u
 #define LIN_PAIR_PEERS_BEFORE 1u
@@ -167,10 +172,12 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     // ring from the start; the down through the ring whatever its length.
     constexpr u32 groups = Team::size / LIN_GROUP;
     const u32 up_lds = lin_lds_used(groups, *mats[0]), down_lds = lin_lds_used(groups, *mats[1]);
-    use[0] = {0u, ~0u, false};
-    use[1] = {up_lds > down_lds ? up_lds : down_lds, 1u, false};
+    if (LIN_PAIR_EARLY_RING) {
+      use[0] = {0u, ~0u, false};
+      use[1] = {up_lds > down_lds ? up_lds : down_lds, 1u, false};
+    }
   }
-  bool ok = true, started = !pair || count[1] == 0;
+  bool ok = true, started = !pair || count[1] == 0 || !LIN_PAIR_EARLY_RING;
   auto start_down = [&] {
     if (!started) use[1].filled = lin_ring_start(team, *mats[1], first[1], count[1], smem, use[1]);
     started = true;
