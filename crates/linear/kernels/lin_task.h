@@ -172,9 +172,11 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     // ring from the start; the down through the ring whatever its length.
     constexpr u32 groups = Team::size / LIN_GROUP;
     const u32 up_lds = lin_lds_used(groups, *mats[0]), down_lds = lin_lds_used(groups, *mats[1]);
+    // A down of fewer steps than the ring takes streams after its wait (at 1 row the early fill
+    // cost the gate/up more than it saved; at 4 rows it took 16 % off the launch: PERF.md).
     if (LIN_PAIR_EARLY_RING) {
       use[0] = {0u, ~0u, false};
-      use[1] = {up_lds > down_lds ? up_lds : down_lds, 1u, false};
+      use[1] = {up_lds > down_lds ? up_lds : down_lds, LIN_RING_MIN_STEPS, false};
     }
   }
   bool ok = true, started = !pair || count[1] == 0 || !LIN_PAIR_EARLY_RING;
