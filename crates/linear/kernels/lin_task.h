@@ -154,55 +154,63 @@ MONO_DEV u32 lin_range_count(u32 arg) { return arg >> 16; }
 template <class Team>
 MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
   const bool pair = mbx_own_kind(task.kind) == LIN_KIND_EXPERT_PAIR;
-  const lin_matrix* mats[2] = {nullptr, nullptr};
-  u32 first[2] = {task.args[1], 0u}, count[2] = {task.args[2], 0u};
-  lin_ring_use use[2] = {lin_ring_default(), lin_ring_default()};
+  // Each phase's values are scalars picked by a select, not arrays indexed by the phase: an array
+  // indexed at run time would live on the stack.
+  const lin_matrix* up = nullptr;
+  const lin_matrix* down = nullptr;
+  u32 up_first = task.args[1], up_count = task.args[2], down_first = 0u, down_count = 0u;
+  lin_ring_use up_use = lin_ring_default(), down_use = lin_ring_default();
   if (!pair) {
     if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
-    mats[0] = a.mats + task.args[0];
+    up = a.mats + task.args[0];
   } else {
-    if (!lin_expert_matrices(team, task, c, a, &mats[0], &mats[1])) return false;
-    if (!mats[0]) {
+    if (!lin_expert_matrices(team, task, c, a, &up, &down)) return false;
+    if (!up) {
       // An unused slot's member writes nothing, so it publishes without waiting.
       lin_publish(team, c, task.out.first, task.out.len, 0u);
       return true;
     }
-    for (u32 j = 0; j < 2; ++j) first[j] = lin_range_first(task.args[1 + j]), count[j] = lin_range_count(task.args[1 + j]);
+    up_first = lin_range_first(task.args[1]), up_count = lin_range_count(task.args[1]);
+    down_first = lin_range_first(task.args[2]), down_count = lin_range_count(task.args[2]);
     // The gate/up through registers only, so that the LDS beyond its partials and x is the down's
     // ring from the start; the down through the ring whatever its length.
     constexpr u32 groups = Team::size / LIN_GROUP;
-    const u32 up_lds = lin_lds_used(groups, *mats[0]), down_lds = lin_lds_used(groups, *mats[1]);
+    const u32 up_lds = lin_lds_used(groups, *up), down_lds = lin_lds_used(groups, *down);
     // A down of fewer steps than the ring takes streams after its wait (at 1 row the early fill
     // cost the gate/up more than it saved; at 4 rows it took 16 % off the launch: PERF.md).
     if (LIN_PAIR_EARLY_RING) {
-      use[0] = {0u, ~0u, false};
-      use[1] = {up_lds > down_lds ? up_lds : down_lds, LIN_RING_MIN_STEPS, false};
+      up_use = {0u, ~0u, false};
+      down_use = {up_lds > down_lds ? up_lds : down_lds, LIN_RING_MIN_STEPS, false};
     }
   }
-  bool ok = true, started = !pair || count[1] == 0 || !LIN_PAIR_EARLY_RING;
+  bool ok = true, started = !pair || down_count == 0 || !LIN_PAIR_EARLY_RING;
   auto start_down = [&] {
-    if (!started) use[1].filled = lin_ring_start(team, *mats[1], first[1], count[1], smem, use[1]);
+    if (!started) down_use.filled = lin_ring_start(team, *down, down_first, down_count, smem, down_use);
     started = true;
   };
   for (u32 phase = 0; phase < (pair ? 2u : 1u); ++phase) {
-    if (count[phase] == 0) {
+    const bool second = phase != 0;
+    const u32 count = second ? down_count : up_count;
+    if (count == 0) {
       start_down();
-    } else if (!lin_tiles(team, *mats[phase], first[phase], count[phase], smem, use[phase], [&] {
-                 if (!pair) return lin_wait_inputs(team, task, c);
-                 if (phase == 0) {
-                   start_down();
-                   return lin_wait_inputs(team, task, c, LIN_PAIR_X);
-                 }
-                 // After a failed gate/up this fails at once, and a ring already filled lands first.
-                 return ok && lin_wait_line_heads(team, task, c, LIN_PAIR_PEERS_BEFORE, LIN_PAIR_PEERS_AFTER);
-               })) {
+    } else if (!lin_tiles(team, second ? *down : *up, second ? down_first : up_first, count, smem,
+                          second ? down_use : up_use, [&] {
+                            if (!pair) return lin_wait_inputs(team, task, c);
+                            if (!second) {
+                              start_down();
+                              return lin_wait_inputs(team, task, c, LIN_PAIR_X);
+                            }
+                            // After a failed gate/up this fails at once, and a ring already filled
+                            // lands first.
+                            return ok && lin_wait_line_heads(team, task, c, LIN_PAIR_PEERS_BEFORE, LIN_PAIR_PEERS_AFTER);
+                          })) {
       ok = false;
     }
     if (!ok) continue;
     // A pair's gate/up publishes its line's first box, its down the rest.
     const u32 box = pair ? task.out.first + phase : task.out.first;
-    const u32 len = !pair ? task.out.len : phase == 0 ? 1u : task.out.len - 1u;
-    lin_publish(team, c, box, len, count[phase]);
+    const u32 len = !pair ? task.out.len : second ? task.out.len - 1u : 1u;
+    lin_publish(team, c, box, len, count);
     lin_stamps_out(team, box);
   }
   return ok;
