@@ -13,10 +13,10 @@
 // expert), every slot's per-row weight (0 for rows that did not choose it: the down's row scale),
 // a release, then task.out's box j gets slot j's expert (LIN_NO_EXPERT past d).
 //
-// MOE_KIND_COMBINE: args[0] the first column, args[1] the columns. Waits on task.in (the route
-// task, the shared down, every slot's gang), then out[r, c] = bf16(residual + y) with
+// MOE_KIND_COMBINE: args[0] the first column, args[1] the columns (both even). Waits on task.in
+// (the route task, the shared down, every slot's gang), then out[r, c] = bf16(residual + y) with
 // y = bf16(bf16(sum over the row's experts ascending of the weighted outputs, a bf16 running sum)
-// + shared): one thread an output, a fixed order, no atomics. Publishes its boxes.
+// + shared): one thread two outputs, a fixed order, no atomics. Publishes its boxes.
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
@@ -283,25 +283,48 @@ MONO_DEV bool moe_route(const Team& team, const mbx_task& task, mbx_ctx& c, cons
   return true;
 }
 
+// Expert outputs a combine thread has in flight at once: a row's top_k at GLM-5's 8.
+#define MOE_COMBINE_BATCH 8u
+
+// A thread a (row, column pair): the row's slots, then every expert output of the row (up to
+// MOE_COMBINE_BATCH at a time) in flight before the first is added, as are the shared output and
+// the residual. One load after another, a row's eight experts were about sixteen dependent round
+// trips to L2 a thread (the combine link's time in the step's timeline, PERF.md). The sums are
+// taken in the same order, so the bits are the same. Two columns a thread and not more: wider
+// loads hold more registers in a kernel that already spills at its cap of 128.
 template <class Team>
 MONO_DEV bool moe_combine(const Team& team, const mbx_task& task, mbx_ctx& c, const moe_args& a) {
+  constexpr u32 B = MOE_COMBINE_BATCH;
   if (!lin_wait_inputs(team, task, c)) return false;
-  const u32 first = task.args[0], count = task.args[1];
-  for (u32 i = team.thread(); i < a.rows * count; i += Team::size) {
-    const u32 r = i / count, col = first + i % count;
-    if (col >= a.hidden) continue;
-    float y = 0.f;
-    for (u32 p = 0; p < a.top_k; ++p) {
-      const u32 slot = a.row_slots[r * a.top_k + p];
-      if (slot >= a.slots) continue;  // the route task writes no such slot
-      y = lin_bf16(y + mono_bf16_to_f32(a.routed[((u64)r * a.slots + slot) * a.hidden + col]));
-    }
+  const u32 first = task.args[0], pairs = task.args[1] / 2;  // layout: even columns
+  for (u32 i = team.thread(); i < a.rows * pairs; i += Team::size) {
+    const u32 r = i / pairs, col = first + 2 * (i % pairs);
     const u64 at = (u64)r * a.hidden + col;
-    y = lin_bf16(y + mono_bf16_to_f32(a.shared[at]));
-    a.out[at] = mono_f32_to_bf16(mono_bf16_to_f32(a.residual[at]) + y);
+    const u32 shared = *(const u32*)(a.shared + at), residual = *(const u32*)(a.residual + at);
+    float y[2] = {0.f, 0.f};
+    for (u32 p0 = 0; p0 < a.top_k; p0 += B) {
+      u32 slot[B], v[B];
+#pragma unroll
+      for (u32 b = 0; b < B; ++b) slot[b] = p0 + b < a.top_k ? a.row_slots[r * a.top_k + p0 + b] : a.slots;
+#pragma unroll
+      for (u32 b = 0; b < B; ++b)  // the route task writes no slot past a.slots
+        v[b] = slot[b] < a.slots ? *(const u32*)(a.routed + ((u64)r * a.slots + slot[b]) * a.hidden + col) : 0u;
+#pragma unroll
+      for (u32 b = 0; b < B; ++b)
+        if (slot[b] < a.slots)
+#pragma unroll
+          for (u32 h = 0; h < 2; ++h) y[h] = lin_bf16(y[h] + mono_bf16_to_f32((u16)(v[b] >> (16 * h))));
+    }
+    u32 out = 0;
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+      const float s = lin_bf16(y[h] + mono_bf16_to_f32((u16)(shared >> (16 * h))));
+      out |= (u32)mono_f32_to_bf16(mono_bf16_to_f32((u16)(residual >> (16 * h))) + s) << (16 * h);
+    }
+    *(u32*)(a.out + at) = out;
   }
   team.sync();
-  lin_publish(team, c, task.out.first, task.out.len, count);
+  lin_publish(team, c, task.out.first, task.out.len, task.args[1]);
   return true;
 }
 

@@ -48,6 +48,9 @@ pub const KIND_COMBINE: u32 = Task::kind_of(Stage::Moe, 2);
 pub const FLAG_NORM_TOPK: u32 = 1;
 /// Columns a combine task takes at most.
 pub const COMBINE_COLUMNS: u32 = 256;
+/// A combine task's columns start and end on multiples of this (`moe_combine`: a thread's
+/// column pair, one 4-byte load).
+pub const COMBINE_CHUNK: u32 = 2;
 
 /// The matrices of a launch's `lin_args.mats` (the router's k-splits from `MAT_ROUTER` on), and
 /// its expert banks (`lin_args.experts`).
@@ -406,9 +409,15 @@ pub fn place(shape: &MoeShape, ctas: u32, start: &MoeStart) -> Result<MoePlan> {
     }
     let routed = BoxRange::new(first_expert, c.next_box - first_expert);
     let first_combine = c.next_box;
-    let columns = shape.hidden as u32;
-    let combines = columns.div_ceil(COMBINE_COLUMNS).min(ctas);
-    for r in split_tiles(columns, combines) {
+    // In runs of COMBINE_CHUNK columns (hidden is a multiple of the weight block), a thread's
+    // loads in `moe_combine`.
+    let chunks = shape.hidden as u32 / COMBINE_CHUNK;
+    let combines = chunks.div_ceil(COMBINE_COLUMNS / COMBINE_CHUNK).min(ctas);
+    for r in split_tiles(chunks, combines) {
+        let r = TileRange {
+            first: r.first * COMBINE_CHUNK,
+            count: r.count * COMBINE_CHUNK,
+        };
         let mut inputs = vec![
             BoxRange::new(slot_boxes.first, slot_lines * BOXES_PER_LINE),
             shared_down,

@@ -43,8 +43,8 @@ mod launch {
     use mailbox::Limits;
     use model::WeightFormat;
     use moe::layout::{
-        place, MoeShape, MoeStart, BANK_DOWN, BANK_GATE_UP, KIND_COMBINE, KIND_ROUTE, MAT_ROUTER,
-        MAT_SHARED_DOWN, MAT_SHARED_GATE_UP,
+        place, MoeShape, MoeStart, BANK_DOWN, BANK_GATE_UP, COMBINE_CHUNK, KIND_COMBINE,
+        KIND_ROUTE, MAT_ROUTER, MAT_SHARED_DOWN, MAT_SHARED_GATE_UP,
     };
     use proptest::prelude::*;
 
@@ -165,6 +165,8 @@ mod launch {
                 } else if t.kind == KIND_ROUTE {
                     routes += 1;
                 } else if t.kind == KIND_COMBINE {
+                    prop_assert_eq!(t.args[0] % COMBINE_CHUNK, 0);
+                    prop_assert_eq!(t.args[1] % COMBINE_CHUNK, 0);
                     for c in t.args[0]..t.args[0] + t.args[1] {
                         columns[c as usize] += 1;
                     }
