@@ -665,6 +665,16 @@ struct lin_ring_use {
 };
 MONO_DEV lin_ring_use lin_ring_default() { return {0u, LIN_RING_MIN_STEPS, false}; }
 
+#if MONO_NVIDIA && defined(MONO_CTA_THREADS)
+// The ring a whole-CTA team's range takes (slots 0: none, registers), past its partials and x and
+// u.from: lin_tiles_as and lin_ring_start_as must agree on it.
+template <u32 groups>
+MONO_DEV lin_ring lin_ring_for(const lin_matrix& m, const lin_plan& p, bool fp8, const lin_ring_use& u) {
+  const u32 used = u.from > lin_lds_used(groups, m) ? u.from : lin_lds_used(groups, m);
+  return lin_ring_of<groups>(m, p, fp8, used, u.min_steps);
+}
+#endif
+
 // Tiles first .. first + count of matrix m, by the team; `ready()` is called by every thread after
 // the first weight loads are issued and before x is read (false: stop, returned). Ends on a team
 // barrier after the last store. smem: the team's LDS, at least lin_partial_floats + the x rows;
@@ -682,8 +692,7 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
   const u32 xstride = lin_x_stride(m.k);
 #if MONO_NVIDIA && defined(MONO_CTA_THREADS)
   if (Team::size == MONO_CTA_THREADS) {
-    const u32 used = u.from > lin_lds_used(groups, m) ? u.from : lin_lds_used(groups, m);
-    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used, u.min_steps);
+    const lin_ring g = lin_ring_for<groups>(m, p, FP8, u);
     if (g.slots) return lin_tiles_ring<FP8, RT>(team, m, p, g, first, smem, parts, xs, xstride, u.filled, ready);
   }
 #else
@@ -702,8 +711,7 @@ MONO_DEV bool lin_ring_start_as(const Team& team, const lin_matrix& m, u32 first
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
   if (Team::size == MONO_CTA_THREADS) {
     const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
-    const u32 used = u.from > lin_lds_used(groups, m) ? u.from : lin_lds_used(groups, m);
-    const lin_ring g = lin_ring_of<groups>(m, p, FP8, used, u.min_steps);
+    const lin_ring g = lin_ring_for<groups>(m, p, FP8, u);
     if (g.slots) {
       lin_ring_fill(team, m, p, g, first, smem);
       return true;

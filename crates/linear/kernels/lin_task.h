@@ -58,14 +58,14 @@ struct lin_args {
   u32 n_experts;
 };
 
-// Every box of the task's input ranges from `from` on, a thread a box, then the team agrees; the
-// acquire makes the data published beside the boxes visible.
+// Every stride-th box of the task's input ranges first .. last, a thread a box, then the team
+// agrees; the acquire makes the data published beside the boxes visible.
 template <class Team>
-MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from = 0) {
+MONO_DEV bool lin_wait_boxes(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 first, u32 last, u32 stride) {
   bool ok = true;
   const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  for (u32 r = from; r < n_in && ok; ++r)
-    for (u32 i = team.thread(); i < task.in[r].len && ok; i += Team::size) {
+  for (u32 r = first; r <= last && r < n_in && ok; ++r)
+    for (u32 i = team.thread() * stride; i < task.in[r].len && ok; i += Team::size * stride) {
       u32 v;
       ok = mbx_poll(c, task.in[r].first + i, &v);
     }
@@ -74,20 +74,17 @@ MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_
   return ok;
 }
 
+// Every box of the task's input ranges from `from` on.
+template <class Team>
+MONO_DEV bool lin_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from = 0) {
+  return lin_wait_boxes(team, task, c, from, ~0u, 1u);
+}
+
 // The first box of every line of in[first_range .. last_range]: a pair's peers' gate/up boxes.
 template <class Team>
 MONO_DEV bool lin_wait_line_heads(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 first_range,
                                   u32 last_range) {
-  bool ok = true;
-  const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  for (u32 r = first_range; r <= last_range && r < n_in && ok; ++r)
-    for (u32 i = team.thread() * MBX_BOXES_PER_LINE; i < task.in[r].len && ok; i += Team::size * MBX_BOXES_PER_LINE) {
-      u32 v;
-      ok = mbx_poll(c, task.in[r].first + i, &v);
-    }
-  ok = team.all(ok);
-  mbx_acquire();
-  return ok;
+  return lin_wait_boxes(team, task, c, first_range, last_range, MBX_BOXES_PER_LINE);
 }
 
 // After the task's last store and a team barrier: a release, then boxes first .. first + len.
