@@ -17,7 +17,7 @@ from collections import defaultdict
 
 
 def link_of(name):
-    return re.sub(r"\d+", "#", re.sub(r" \d+\.\.\d+", "", name))
+    return re.sub(r"\d+", "#", re.sub(r" tiles \d+(\.\.\d+)?", " tiles", name))
 
 
 def kind_of(process):
