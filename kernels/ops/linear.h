@@ -60,8 +60,18 @@ struct lin_matrix {
   float norm_eps;          // (LIN_RMSNORM)
 };
 
-// LDS a team needs (host twin: src/layout.rs `lds_bytes`): the groups' partial sums, then x.
+// LDS a team needs (host twin: src/layout.rs `lds_bytes`): one round's partial sums of every
+// group (a slot), x, then the register path's further slots (lin_wide_rounds).
 MONO_DEV u32 lin_partial_floats(u32 groups, u32 row_tiles) { return groups * LIN_TILE_ROWS * 8u * row_tiles; }
+// Rounds whose sums the register path keeps in LDS before one epilogue adds them all (host twin:
+// src/layout.rs `wide_rounds`): each round's end is then a store of the groups' sums, not two team
+// barriers around an epilogue. At 8 RT = 16 rows a slot is 16 KB and x at k = 6144 takes 192 KB,
+// so one slot is all that fits.
+MONO_DEV constexpr u32 lin_wide_rounds(u32 row_tiles) { return row_tiles == 1 ? 4u : 1u; }
+// Slot w of a range's partial sums: slot 0 before x, the others after the x rows (`wide`).
+MONO_DEV float* lin_slot(float* parts, float* wide, u32 w, u32 slot_floats) {
+  return w == 0 ? parts : wide + (w - 1) * slot_floats;
+}
 MONO_DEV u32 lin_x_stride(u32 k) { return k + LIN_X_PAD; }
 
 // ---- how a team's groups share its tiles ----------------------------------------------------------
@@ -406,24 +416,25 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 #endif
 }
 
-// The end of round r: each group's sums to LDS, then the team adds the G parts of each output in
-// group order and applies the epilogue. Starts and ends with a team barrier.
+// The end of rounds r0 .. r0 + nw - 1, whose sums every group has stored to slots 0 .. nw - 1
+// (lin_flush): the team adds the G parts of each output in group order and applies the epilogue.
+// Starts and ends with a team barrier.
 template <u32 RT, class Team>
-MONO_DEV void lin_round_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r, u32 first,
-                            lin_acc<RT>& acc, float* parts) {
+MONO_DEV void lin_rounds_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r0, u32 nw, u32 first,
+                             float* parts, float* wide) {
   constexpr u32 RS = 8 * RT;
-  const u32 grp = team.thread() / LIN_GROUP, lane = team.thread() % LIN_GROUP;
-  lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * RS, lane);
+  constexpr u32 slot_floats = Team::size / LIN_GROUP * LIN_TILE_ROWS * RS;
   team.sync();
   const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
   const u32 items = p.across * cols * m.rows;
+  for (u32 w = 0; w < nw; ++w)
   for (u32 it = team.thread(); it < items; it += Team::size) {
     const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
-    const u32 t = r * p.across + pp;
+    const u32 t = (r0 + w) * p.across + pp;
     if (t >= p.count) continue;
     const u32 col = (first + t) * cols + n;
     if (col >= m.n) continue;
-    const float* part = parts + pp * p.share * LIN_TILE_ROWS * RS;
+    const float* part = lin_slot(parts, wide, w, slot_floats) + pp * p.share * LIN_TILE_ROWS * RS;
     float v = 0.f, u = 0.f;
     for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
     const u64 at = (u64)row * m.y_stride + col;
@@ -464,6 +475,9 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
   lin_stage(team, m, xs, xstride, parts);
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
+  // Up to W rounds' sums wait in LDS for one epilogue; x lies between slot 0 and the others.
+  constexpr u32 W = lin_wide_rounds(RT), slot_floats = Team::size / LIN_GROUP * LIN_TILE_ROWS * 8 * RT;
+  float* wide = (float*)(xs + m.rows * xstride);
   for (u32 r = 0; r < p.rounds; ++r) {
     lin_acc<RT> acc;
     acc.zero();
@@ -487,7 +501,9 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
     if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
-    lin_round_end<RT>(team, m, p, r, first, acc, parts);
+    const u32 w = r % W;
+    lin_flush<RT>(acc, lin_slot(parts, wide, w, slot_floats) + grp * LIN_TILE_ROWS * 8 * RT, lane);
+    if (w + 1 == W || r + 1 == p.rounds) lin_rounds_end<RT>(team, m, p, r - w, w + 1, first, parts, wide);
   }
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
@@ -637,7 +653,8 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       lin_multiply<FP8, RT>(acc, w, xs, xstride, m.rows, unit * unit_k, s0, s1, lane);
     }
     if (i + 1 == g.per_round) {
-      lin_round_end<RT>(team, m, p, r, first, acc, parts);
+      lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * 8 * RT, lane);
+      lin_rounds_end<RT>(team, m, p, r, 1u, first, parts, parts);
       acc.zero();
     }
   }
@@ -650,9 +667,14 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
 }
 #endif
 
-// Bytes of the team's LDS a range's partial sums and x take (its ring lies beyond them).
+// Bytes of the team's LDS a range's first slot of partial sums and x take (its ring lies beyond
+// them), and those a range through registers takes with its further slots.
 MONO_DEV u32 lin_lds_used(u32 groups, const lin_matrix& m) {
   return lin_partial_floats(groups, m.rows > 8 ? 2u : 1u) * 4u + m.rows * lin_x_stride(m.k) * 2u;
+}
+MONO_DEV u32 lin_lds_regs(u32 groups, const lin_matrix& m) {
+  const u32 rt = m.rows > 8 ? 2u : 1u;
+  return lin_lds_used(groups, m) + (lin_wide_rounds(rt) - 1u) * lin_partial_floats(groups, rt) * 4u;
 }
 
 // Where a range's ring may lie and from how many steps it takes one (lin_tiles_ring), and

@@ -76,8 +76,18 @@ pub fn row_tiles(rows: usize) -> Result<usize, LayoutError> {
     }
 }
 
-/// Dynamic shared memory of a CTA of `threads` for a matrix of `k` and `rows`: the groups' partial
-/// sums (16 packed rows x 8 RT x fp32 each), then x (8 RT rows of k + 8 bf16).
+/// Rounds of partial sums the register path keeps in LDS before one epilogue adds them
+/// (`lin_wide_rounds`): four up to 8 rows; at 16 rows one slot is 16 KB and x at k = 6144 192 KB.
+pub fn wide_rounds(row_tiles: usize) -> usize {
+    if row_tiles == 1 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Dynamic shared memory of a CTA of `threads` for a matrix of `k` and `rows`: `wide_rounds` slots
+/// of the groups' partial sums (16 packed rows x 8 RT x fp32 each) and x (8 RT rows of k + 8 bf16).
 pub fn lds_bytes(threads: u32, k: usize, rows: usize) -> Result<u32, LayoutError> {
     if threads % GROUP != 0 || !(threads / GROUP).is_power_of_two() {
         return Err(LayoutError::Threads { threads });
@@ -85,7 +95,7 @@ pub fn lds_bytes(threads: u32, k: usize, rows: usize) -> Result<u32, LayoutError
     let rt = row_tiles(rows)?;
     let groups = (threads / GROUP) as usize;
     let partials = groups * TILE_ROWS * 8 * rt * 4;
-    Ok((partials + 8 * rt * (k + X_PAD) * 2) as u32)
+    Ok((wide_rounds(rt) * partials + 8 * rt * (k + X_PAD) * 2) as u32)
 }
 
 /// A contiguous run of one matrix's tiles.

@@ -193,10 +193,15 @@ fn bad_shapes_are_errors() {
     assert!(lds_bytes(512, 6144, 0).is_err());
     assert!(lds_bytes(512, 6144, 17).is_err());
     assert!(lds_bytes(96, 128, 1).is_err());
-    // 16 rows at k = 6144 in the fused shape: 16 KB of partial sums and 197 KB of x.
+    // 16 rows at k = 6144 in the fused shape: one 16 KB slot of partial sums and 197 KB of x.
     assert_eq!(
         lds_bytes(512, 6144, 16).unwrap(),
         16 * 16 * 16 * 4 + 16 * 6152 * 2
+    );
+    // Up to 8 rows: four 8 KB slots (four rounds before one epilogue) and 8 rows of x.
+    assert_eq!(
+        lds_bytes(512, 6144, 4).unwrap(),
+        4 * 16 * 16 * 8 * 4 + 8 * 6152 * 2
     );
     assert!(place(
         &[MatrixPlan {
