@@ -62,7 +62,11 @@ struct lin_matrix {
 
 // LDS a team needs (host twin: src/layout.rs `lds_bytes`): one round's partial sums of every
 // group (a slot), x, then the register path's further slots (lin_wide_rounds).
-MONO_DEV u32 lin_partial_floats(u32 groups, u32 row_tiles) { return groups * LIN_TILE_ROWS * 8u * row_tiles; }
+MONO_DEV constexpr u32 lin_partial_floats(u32 groups, u32 row_tiles) { return groups * LIN_TILE_ROWS * 8u * row_tiles; }
+// Group grp's sums within a slot: the groups before it take lin_partial_floats(grp, ..).
+MONO_DEV float* lin_group_sums(float* slot, u32 grp, u32 row_tiles) {
+  return slot + lin_partial_floats(grp, row_tiles);
+}
 // Rounds whose sums the register path keeps in LDS before one epilogue adds them all (host twin:
 // src/layout.rs `wide_rounds`): each round's end is then a store of the groups' sums, not two team
 // barriers around an epilogue. At 8 RT = 16 rows a slot is 16 KB and x at k = 6144 takes 192 KB,
@@ -423,7 +427,7 @@ template <u32 RT, class Team>
 MONO_DEV void lin_rounds_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r0, u32 nw, u32 first,
                              float* parts, float* wide) {
   constexpr u32 RS = 8 * RT;
-  constexpr u32 slot_floats = Team::size / LIN_GROUP * LIN_TILE_ROWS * RS;
+  constexpr u32 slot_floats = lin_partial_floats(Team::size / LIN_GROUP, RT);
   team.sync();
   const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
   const u32 items = p.across * cols * m.rows;
@@ -476,7 +480,7 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
   // Up to W rounds' sums wait in LDS for one epilogue; x lies between slot 0 and the others.
-  constexpr u32 W = lin_wide_rounds(RT), slot_floats = Team::size / LIN_GROUP * LIN_TILE_ROWS * 8 * RT;
+  constexpr u32 W = lin_wide_rounds(RT), slot_floats = lin_partial_floats(Team::size / LIN_GROUP, RT);
   float* wide = (float*)(xs + m.rows * xstride);
   for (u32 r = 0; r < p.rounds; ++r) {
     lin_acc<RT> acc;
@@ -502,7 +506,7 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
     }
     if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
     const u32 w = r % W;
-    lin_flush<RT>(acc, lin_slot(parts, wide, w, slot_floats) + grp * LIN_TILE_ROWS * 8 * RT, lane);
+    lin_flush<RT>(acc, lin_group_sums(lin_slot(parts, wide, w, slot_floats), grp, RT), lane);
     if (w + 1 == W || r + 1 == p.rounds) lin_rounds_end<RT>(team, m, p, r - w, w + 1, first, parts, wide);
   }
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
@@ -653,7 +657,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       lin_multiply<FP8, RT>(acc, w, xs, xstride, m.rows, unit * unit_k, s0, s1, lane);
     }
     if (i + 1 == g.per_round) {
-      lin_flush<RT>(acc, parts + grp * LIN_TILE_ROWS * 8 * RT, lane);
+      lin_flush<RT>(acc, lin_group_sums(parts, grp, RT), lane);
       lin_rounds_end<RT>(team, m, p, r, 1u, first, parts, parts);
       acc.zero();
     }
