@@ -4,7 +4,8 @@
 // LIN_KIND_TILES: args[0] the matrix (an index into lin_args.mats), args[1] its first tile,
 // args[2] the tile count. Issues its first weight loads, waits on every box of task.in (the x
 // rows' completion boxes), computes and stores its columns of y, then publishes: every box of
-// task.out gets (tag, tile count) after a release.
+// task.out gets (tag, tile count) after a release. (y as tagged pairs instead, polled by the next
+// matrix, was slower: PERF.md.)
 //
 // LIN_KIND_EXPERT_PAIR: one member of a slot's gang (the slot's members share one rank, each on a
 // CTA of its own): a range of the gate/up of the expert the slot names, then a range of its down.
