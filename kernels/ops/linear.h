@@ -431,29 +431,30 @@ MONO_DEV void lin_rounds_end(const Team& team, const lin_matrix& m, const lin_pl
   team.sync();
   const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
   const u32 items = p.across * cols * m.rows;
-  for (u32 w = 0; w < nw; ++w)
-  for (u32 it = team.thread(); it < items; it += Team::size) {
-    const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
-    const u32 t = (r0 + w) * p.across + pp;
-    if (t >= p.count) continue;
-    const u32 col = (first + t) * cols + n;
-    if (col >= m.n) continue;
-    const float* part = lin_slot(parts, wide, w, slot_floats) + pp * p.share * LIN_TILE_ROWS * RS;
-    float v = 0.f, u = 0.f;
-    for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
-    const u64 at = (u64)row * m.y_stride + col;
-    if (m.flags & LIN_OUT_F32) {
-      ((float*)m.y)[at] = v;
-      continue;
+  for (u32 w = 0; w < nw; ++w) {
+    for (u32 it = team.thread(); it < items; it += Team::size) {
+      const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
+      const u32 t = (r0 + w) * p.across + pp;
+      if (t >= p.count) continue;
+      const u32 col = (first + t) * cols + n;
+      if (col >= m.n) continue;
+      const float* part = lin_slot(parts, wide, w, slot_floats) + pp * p.share * LIN_TILE_ROWS * RS;
+      float v = 0.f, u = 0.f;
+      for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
+      const u64 at = (u64)row * m.y_stride + col;
+      if (m.flags & LIN_OUT_F32) {
+        ((float*)m.y)[at] = v;
+        continue;
+      }
+      if (m.flags & LIN_SWIGLU) {
+        for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
+        v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
+      } else {
+        if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
+        if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
+      }
+      ((u16*)m.y)[at] = mono_f32_to_bf16(v);
     }
-    if (m.flags & LIN_SWIGLU) {
-      for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
-      v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
-    } else {
-      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
-    }
-    ((u16*)m.y)[at] = mono_f32_to_bf16(v);
   }
   team.sync();
 }
@@ -671,13 +672,15 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
 }
 #endif
 
+// The mma's 8-row tiles m's x rows take (RT; host twin: src/layout.rs `row_tiles`).
+MONO_DEV u32 lin_row_tiles(const lin_matrix& m) { return m.rows > 8 ? 2u : 1u; }
 // Bytes of the team's LDS a range's first slot of partial sums and x take (its ring lies beyond
 // them), and those a range through registers takes with its further slots.
 MONO_DEV u32 lin_lds_used(u32 groups, const lin_matrix& m) {
-  return lin_partial_floats(groups, m.rows > 8 ? 2u : 1u) * 4u + m.rows * lin_x_stride(m.k) * 2u;
+  return lin_partial_floats(groups, lin_row_tiles(m)) * 4u + m.rows * lin_x_stride(m.k) * 2u;
 }
 MONO_DEV u32 lin_lds_regs(u32 groups, const lin_matrix& m) {
-  const u32 rt = m.rows > 8 ? 2u : 1u;
+  const u32 rt = lin_row_tiles(m);
   return lin_lds_used(groups, m) + (lin_wide_rounds(rt) - 1u) * lin_partial_floats(groups, rt) * 4u;
 }
 
@@ -753,7 +756,7 @@ MONO_DEV bool lin_ring_start_as(const Team& team, const lin_matrix& m, u32 first
 template <class Team, class Ready>
 MONO_DEV bool lin_tiles(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem, const lin_ring_use& u,
                         Ready ready) {
-  const bool fp8 = (m.flags & LIN_FP8) != 0, wide = m.rows > 8;
+  const bool fp8 = (m.flags & LIN_FP8) != 0, wide = lin_row_tiles(m) == 2u;
   if (fp8) return wide ? lin_tiles_as<true, 2>(team, m, first, count, smem, u, ready)
                        : lin_tiles_as<true, 1>(team, m, first, count, smem, u, ready);
   return wide ? lin_tiles_as<false, 2>(team, m, first, count, smem, u, ready)
@@ -763,7 +766,7 @@ MONO_DEV bool lin_tiles(const Team& team, const lin_matrix& m, u32 first, u32 co
 template <class Team>
 MONO_DEV bool lin_ring_start(const Team& team, const lin_matrix& m, u32 first, u32 count, u8* smem,
                              const lin_ring_use& u) {
-  const bool fp8 = (m.flags & LIN_FP8) != 0, wide = m.rows > 8;
+  const bool fp8 = (m.flags & LIN_FP8) != 0, wide = lin_row_tiles(m) == 2u;
   if (fp8) return wide ? lin_ring_start_as<true, 2>(team, m, first, count, smem, u)
                        : lin_ring_start_as<true, 1>(team, m, first, count, smem, u);
   return wide ? lin_ring_start_as<false, 2>(team, m, first, count, smem, u)
