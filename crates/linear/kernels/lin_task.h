@@ -171,11 +171,11 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     up_first = lin_range_first(task.args[1]), up_count = lin_range_count(task.args[1]);
     down_first = lin_range_first(task.args[2]), down_count = lin_range_count(task.args[2]);
     // The gate/up through registers only, so that the LDS beyond its partial slots and x is the down's
-    // ring from the start; the down through the ring whatever its length.
+    // ring from the start.
     constexpr u32 groups = Team::size / LIN_GROUP;
-    const u32 up_lds = lin_lds_regs(groups, *up), down_lds = lin_lds_used(groups, *down);
-    // A down of fewer steps than the ring takes streams after its wait (at 1 row the early fill
-    // cost the gate/up more than it saved; at 4 rows it took 16 % off the launch: PERF.md).
+    const u32 up_lds = lin_lds_used(groups, *up), down_lds = lin_lds_used(groups, *down);
+    // A down of fewer steps than the ring takes streams through registers after its wait: the downs
+    // of 1 and 4 rows (3 and 12 steps) were faster so than through the early ring (PERF.md).
     if (LIN_PAIR_EARLY_RING) {
       up_use = {0u, ~0u, false};
       down_use = {up_lds > down_lds ? up_lds : down_lds, LIN_RING_MIN_STEPS, false};
