@@ -61,13 +61,13 @@ struct lin_matrix {
 };
 
 // LDS a team needs (host twin: src/layout.rs `lds_bytes`): one round's partial sums of every
-// group (a slot), x, then the further slots (lin_wide_rounds).
+// group (a slot), x, then the register path's further slots (lin_wide_rounds).
 MONO_DEV constexpr u32 lin_partial_floats(u32 groups, u32 row_tiles) { return groups * LIN_TILE_ROWS * 8u * row_tiles; }
 // Group grp's sums within a slot: the groups before it take lin_partial_floats(grp, ..).
 MONO_DEV float* lin_group_sums(float* slot, u32 grp, u32 row_tiles) {
   return slot + lin_partial_floats(grp, row_tiles);
 }
-// Rounds whose sums a range keeps in LDS before one epilogue adds them all (host twin:
+// Rounds whose sums the register path keeps in LDS before one epilogue adds them all (host twin:
 // src/layout.rs `wide_rounds`): each round's end is then a store of the groups' sums, not two team
 // barriers around an epilogue. At 8 RT = 16 rows a slot is 16 KB and x at k = 6144 takes 192 KB,
 // so one slot is all that fits.
@@ -532,8 +532,8 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
 // runs; else each lane reads its pair from global memory). A slot completes on an mbarrier that
 // counts its bytes. Every slot is filled before the task waits on its input, so a task of up to
 // `slots` steps has all its weight bytes in flight at once; thereafter the slot of step s - 1 is
-// refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; an
-// epilogue already ends on one). Fewer slots, fewer of them before the wait, or smaller copies were
+// refilled with step s - 1 + slots once every group is past step s - 1 (a team barrier; a
+// round's end already is one). Fewer slots, fewer of them before the wait, or smaller copies were
 // no faster on the H200 (PERF.md).
 #define LIN_RING_MAX 8u
 #define LIN_UNIT_BYTES (LIN_LOADS * LIN_GROUP * 16u)
@@ -633,19 +633,14 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
   lin_stage(team, m, xs, xstride, parts);
   LIN_STAMP(team, LIN_STAMP_X, 0u);
 
-  // Up to W rounds' sums wait in LDS for one epilogue, as on the register path.
-  constexpr u32 W = lin_wide_rounds(RT), slot_floats = lin_partial_floats(groups, RT);
-  float* wide = (float*)(xs + m.rows * xstride);
   lin_acc<RT> acc;
   acc.zero();
-  bool synced = true;  // every group is past the step before (an epilogue ended on a team barrier)
   for (u32 s = 0; s < g.steps; ++s) {
     const u32 r = s / g.per_round, i = s % g.per_round, slot = s % g.slots;
     if (s > 0 && s - 1 + g.slots < g.steps) {
-      if (!synced) team.sync();
+      if (i != 0) team.sync();
       if (team.leader()) lin_ring_issue<Team>(m, p, g, first, base, s - 1 + g.slots);
     }
-    synced = false;
     mono_lds_barrier_wait(base + g.bar + 8u * slot, (s / g.slots) & 1u);
     if (s == 0) LIN_STAMP(team, LIN_STAMP_FIRST, 0u);
     if (s + 1 == g.steps) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
@@ -664,12 +659,8 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       lin_multiply<FP8, RT>(acc, w, xs, xstride, m.rows, unit * unit_k, s0, s1, lane);
     }
     if (i + 1 == g.per_round) {
-      const u32 w = r % W;
-      lin_flush<RT>(acc, lin_group_sums(lin_slot(parts, wide, w, slot_floats), grp, RT), lane);
-      if (w + 1 == W || r + 1 == p.rounds) {
-        lin_rounds_end<RT>(team, m, p, r - w, w + 1, first, parts, wide);
-        synced = true;
-      }
+      lin_flush<RT>(acc, lin_group_sums(parts, grp, RT), lane);
+      lin_rounds_end<RT>(team, m, p, r, 1u, first, parts, parts);
       acc.zero();
     }
   }
@@ -684,10 +675,14 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
 
 // The mma's 8-row tiles m's x rows take (RT; host twin: src/layout.rs `row_tiles`).
 MONO_DEV u32 lin_row_tiles(const lin_matrix& m) { return m.rows > 8 ? 2u : 1u; }
-// Bytes of the team's LDS a range's slots of partial sums and x take (its ring lies beyond them).
+// Bytes of the team's LDS a range's first slot of partial sums and x take (its ring lies beyond
+// them), and those a range through registers takes with its further slots.
 MONO_DEV u32 lin_lds_used(u32 groups, const lin_matrix& m) {
+  return lin_partial_floats(groups, lin_row_tiles(m)) * 4u + m.rows * lin_x_stride(m.k) * 2u;
+}
+MONO_DEV u32 lin_lds_regs(u32 groups, const lin_matrix& m) {
   const u32 rt = lin_row_tiles(m);
-  return lin_wide_rounds(rt) * lin_partial_floats(groups, rt) * 4u + m.rows * lin_x_stride(m.k) * 2u;
+  return lin_lds_used(groups, m) + (lin_wide_rounds(rt) - 1u) * lin_partial_floats(groups, rt) * 4u;
 }
 
 // Where a range's ring may lie and from how many steps it takes one (lin_tiles_ring), and

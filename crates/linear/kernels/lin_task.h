@@ -173,7 +173,7 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     // The gate/up through registers only, so that the LDS beyond its partial slots and x is the down's
     // ring from the start.
     constexpr u32 groups = Team::size / LIN_GROUP;
-    const u32 up_lds = lin_lds_used(groups, *up), down_lds = lin_lds_used(groups, *down);
+    const u32 up_lds = lin_lds_regs(groups, *up), down_lds = lin_lds_used(groups, *down);
     // A down of fewer steps than the ring takes streams through registers after its wait: the downs
     // of 1 and 4 rows (3 and 12 steps) were faster so than through the early ring (PERF.md).
     if (LIN_PAIR_EARLY_RING) {
