@@ -15,10 +15,11 @@
 // task only publishes); in[1] and in[2] the lines of the gang's members before and after this one;
 // in[3], if any, the boxes of the gate/up's x rows. task.out is one line: its first box says the
 // member's gate/up columns (a part of the down's x) are stored, the rest that its down columns are.
-// The weight follows the slot's box, so the loads start after that one wait; the down's weights go
-// into the LDS ring once the gate/up's first loads are out, so they land while the gate/up streams
-// through registers below the ring and the peers finish theirs. Then the member publishes its
-// first box and waits on the first box of each peer's line.
+// The weight follows the slot's box, so the loads start after that one wait. A down of
+// LIN_RING_MIN_STEPS steps or more goes into the LDS ring once the gate/up's first loads are out,
+// so it lands while the gate/up streams through registers below the ring and the peers finish
+// theirs; a shorter one streams through registers after its wait. Between the two the member
+// publishes its first box and waits on the first box of each peer's line.
 #pragma once
 #include "prelude.h"
 #include "mailbox.h"
