@@ -142,9 +142,10 @@ fn the_switch_reaches_every_stage_decoder() {
     }
 }
 
-/// In a launch with other stages, the indexer's and select's decoders are called through
-/// wrappers (calls on NVIDIA) and the others stay inlined; a launch of the front stages alone
-/// inlines them all. The wrapped launch builds for both targets.
+/// In a launch with other stages (a full-indexer layer), the indexer's, select's and the linear
+/// tile's decoders are called through wrappers (calls on NVIDIA) and the others stay inlined; a
+/// launch of the front stages alone, or one without them, inlines them all. The wrapped launch
+/// builds for both targets.
 #[test]
 fn front_stages_are_calls_only_beside_other_stages() {
     let mixed = vec![
@@ -156,6 +157,16 @@ fn front_stages_are_calls_only_beside_other_stages() {
             "split_args",
             "split_decode",
         ),
+    ];
+    let no_front = vec![
+        stage(
+            Stage::Linear,
+            "split.h",
+            SPLIT_H,
+            "split_args",
+            "split_decode",
+        ),
+        stage(Stage::Mla, "echo.h", ECHO_H, "echo_args", "echo_decode"),
     ];
     let alone = vec![
         stage(Stage::Indexer, "echo.h", ECHO_H, "echo_args", "echo_decode"),
@@ -180,9 +191,12 @@ fn front_stages_are_calls_only_beside_other_stages() {
         "{m}"
     );
     assert!(
-        m.contains("case MBX_STAGE_LINEAR: return split_decode(team, t, c, a1"),
+        m.contains("case MBX_STAGE_LINEAR: return mono_call_1(team, t, c, a1")
+            && m.contains("return split_decode(team"),
         "{m}"
     );
+    let n = flat(&no_front);
+    assert!(!n.contains("mono_call_"), "{n}");
     let a = flat(&alone);
     assert!(!a.contains("mono_call_"), "{a}");
     assert!(

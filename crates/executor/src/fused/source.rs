@@ -61,12 +61,20 @@ pub fn fused_source(
     // ptxas past the 128-register cap (a MoE full-indexer layer spilled 8164 B; with the calls
     // 1620 B and a 792 B stack), which slowed every task of those launches (H200: a dense
     // full-indexer layer 0.190 -> 0.168 ms, a MoE one 0.264 -> 0.244; crates/executor/PERF.md).
-    // A front half of its own keeps them inlined (the task body's note above).
+    // There the linear tile is a call too (a MoE full-indexer layer 0.176 -> 0.171 ms at 1 row,
+    // 0.277 -> 0.262 at 4); in a shared-indexer layer, where it is the only large stage beside
+    // the attention, it is slower as a call (0.116 -> 0.125) and stays inlined. A front half of
+    // its own keeps everything inlined (the task body's note above).
     let front_only = stages
         .iter()
         .all(|s| matches!(s.stage, Stage::Indexer | Stage::Select));
-    let is_called =
-        |s: &StageKernel| !front_only && matches!(s.stage, Stage::Indexer | Stage::Select);
+    let full_indexer = !front_only
+        && stages
+            .iter()
+            .any(|s| matches!(s.stage, Stage::Indexer | Stage::Select));
+    let is_called = |s: &StageKernel| {
+        full_indexer && matches!(s.stage, Stage::Indexer | Stage::Select | Stage::Linear)
+    };
     if stages.iter().any(is_called) {
         text.push_str(
             "#if MONO_NVIDIA\n#define MONO_STAGE_CALL __device__ __noinline__\n#else\n#define MONO_STAGE_CALL MONO_DEV\n#endif\n\n",
