@@ -176,7 +176,7 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
     constexpr u32 groups = Team::size / LIN_GROUP;
     const u32 up_lds = lin_lds_regs(groups, *up), down_lds = lin_lds_used(groups, *down);
     // A down of fewer steps than the ring takes streams through registers after its wait: the downs
-    // of 1 and 4 rows (3 and 12 steps) were faster so than through the early ring (PERF.md).
+    // of 1 and 4 rows (3 and 12 steps) were faster that way than through the early ring (PERF.md).
     if (LIN_PAIR_EARLY_RING) {
       up_use = {0u, ~0u, false};
       down_use = {up_lds > down_lds ? up_lds : down_lds, LIN_RING_MIN_STEPS, false};
