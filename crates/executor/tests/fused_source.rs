@@ -54,6 +54,11 @@ fn stage(
     }
 }
 
+/// The split stage under the stage id `id`.
+fn split_stage(id: Stage) -> StageKernel {
+    stage(id, "split.h", SPLIT_H, "split_args", "split_decode")
+}
+
 fn two_stages() -> Vec<StageKernel> {
     vec![
         stage(
@@ -63,13 +68,7 @@ fn two_stages() -> Vec<StageKernel> {
             "echo_args",
             "echo_decode",
         ),
-        stage(
-            Stage::Linear,
-            "split.h",
-            SPLIT_H,
-            "split_args",
-            "split_decode",
-        ),
+        split_stage(Stage::Linear),
     ]
 }
 
@@ -150,33 +149,15 @@ fn the_switch_reaches_every_stage_decoder() {
 fn front_stages_are_calls_only_beside_other_stages() {
     let mixed = vec![
         stage(Stage::Select, "echo.h", ECHO_H, "echo_args", "echo_decode"),
-        stage(
-            Stage::Linear,
-            "split.h",
-            SPLIT_H,
-            "split_args",
-            "split_decode",
-        ),
+        split_stage(Stage::Linear),
     ];
     let no_front = vec![
-        stage(
-            Stage::Linear,
-            "split.h",
-            SPLIT_H,
-            "split_args",
-            "split_decode",
-        ),
+        split_stage(Stage::Linear),
         stage(Stage::Mla, "echo.h", ECHO_H, "echo_args", "echo_decode"),
     ];
     let alone = vec![
         stage(Stage::Indexer, "echo.h", ECHO_H, "echo_args", "echo_decode"),
-        stage(
-            Stage::Select,
-            "split.h",
-            SPLIT_H,
-            "split_args",
-            "split_decode",
-        ),
+        split_stage(Stage::Select),
     ];
     let shape = CtaShape::for_target("sm_90a").unwrap();
     let flat =
