@@ -13,7 +13,9 @@
 //! their downs (the pair tasks of used slots): each milestone's median and longest, us after the
 //! tile's start (a gate/up's tile starts once the route has named its expert, a down's once its
 //! gate/up has published). `MOE_BENCH_DEFINES=NAME=VALUE,...` builds the kernels with those
-//! defines (the tile's and the tasks' knobs), for builds compared in one call.
+//! defines (the tile's and the tasks' knobs), for builds compared in one call;
+//! `MOE_BENCH_COLD_MB` sets how many megabytes of weight copies the launches rotate over (128;
+//! at most one copy a launch).
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
@@ -35,7 +37,15 @@ type Error = Box<dyn std::error::Error>;
 
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
-const COLD_BYTES: usize = 128 << 20;
+/// Bytes the launches of a graph rotate over (`MOE_BENCH_COLD_MB`, default 128), so that each
+/// launch reads its weights from HBM rather than from what the launch before left in L2.
+fn cold_bytes() -> usize {
+    std::env::var("MOE_BENCH_COLD_MB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(128)
+        << 20
+}
 /// The most boxes a stamped launch may hold (a task writes its stamps at its first box's record).
 const MAX_STAMPED_BOXES: usize = 1 << 16;
 
@@ -80,7 +90,7 @@ impl Bench {
     /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.
     fn copy_us(&self, bytes: usize) -> Result<f64, Error> {
         let words = bytes / 32;
-        let copies = COLD_BYTES.div_ceil(words * 16).clamp(1, LAUNCHES);
+        let copies = cold_bytes().div_ceil(words * 16).clamp(1, LAUNCHES);
         let src = self.dev.alloc_zeroed::<[u32; 4]>(words * copies)?;
         let dst = self.dev.alloc_zeroed::<[u32; 4]>(words)?;
         let launch = Launch::new(self.dev.info().multiprocessors * 4, 512);
@@ -160,7 +170,7 @@ fn main() -> Result<(), Error> {
         distinct.dedup();
         let per_expert: u64 = mem.spans.expert_bytes.iter().map(|(w, s)| w + s).sum();
         let bytes = mem.fixed_weight_bytes + distinct.len() as u64 * per_expert;
-        let copies = COLD_BYTES.div_ceil(bytes as usize).clamp(1, LAUNCHES);
+        let copies = cold_bytes().div_ceil(bytes as usize).clamp(1, LAUNCHES);
         let mut sets = vec![first];
         for _ in 1..copies {
             sets.push(DeviceMoe::new(&bench.dev, &kernel, &p, &mem, &g.plan, lds)?);
