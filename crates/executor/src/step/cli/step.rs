@@ -13,6 +13,11 @@ use crate::reference::cli::StepArgs;
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
 use crate::step::{Result, StepError};
 
+const DEFAULT_STEPS: u32 = 4;
+const DEFAULT_REQUESTS: u32 = 1;
+const DEFAULT_TP: usize = 1;
+const DEFAULT_RANK: usize = 0;
+
 /// What `mono step` takes beyond the CPU step's flags.
 #[derive(Debug, Clone, Args)]
 pub struct GpuArgs {
@@ -20,17 +25,70 @@ pub struct GpuArgs {
     #[arg(long)]
     pub cpu: bool,
     /// Decode steps (graph replays) on the GPU.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     pub steps: u32,
     /// Requests of the GPU step, each with --rows rows.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT_REQUESTS)]
     pub requests: u32,
     /// Tensor-parallel size of the weights; the GPU holds one rank's.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT_TP)]
     pub tp: usize,
     /// The rank whose weights the GPU holds.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = DEFAULT_RANK)]
     pub rank: usize,
+}
+
+impl GpuArgs {
+    /// Refuses, on every machine, flags the GPU step could not run with: no replays, no
+    /// requests, a TP the shapes do not shard for, a rank outside it.
+    pub fn check(&self) -> Result<(), String> {
+        if self.steps == 0 {
+            return Err("--steps must be at least 1".to_owned());
+        }
+        if self.requests == 0 {
+            return Err("--requests must be at least 1".to_owned());
+        }
+        if !model::SUPPORTED_TP.contains(&self.tp) {
+            return Err(format!(
+                "--tp {}: supported TP degrees are {:?}",
+                self.tp,
+                model::SUPPORTED_TP
+            ));
+        }
+        if self.rank >= self.tp {
+            return Err(format!(
+                "--rank {} is not a rank of --tp {}",
+                self.rank, self.tp
+            ));
+        }
+        Ok(())
+    }
+
+    /// The flags set away from their defaults that only the GPU step reads, as given.
+    fn gpu_only(&self) -> Vec<String> {
+        [
+            (self.steps != DEFAULT_STEPS).then(|| format!("--steps {}", self.steps)),
+            (self.requests != DEFAULT_REQUESTS).then(|| format!("--requests {}", self.requests)),
+            (self.tp != DEFAULT_TP).then(|| format!("--tp {}", self.tp)),
+            (self.rank != DEFAULT_RANK).then(|| format!("--rank {}", self.rank)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// The CPU reference step, saying which of the given flags it does not use.
+fn run_cpu_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
+    let unused = gpu.gpu_only();
+    if !unused.is_empty() {
+        println!(
+            "mono step: the CPU reference step runs one step of one request over the whole model; \
+             {} apply to the GPU step only",
+            unused.join(", ")
+        );
+    }
+    crate::reference::cli::run(args)
 }
 
 fn print_progress(p: &Progress) {
@@ -65,14 +123,15 @@ pub fn make_weights(
 
 /// `mono step`: on a GPU unless `--cpu` or none is found, else the CPU reference step.
 pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
+    gpu.check()?;
     if gpu.cpu {
-        return crate::reference::cli::run(args);
+        return run_cpu_step(args, gpu);
     }
     let dev = match Device::open(0) {
         Ok(dev) => dev,
         Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => {
             println!("mono step: no GPU ({e}); the CPU reference step instead");
-            return crate::reference::cli::run(args);
+            return run_cpu_step(args, gpu);
         }
         Err(e) => return Err(e.to_string()),
     };
@@ -86,7 +145,7 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
                  instead (--preset glm-5.2 for the GPU)",
                 args.preset
             );
-            return crate::reference::cli::run(args);
+            return run_cpu_step(args, gpu);
         }
     }
     run_gpu_step(&dev, args, gpu).map_err(|e| e.to_string())

@@ -1,0 +1,59 @@
+//! `mono step`'s GPU flags: values the GPU step could not run with are refused on every machine,
+//! before any device is opened, naming the flag; the CPU reference step says which of the given
+//! flags it does not use.
+
+use std::process::{Command, Output};
+
+fn mono_step(flags: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mono"))
+        .arg("step")
+        .args(flags)
+        .output()
+        .expect("mono runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn flags_the_gpu_step_cannot_run_with_are_refused() {
+    for (flags, says) in [
+        (&["--steps", "0"][..], "--steps must be at least 1"),
+        (&["--requests", "0"][..], "--requests must be at least 1"),
+        (
+            &["--tp", "3"][..],
+            "--tp 3: supported TP degrees are [1, 2, 4, 8]",
+        ),
+        (
+            &["--tp", "8", "--rank", "8"][..],
+            "--rank 8 is not a rank of --tp 8",
+        ),
+        (
+            &["--cpu", "--rank", "1"][..],
+            "--rank 1 is not a rank of --tp 1",
+        ),
+    ] {
+        let o = mono_step(flags);
+        assert!(!o.status.success(), "{flags:?} ran: {}", text(&o));
+        assert!(text(&o).contains(says), "{flags:?}: {}", text(&o));
+    }
+}
+
+#[test]
+fn the_cpu_step_names_the_gpu_flags_it_does_not_use() {
+    let o = mono_step(&["--cpu", "--steps", "2", "--tp", "8", "--rank", "7"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("--steps 2, --tp 8, --rank 7 apply to the GPU step only"),
+        "{}",
+        text(&o)
+    );
+    let plain = mono_step(&["--cpu"]);
+    assert!(plain.status.success(), "{}", text(&plain));
+    assert!(!text(&plain).contains("GPU step only"), "{}", text(&plain));
+}
