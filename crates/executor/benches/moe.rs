@@ -14,8 +14,8 @@
 //! tile's start (a gate/up's tile starts once the route has named its expert, a down's once its
 //! gate/up has published). `MOE_BENCH_DEFINES=NAME=VALUE,...` builds the kernels with those
 //! defines (the tile's and the tasks' knobs), for builds compared in one call;
-//! `MOE_BENCH_COLD_MB` sets how many megabytes of weight copies the launches rotate over (128;
-//! at most one copy a launch).
+//! `MOE_BENCH_COLD_MB` caps the megabytes of weight copies the launches rotate over (unset: a copy
+//! a launch).
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
@@ -37,14 +37,16 @@ type Error = Box<dyn std::error::Error>;
 
 const LAUNCHES: usize = 16;
 const TIMED: usize = 10;
-/// Bytes the launches of a graph rotate over (`MOE_BENCH_COLD_MB`, default 128), so that each
-/// launch reads its weights from HBM rather than from what the launch before left in L2.
-fn cold_bytes() -> usize {
+/// Copies of `bytes` the launches of a graph rotate over: one a launch, so that each reads its
+/// weights from HBM rather than from what an earlier launch left in L2 (three copies at one row and
+/// one at four left the launch 7 % and 5 % faster from L2 hits); `MOE_BENCH_COLD_MB` caps them at that many
+/// megabytes, to see what L2 hits are worth.
+fn cold_copies(bytes: usize) -> usize {
     std::env::var("MOE_BENCH_COLD_MB")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(128)
-        << 20
+        .map_or(LAUNCHES, |mb| (mb << 20).div_ceil(bytes))
+        .clamp(1, LAUNCHES)
 }
 /// The most boxes a stamped launch may hold (a task writes its stamps at its first box's record).
 const MAX_STAMPED_BOXES: usize = 1 << 16;
@@ -90,7 +92,7 @@ impl Bench {
     /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.
     fn copy_us(&self, bytes: usize) -> Result<f64, Error> {
         let words = bytes / 32;
-        let copies = cold_bytes().div_ceil(words * 16).clamp(1, LAUNCHES);
+        let copies = cold_copies(words * 16);
         let src = self.dev.alloc_zeroed::<[u32; 4]>(words * copies)?;
         let dst = self.dev.alloc_zeroed::<[u32; 4]>(words)?;
         let launch = Launch::new(self.dev.info().multiprocessors * 4, 512);
@@ -170,7 +172,7 @@ fn main() -> Result<(), Error> {
         distinct.dedup();
         let per_expert: u64 = mem.spans.expert_bytes.iter().map(|(w, s)| w + s).sum();
         let bytes = mem.fixed_weight_bytes + distinct.len() as u64 * per_expert;
-        let copies = cold_bytes().div_ceil(bytes as usize).clamp(1, LAUNCHES);
+        let copies = cold_copies(bytes as usize);
         let mut sets = vec![first];
         for _ in 1..copies {
             sets.push(DeviceMoe::new(&bench.dev, &kernel, &p, &mem, &g.plan, lds)?);
@@ -195,6 +197,10 @@ fn main() -> Result<(), Error> {
             }
             let lds = k.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
             let d = DeviceMoe::new(&bench.dev, k, &p, &mem, &g.plan, lds)?;
+            // Its weights cold too, as the timed launches' are (the upload leaves some in L2).
+            bench
+                .stream
+                .memset(bench.flush.device_ptr(), 0, bench.flush.bytes())?;
             d.launch(&bench.stream, k, Tags::new(1)?, 0)?;
             bench.stream.sync()?;
             let words = buf.download()?;
