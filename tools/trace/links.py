@@ -6,7 +6,13 @@ a slot, a tile range). For each launch kind, the median over its launches of: th
 when the first of them starts and the last ends (us after the launch's first task), and how long
 after the link that ends before it the last one ends. Prints a Markdown table per kind.
 
-    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer']
+With --behind LINK (a link as the table names it), a second table per kind: for each link, the
+tasks that started after LINK's last end, that is tasks whose CTA was still busy when LINK was
+done (a task starts when the task before it on its CTA ends), how late the latest of them
+started, and the links they ran behind. For a link that waits on LINK, these are the tasks the
+placement held back.
+
+    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route']
 """
 import argparse
 import json
@@ -33,26 +39,58 @@ def launches(events):
     for pid, evs in tasks.items():
         t0 = min(e["ts"] for e in evs)
         links = defaultdict(list)
+        ctas = defaultdict(list)
         for e in evs:
             links[link_of(e["name"])].append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
-        yield kind_of(names.get(pid, str(pid))), links
+            ctas[e["tid"]].append((e["ts"] - t0, e["ts"] + e["dur"] - t0, link_of(e["name"])))
+        yield kind_of(names.get(pid, str(pid))), links, [sorted(c) for c in ctas.values()]
+
+
+def held_back(runs, producer):
+    """Per link: the median a launch of its tasks that started after `producer`'s last end, the
+    median of the latest such start (us after that end), and the links they ran behind."""
+    late = defaultdict(list)
+    latest = defaultdict(list)
+    after = defaultdict(lambda: defaultdict(int))
+    for links, ctas in runs:
+        if producer not in links:
+            continue
+        ready = max(e for _, e in links[producer])
+        counts = defaultdict(int)
+        worst = defaultdict(float)
+        for tasks in ctas:
+            for (_, _, before), (start, _, link) in zip(tasks, tasks[1:]):
+                if start > ready:
+                    counts[link] += 1
+                    worst[link] = max(worst[link], start - ready)
+                    after[link][before] += 1
+        for link in set().union(*(l for l, _ in runs)):
+            late[link].append(counts[link])
+            latest[link].append(worst[link])
+    return {
+        link: (statistics.median(late[link]), statistics.median(latest[link]), after[link])
+        for link in late
+        if statistics.median(late[link]) > 0
+    }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--kind", help="only this launch kind")
+    ap.add_argument("--behind", help="a link: the tasks that started after its last end")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
     kinds = defaultdict(list)
-    for kind, links in launches(events):
-        kinds[kind].append(links)
+    for kind, links, ctas in launches(events):
+        kinds[kind].append((links, ctas))
     if args.kind and args.kind not in kinds:
         sys.exit(f"no launch of kind {args.kind!r}; kinds: {', '.join(sorted(kinds))}")
-    for kind, runs in kinds.items():
+    for kind, both in kinds.items():
         if args.kind and kind != args.kind:
             continue
+        runs = [links for links, _ in both]
         rows = []
         for link in set().union(*runs):
             seen = [r[link] for r in runs if link in r]
@@ -68,6 +106,15 @@ def main():
             gap = "" if before is None else f"{end - before:.1f}"
             print(f"| {link} | {n:g} | {start:.1f} | {end:.1f} | {gap} |")
             before = end
+        if args.behind:
+            if not any(args.behind in r for r in runs):
+                sys.exit(f"no link {args.behind!r} in {kind!r}; links: {', '.join(sorted(set().union(*runs)))}")
+            print(f"\nTasks that started after {args.behind}'s last end (medians a launch):\n")
+            print("| link | tasks | latest start after it (us) | behind (tasks, all launches) |")
+            print("|---|---|---|---|")
+            for link, (n, worst, after) in sorted(held_back(both, args.behind).items()):
+                what = ", ".join(f"{b} {c}" for b, c in sorted(after.items(), key=lambda x: -x[1]))
+                print(f"| {link} | {n:g} | {worst:.1f} | {what} |")
 
 
 if __name__ == "__main__":
