@@ -252,9 +252,9 @@ MONO_DEV float lin_bf16(float v) { return mono_bf16_to_f32(mono_f32_to_bf16(v));
 
 MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 
-// LIN_STAMPS=1 (measurement builds only, NVIDIA): the leader notes SM clock readings at the
-// task's milestones (LIN_STAMP_*) in lin_stamps; the stage's task writes them out
-// (lin_task.h, beside the task's trace record).
+// LIN_STAMPS=1 (measurement builds only): the leader notes clock readings (mono_clock_cycles: the
+// SM's cycles on NVIDIA, nanoseconds on the host stand-in) at the task's milestones (LIN_STAMP_*)
+// in lin_stamps; the stage's task writes them out (lin_task.h, beside the task's trace record).
 #ifndef LIN_STAMPS
 #define LIN_STAMPS 0
 #endif
@@ -266,13 +266,18 @@ MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 #define LIN_STAMP_STORED 5u   // the last round's epilogue stored
 #define LIN_STAMP_PUBLISHED 6u
 #define LIN_STAMP_WORDS 8u
-#if LIN_STAMPS && MONO_NVIDIA
+#if LIN_STAMPS
 __shared__ u64 lin_stamps[LIN_STAMP_WORDS];
 // The clock once `dep` is known (so a stamp is not hoisted above the load it follows).
 MONO_DEV u64 lin_clock_after(u32 dep) {
+#if MONO_NVIDIA
   u64 t;
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "r"(dep));
   return t;
+#else
+  (void)dep;
+  return mono_clock_cycles();
+#endif
 }
 #define LIN_STAMP(team, j, dep) \
   do {                          \

@@ -5,6 +5,7 @@
 
 pub mod names;
 pub mod step;
+pub mod tiles;
 
 use device::Device;
 use mailbox::emulator::{run_traced, EmuConfig, Scratch};

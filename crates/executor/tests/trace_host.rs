@@ -2,14 +2,18 @@
 //! builds): every task of every launch has its record, times run forward within each CTA and
 //! launches follow one another, the Chrome JSON parses with an event per task and a process per
 //! launch, the pictures have a row per CTA; a trace missing one record, or with two launches out
-//! of order, is rejected, naming the launch.
+//! of order, is rejected, naming the launch. With the tiles' stamps (`--tiles`): every linear task
+//! of each kind's last launch has its milestones, in the order the tile passes them; a row with two
+//! of them swapped is rejected.
 //!
 //! Needs g++ with C++20, so ignored:
 //! `cargo test --release -p executor --test trace_host -- --ignored --nocapture`
 
 use device::{BackendChoice, Device};
 use executor::step::cli::{trace_step, StepShape};
+use executor::step::graph::TracedLaunch;
 use executor::trace::step::decode_step;
+use executor::trace::tiles::TileRow;
 use mailbox::gpu::{DebugBound, Variant};
 use mailbox::trace::RECORD_WORDS;
 use model::{ModelConfig, WeightFormat};
@@ -39,7 +43,7 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
         ..Default::default()
     };
     let out = std::env::temp_dir().join(format!("mono-trace-step-{}", std::process::id()));
-    let t = trace_step(&dev, &shape, WeightFormat::Bf16, variant, &out).unwrap();
+    let t = trace_step(&dev, &shape, WeightFormat::Bf16, variant, &out, true).unwrap();
     eprint!("{}", t.summary);
 
     assert_eq!(t.launches.len(), cfg.num_hidden_layers + 1);
@@ -93,9 +97,21 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
             path.display()
         );
     }
+    check_tiles(&t.raw, &t.tiles).unwrap();
+    let tsv = std::fs::read_to_string(t.tiles_tsv.as_ref().unwrap()).unwrap();
+    assert_eq!(tsv.lines().count(), t.tiles.len() + 1);
+    assert!(t
+        .summary
+        .contains("linear tiles of each kind's last launch"));
     std::fs::remove_dir_all(&out).unwrap();
 
-    // Negative controls: one task's record unwritten, and two launches out of order.
+    // Negative controls: a tile's milestones out of order, one task's record unwritten, and two
+    // launches out of order.
+    let mut swapped_tile = t.tiles.clone();
+    let row = swapped_tile.iter_mut().find(|r| r.us[0] < r.us[5]).unwrap();
+    row.us.swap(0, 5);
+    let err = check_tiles(&t.raw, &swapped_tile).unwrap_err();
+    assert!(err.contains("out of order"), "{err}");
     let mut missing = t.raw.clone();
     let last = missing.len() - 1;
     let at = missing[last].records.table.tasks.len() / 2 * RECORD_WORDS;
@@ -109,4 +125,54 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
     swapped.swap(0, 1);
     let err = decode_step(&swapped).unwrap_err();
     assert!(err.contains("before"), "{err}");
+}
+
+/// Every linear task of each kind's last launch has its rows (a tiles task one, a pair of a used
+/// slot two), each with its wait, x, last batch, store and publish noted, in that order.
+fn check_tiles(raw: &[TracedLaunch], tiles: &[TileRow]) -> Result<(), String> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for l in raw.iter().rev() {
+        if kinds.contains(&l.kind.as_str()) {
+            continue;
+        }
+        kinds.push(&l.kind);
+        let ranges = l
+            .records
+            .table
+            .tasks
+            .iter()
+            .filter(|task| task.kind == linear::layout::KIND_TILES)
+            .count();
+        let rows: Vec<_> = tiles.iter().filter(|r| r.launch == l.name).collect();
+        let tiles = rows.iter().filter(|r| r.part == "tiles").count();
+        if tiles != ranges {
+            return Err(format!("{}: {tiles} tiles rows for {ranges} tasks", l.name));
+        }
+        if rows.iter().filter(|r| r.part == "gate/up").count()
+            != rows.iter().filter(|r| r.part == "down").count()
+        {
+            return Err(format!("{}: a pair without both rows", l.name));
+        }
+    }
+    if tiles.iter().any(|r| !kinds.contains(&r.kind.as_str())) {
+        return Err("a row of no launch kind".into());
+    }
+    for r in tiles {
+        // ready, x, last, stored, published: every range passes them; first only where the
+        // leader's group has a batch.
+        let noted: Vec<f64> = r.us.iter().flatten().copied().collect();
+        if [0, 1, 3, 4, 5].iter().any(|&j| r.us[j].is_none()) {
+            return Err(format!(
+                "{} {}: a milestone missing: {:?}",
+                r.task, r.part, r.us
+            ));
+        }
+        if noted.windows(2).any(|w| w[0] > w[1]) || noted[0] < 0.0 {
+            return Err(format!(
+                "{} {}: milestones out of order: {:?}",
+                r.task, r.part, r.us
+            ));
+        }
+    }
+    Ok(())
 }

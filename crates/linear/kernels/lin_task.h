@@ -103,7 +103,7 @@ MONO_DEV void lin_publish(const Team& team, const mbx_ctx& c, u32 first, u32 len
 // writes its gate/up's to its first box's and its down's to the next), then cleared.
 template <class Team>
 MONO_DEV void lin_stamps_out(const Team& team, u32 record) {
-#if LIN_STAMPS && MONO_NVIDIA && defined(LIN_STAMP_BUF)
+#if LIN_STAMPS && defined(LIN_STAMP_BUF)
   LIN_STAMP(team, LIN_STAMP_PUBLISHED, 0u);
   if (team.leader())
     for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) {
@@ -165,8 +165,11 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
   } else {
     if (!lin_expert_matrices(team, task, c, a, &up, &down)) return false;
     if (!up) {
-      // An unused slot's member writes nothing, so it publishes without waiting.
+      // An unused slot's member writes nothing, so it publishes without waiting (and, in
+      // LIN_STAMPS builds, clears its records: a tile start of 0 says "no tile" to the reader).
       lin_publish(team, c, task.out.first, task.out.len, 0u);
+      lin_stamps_out(team, task.out.first);
+      lin_stamps_out(team, task.out.first + 1u);
       return true;
     }
     up_first = lin_range_first(task.args[1]), up_count = lin_range_count(task.args[1]);
@@ -217,7 +220,7 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
 
 template <class Team>
 MONO_DEV bool lin_decode(const Team& team, const mbx_task& task, mbx_ctx& c, const lin_args& a, u8* smem) {
-#if LIN_STAMPS && MONO_NVIDIA
+#if LIN_STAMPS
   if (team.leader())
     for (u32 j = 0; j < LIN_STAMP_WORDS; ++j) lin_stamps[j] = 0;
 #endif

@@ -133,6 +133,7 @@ fn with_step<T>(
 /// What a step graph was built from, for a body that reads the arena after a launch.
 struct BuiltStep<'a> {
     inputs: &'a StepInputs,
+    kernels: &'a StepKernels,
     /// Every launch's plan, in step order.
     plans: &'a [LayerPlan],
     arena: &'a StepArena,
@@ -144,6 +145,8 @@ struct KernelChoice {
     variant: Variant,
     /// Every task's start and end recorded (`mono trace`).
     traced: bool,
+    /// With `traced`, every linear tile's milestones too (`mono trace --tiles`).
+    tiles: bool,
 }
 
 /// [`with_step`] with the kernels built as `kernels` says, the body also given the plans and
@@ -207,7 +210,7 @@ fn with_step_of<T>(
     );
     let started = std::time::Instant::now();
     let kernels = if choice.traced {
-        StepKernels::build_traced(dev, cfg, &build, &plans, choice.variant)?
+        StepKernels::build_traced(dev, cfg, &build, &plans, choice.variant, choice.tiles)?
     } else {
         StepKernels::build(dev, cfg, &build, &plans, choice.variant)?
     };
@@ -233,6 +236,7 @@ fn with_step_of<T>(
     let mut graph = step_graph(dev, &pieces, plans.clone())?;
     let built = BuiltStep {
         inputs: &inputs,
+        kernels: &kernels,
         plans: &plans,
         arena: &arena,
     };

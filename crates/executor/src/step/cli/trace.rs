@@ -16,6 +16,7 @@ use crate::step::Result;
 use crate::trace::step::{
     decode_step, kinds_timeline, step_timeline, summary, write_step, DecodedLaunch, StepFiles,
 };
+use crate::trace::tiles::{tile_rows, tiles_summary, tiles_tsv, TileRow};
 
 /// `mono trace`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -41,15 +42,23 @@ pub struct TraceArgs {
     /// The synthetic placement on the emulator only, even when a GPU is present.
     #[arg(long, requires = "synthetic")]
     pub no_gpu: bool,
+    /// Also each linear tile's milestones (input wait over, x staged, first and last batch,
+    /// stored, published: us after the tile's start), of the last launch of each kind: OUT/tiles.tsv
+    /// and a line a matrix in the summary. The stamps cost the tiles a little time.
+    #[arg(long, conflicts_with = "synthetic")]
+    pub tiles: bool,
 }
 
-/// A traced step: its launches as read back and decoded, the drawings and the summary.
+/// A traced step: its launches as read back and decoded, the drawings and the summary, and with
+/// tiles asked for, the linear tiles' milestones (their table in `tiles_tsv`).
 pub struct StepTraced {
     pub raw: Vec<TracedLaunch>,
     pub launches: Vec<DecodedLaunch>,
     pub timeline: Timeline,
     pub files: StepFiles,
     pub summary: String,
+    pub tiles: Vec<TileRow>,
+    pub tiles_tsv: Option<PathBuf>,
 }
 
 /// `mono trace`.
@@ -78,8 +87,15 @@ pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
     } else {
         WeightFormat::Fp8
     };
-    let traced = trace_step(&dev, &args.shape, format, Variant::default(), &args.out)
-        .map_err(|e| e.to_string())?;
+    let traced = trace_step(
+        &dev,
+        &args.shape,
+        format,
+        Variant::default(),
+        &args.out,
+        args.tiles,
+    )
+    .map_err(|e| e.to_string())?;
     print!("{}", traced.summary);
     let f = &traced.files;
     println!(
@@ -88,17 +104,22 @@ pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
         f.svg.display(),
         f.kinds_svg.display()
     );
+    if let Some(tsv) = &traced.tiles_tsv {
+        println!("  {}", tsv.display());
+    }
     Ok(())
 }
 
 /// Builds the step of `shape` on `dev` with every launch kind's kernel traced (`variant`
-/// otherwise), runs one step to warm up, then one traced step, and writes its drawings to `out`.
+/// otherwise), runs one step to warm up, then one traced step, and writes its drawings to `out`;
+/// with `tiles`, the linear tiles' milestones too (`out/tiles.tsv`, `crate::trace::tiles`).
 pub fn trace_step(
     dev: &Device,
     shape: &StepShape,
     format: WeightFormat,
     variant: Variant,
     out: &std::path::Path,
+    tiles: bool,
 ) -> Result<StepTraced> {
     let invalid = crate::step::StepError::Invalid;
     let cfg = config(&shape.preset)?;
@@ -107,8 +128,17 @@ pub fn trace_step(
     let kernels = KernelChoice {
         variant,
         traced: true,
+        tiles,
     };
-    let raw = with_step_of(
+    let info = dev.info();
+    // The host backend's cycles are its nanoseconds; a GPU's SM cycles are finer than its timer.
+    let (base, us_per_tick) = match CycleClock::from_khz(info.clock_khz) {
+        Some(clock) if info.arch != "host" => {
+            (TimeBase::Cycles(clock), 1e3 / f64::from(info.clock_khz))
+        }
+        _ => (TimeBase::Timer, 1e-3),
+    };
+    let (raw, tile_rows_read) = with_step_of(
         dev,
         &cfg,
         &weights,
@@ -116,18 +146,23 @@ pub fn trace_step(
         shape.seed,
         2,
         kernels,
-        |graph, _| {
+        |graph, built| {
             graph.run_eager()?;
-            graph.run_traced()
+            let raw = graph.run_traced()?;
+            // Each kind's records are its last launch's: every tile task rewrites its own.
+            let mut rows = Vec::new();
+            for k in &built.kernels.kernels {
+                let Some(words) = k.take_tile_stamps()? else {
+                    continue;
+                };
+                if let Some(last) = raw.iter().rev().find(|l| l.kind == k.kind.name()) {
+                    rows.extend(tile_rows(last, &words, us_per_tick));
+                }
+            }
+            Ok((raw, rows))
         },
     )?;
     let launches = decode_step(&raw).map_err(invalid)?;
-    let info = dev.info();
-    // The host backend's cycles are its nanoseconds; a GPU's SM cycles are finer than its timer.
-    let base = match CycleClock::from_khz(info.clock_khz) {
-        Some(clock) if info.arch != "host" => TimeBase::Cycles(clock),
-        _ => TimeBase::Timer,
-    };
     let what = format!(
         "{} TP{} rank 0, {} x {} row(s), context {}, {}",
         shape.preset, shape.tp, shape.requests, shape.rows, shape.context, info.name
@@ -139,12 +174,26 @@ pub fn trace_step(
         &format!("{what}: each launch kind's first, end to end"),
     );
     let files = write_step(out, &timeline, &kinds).map_err(invalid)?;
-    let summary = summary(&launches, &timeline);
+    let mut summary = summary(&launches, &timeline);
+    let tiles_tsv = if tiles {
+        let path = out.join("tiles.tsv");
+        std::fs::write(&path, tiles_tsv(&tile_rows_read))
+            .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+        summary.push_str(
+            "linear tiles of each kind's last launch, medians, us after the tile's start:\n",
+        );
+        summary.push_str(&tiles_summary(&tile_rows_read));
+        Some(path)
+    } else {
+        None
+    };
     Ok(StepTraced {
         raw,
         launches,
         timeline,
         files,
         summary,
+        tiles: tile_rows_read,
+        tiles_tsv,
     })
 }

@@ -52,6 +52,16 @@ pub struct LayerKernel {
     variant: Variant,
     /// Built to record every task's start and end (`mailbox::trace::traced`).
     pub traced: bool,
+    /// Built to record the milestones of every linear tile too (`LIN_STAMPS`): a record of
+    /// `linear::gpu::STAMP_WORDS` words a box of the launch, at an address built into the kernel,
+    /// so each launch of the kind overwrites the one before.
+    tile_stamps: Option<TileStamps>,
+}
+
+/// The linear tiles' milestone records of a kernel's launches, and how many boxes they cover.
+struct TileStamps {
+    words: Buffer<u64>,
+    boxes: u32,
 }
 
 impl LayerKernel {
@@ -64,19 +74,22 @@ impl LayerKernel {
         kind: LaunchKind,
         variant: Variant,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, kind, variant, false)
+        Self::build_as(dev, cfg, build, kind, variant, false, None)
     }
 
     /// The same kernel recording every task's start and end into its launch's trace buffer
-    /// (`mono trace`; the stamps cost time, so nothing else runs it).
+    /// (`mono trace`; the stamps cost time, so nothing else runs it), and with `tile_boxes`, the
+    /// milestones of every linear tile of launches of up to that many boxes
+    /// ([`LayerKernel::take_tile_stamps`]).
     pub fn build_traced(
         dev: &Device,
         cfg: &ModelConfig,
         build: &LayerBuild,
         kind: LaunchKind,
         variant: Variant,
+        tile_boxes: Option<u32>,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, kind, variant, true)
+        Self::build_as(dev, cfg, build, kind, variant, true, tile_boxes)
     }
 
     fn build_as(
@@ -86,6 +99,7 @@ impl LayerKernel {
         kind: LaunchKind,
         variant: Variant,
         traced: bool,
+        tile_boxes: Option<u32>,
     ) -> Result<Self> {
         let shape = cta_shape(dev)?;
         let source = layer_source(cfg, build, shape, kind, variant)
@@ -94,6 +108,19 @@ impl LayerKernel {
             mailbox::trace::traced(source)
         } else {
             source
+        };
+        let tile_stamps = match tile_boxes {
+            Some(boxes) => Some(TileStamps {
+                words: dev.alloc_zeroed((boxes.max(1) as usize) * linear::gpu::STAMP_WORDS)?,
+                boxes,
+            }),
+            None => None,
+        };
+        let source = match &tile_stamps {
+            Some(t) => source
+                .define("LIN_STAMPS", 1)
+                .define("LIN_STAMP_BUF", t.words.device_ptr()),
+            None => source,
         };
         let ctas = build.ctas;
         let FusedKernel {
@@ -109,7 +136,19 @@ impl LayerKernel {
             ctas,
             variant,
             traced,
+            tile_stamps,
         })
+    }
+
+    /// The linear tiles' milestone records of the kernel's last launch (`linear::gpu::STAMP_WORDS`
+    /// words a box, zero where no tile wrote), then cleared; None for a kernel built without them.
+    pub fn take_tile_stamps(&self) -> Result<Option<Vec<u64>>> {
+        let Some(t) = &self.tile_stamps else {
+            return Ok(None);
+        };
+        let words = t.words.download()?;
+        t.words.write(&vec![0u64; words.len()])?;
+        Ok(Some(words))
     }
 }
 
@@ -237,6 +276,15 @@ impl<'a> LayerLaunch<'a> {
                 plan.kind.name(),
                 kernel.kind.name()
             )));
+        }
+        if let Some(t) = &kernel.tile_stamps {
+            if plan.launch.layout.boxes() > t.boxes {
+                return Err(invalid(format!(
+                    "{name}: {} boxes; the kernel's tile stamps hold {}",
+                    plan.launch.layout.boxes(),
+                    t.boxes
+                )));
+            }
         }
         if plan.launch.placement.placement().ctas() != kernel.ctas {
             return Err(invalid(format!(

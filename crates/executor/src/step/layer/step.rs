@@ -120,18 +120,20 @@ impl StepKernels {
         plans: &[LayerPlan],
         variant: Variant,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, plans, variant, false)
+        Self::build_as(dev, cfg, build, plans, variant, false, false)
     }
 
-    /// Every kind's kernel built to record its tasks' starts and ends (`mono trace`).
+    /// Every kind's kernel built to record its tasks' starts and ends (`mono trace`), and with
+    /// `tiles` the milestones of its linear tiles too.
     pub fn build_traced(
         dev: &Device,
         cfg: &ModelConfig,
         build: &LayerBuild,
         plans: &[LayerPlan],
         variant: Variant,
+        tiles: bool,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, plans, variant, true)
+        Self::build_as(dev, cfg, build, plans, variant, true, tiles)
     }
 
     fn build_as(
@@ -141,17 +143,24 @@ impl StepKernels {
         plans: &[LayerPlan],
         variant: Variant,
         traced: bool,
+        tiles: bool,
     ) -> Result<Self> {
-        let mut kinds: Vec<LaunchKind> = Vec::new();
+        // Each kind with the most boxes any of its launches takes.
+        let mut kinds: Vec<(LaunchKind, u32)> = Vec::new();
         for p in plans {
-            if !kinds.contains(&p.kind) {
-                kinds.push(p.kind);
+            let boxes = p.launch.layout.boxes();
+            match kinds.iter_mut().find(|k| k.0 == p.kind) {
+                Some(k) => k.1 = k.1.max(boxes),
+                None => kinds.push((p.kind, boxes)),
             }
         }
         let kernels = kinds
             .into_iter()
-            .map(|kind| match traced {
-                true => LayerKernel::build_traced(dev, cfg, build, kind, variant),
+            .map(|(kind, boxes)| match traced {
+                true => {
+                    let tile_boxes = tiles.then_some(boxes);
+                    LayerKernel::build_traced(dev, cfg, build, kind, variant, tile_boxes)
+                }
                 false => LayerKernel::build(dev, cfg, build, kind, variant),
             })
             .collect::<Result<_>>()?;
