@@ -22,7 +22,7 @@ use device::report::{Figure, Reporter};
 use device::{Args, Buffer, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
-use linear::gpu::{STAMP_MILESTONES, STAMP_WORDS};
+use linear::gpu::{stamp_milestones, STAMP_MILESTONES, STAMP_WORDS};
 use linear::layout::{pair_range, KIND_EXPERT_PAIR};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::Tags;
@@ -263,20 +263,16 @@ fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
         let mut cols: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let (mut tasks, mut tiles) = (0, Vec::new());
         for t in g.plan.placement.lists().iter().flatten() {
-            let at = (t.out.first as usize + part) * STAMP_WORDS;
-            if t.kind != KIND_EXPERT_PAIR || at + STAMP_WORDS > words.len() {
+            if t.kind != KIND_EXPERT_PAIR {
                 continue;
             }
-            let w = &words[at..at + STAMP_WORDS];
-            if w[0] == 0 {
+            let Some(ticks) = stamp_milestones(words, t.out.first as usize + part) else {
                 continue;
-            }
+            };
             tasks += 1;
             tiles.push(f64::from(pair_range(t.args[1 + part]).count));
-            for (j, col) in cols.iter_mut().enumerate() {
-                if w[j + 1] != 0 {
-                    col.push(us(w[j + 1].wrapping_sub(w[0])));
-                }
+            for (col, tick) in cols.iter_mut().zip(ticks) {
+                col.extend(tick.map(us));
             }
         }
         if tasks == 0 {

@@ -27,6 +27,19 @@ pub const STAMP_WORDS: usize = 8;
 pub const STAMP_MILESTONES: [&str; 7] =
     ["desc", "ready", "x", "first", "last", "stored", "published"];
 
+/// The record at box `record` of `words` (`STAMP_WORDS` a box): each milestone after the first,
+/// in clock ticks after the tile's start (None where the tile did not reach it); None when no tile
+/// wrote the record (its start is 0: a pair of an unused slot, or past the words).
+pub fn stamp_milestones(words: &[u64], record: usize) -> Option<Vec<Option<u64>>> {
+    let w = words.get(record * STAMP_WORDS..(record + 1) * STAMP_WORDS)?;
+    (w[0] != 0).then(|| {
+        w[1..STAMP_MILESTONES.len()]
+            .iter()
+            .map(|&t| (t != 0).then(|| t.wrapping_sub(w[0])))
+            .collect()
+    })
+}
+
 pub const FLAG_FP8: u32 = 1;
 pub const FLAG_OUT_F32: u32 = 2;
 pub const FLAG_SWIGLU: u32 = 4;
@@ -452,5 +465,24 @@ impl DevicePlan {
             n_experts: 0,
         };
         kernel.launch(stream, &table, &args, self.lds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_record_reads_after_its_tile_start_and_an_unwritten_one_reads_as_none() {
+        let mut words = vec![0u64; 3 * STAMP_WORDS];
+        let at = STAMP_WORDS;
+        words[at..at + STAMP_MILESTONES.len()].copy_from_slice(&[100, 110, 0, 130, 140, 150, 160]);
+        let got = stamp_milestones(&words, 1).unwrap();
+        assert_eq!(
+            got,
+            [Some(10), None, Some(30), Some(40), Some(50), Some(60)]
+        );
+        assert_eq!(stamp_milestones(&words, 0), None);
+        assert_eq!(stamp_milestones(&words, 3), None);
     }
 }

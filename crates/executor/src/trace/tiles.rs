@@ -5,7 +5,7 @@
 //! the first and last batches were multiplied, the epilogue stored and the boxes published. A
 //! pair task gives two rows, its gate/up's and its down's.
 
-use linear::gpu::{STAMP_MILESTONES, STAMP_WORDS};
+use linear::gpu::{stamp_milestones, STAMP_MILESTONES};
 use mailbox::Task;
 
 use crate::step::graph::TracedLaunch;
@@ -23,7 +23,7 @@ pub struct TileRow {
     pub us: Vec<Option<f64>>,
 }
 
-/// The records (`STAMP_WORDS` a box) of the tasks of `launch` that stream a matrix: a tiles task's
+/// The records (`linear::gpu::STAMP_WORDS` a box) of the tasks of `launch` that stream a matrix: a tiles task's
 /// at its first box, a pair's gate/up there and its down at the next box. `us_per_tick` turns
 /// clock readings into microseconds. A record whose tile start is zero was not written (a pair of
 /// an unused slot, which publishes without a tile) and gives no row.
@@ -32,15 +32,12 @@ pub fn tile_rows(launch: &TracedLaunch, words: &[u64], us_per_tick: f64) -> Vec<
     let mut rows = Vec::new();
     for (task, name) in r.table.tasks.iter().zip(&r.task_names) {
         for (part, record) in parts(task) {
-            let at = record as usize * STAMP_WORDS;
-            let Some(w) = words.get(at..at + STAMP_WORDS) else {
+            let Some(ticks) = stamp_milestones(words, record as usize) else {
                 continue;
             };
-            if w[0] == 0 {
-                continue;
-            }
-            let us = (1..STAMP_MILESTONES.len())
-                .map(|j| (w[j] != 0).then(|| w[j].wrapping_sub(w[0]) as f64 * us_per_tick))
+            let us = ticks
+                .into_iter()
+                .map(|t| t.map(|t| t as f64 * us_per_tick))
                 .collect();
             rows.push(TileRow {
                 launch: launch.name.clone(),

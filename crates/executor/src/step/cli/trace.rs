@@ -132,11 +132,14 @@ pub fn trace_step(
     };
     let info = dev.info();
     // The host backend's cycles are its nanoseconds; a GPU's SM cycles are finer than its timer.
-    let (base, us_per_tick) = match CycleClock::from_khz(info.clock_khz) {
-        Some(clock) if info.arch != "host" => {
-            (TimeBase::Cycles(clock), 1e3 / f64::from(info.clock_khz))
-        }
-        _ => (TimeBase::Timer, 1e-3),
+    let base = match CycleClock::from_khz(info.clock_khz) {
+        Some(clock) if info.arch != "host" => TimeBase::Cycles(clock),
+        _ => TimeBase::Timer,
+    };
+    // A tile stamp's tick: an SM cycle, or the host's nanosecond.
+    let us_per_tick = match base {
+        TimeBase::Cycles(clock) => 1e-3 / clock.ghz(),
+        TimeBase::Timer => 1e-3,
     };
     let (raw, tile_rows_read) = with_step_of(
         dev,
