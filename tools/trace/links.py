@@ -52,6 +52,7 @@ def held_back(runs, producer):
     late = defaultdict(list)
     latest = defaultdict(list)
     after = defaultdict(lambda: defaultdict(int))
+    every = set().union(*(links for links, _ in runs))
     for links, ctas in runs:
         if producer not in links:
             continue
@@ -64,7 +65,7 @@ def held_back(runs, producer):
                     counts[link] += 1
                     worst[link] = max(worst[link], start - ready)
                     after[link][before] += 1
-        for link in set().union(*(l for l, _ in runs)):
+        for link in every:
             late[link].append(counts[link])
             latest[link].append(worst[link])
     return {
