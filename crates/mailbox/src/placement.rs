@@ -29,7 +29,7 @@
 //! different CTAs never share a line.
 
 use crate::layout::{BoxRange, BOXES_PER_LINE};
-use crate::task::{Task, MAX_INPUTS};
+use crate::task::{Stage, Task, MAX_INPUTS};
 use std::collections::HashMap;
 
 /// Tasks by CTA, each list in the order the CTA runs it.
@@ -114,6 +114,13 @@ pub enum PlacementError {
     },
     #[error("task {task} on CTA {cta} waits on box {box_index}, which it writes itself")]
     WaitsOnItself { task: u32, cta: u32, box_index: u32 },
+    #[error("task {task} on CTA {cta} waits on line {line} whole, by its last box, but box {box_index} has another writer than that box; a line waited on whole is written by one task")]
+    SplitLine {
+        task: u32,
+        cta: u32,
+        line: u32,
+        box_index: u32,
+    },
 }
 
 /// The flattened form the device reads: every CTA's tasks back to back, and `offsets[c]..offsets[c+1]`
@@ -184,7 +191,8 @@ impl Placement {
         }
         self.check_lists(limits)?;
         let writers = self.writers(limits.scratch_boxes)?;
-        self.check_waits(&writers)
+        self.check_waits(&writers)?;
+        self.check_lines(&writers)
     }
 
     /// Shapes of single tasks, gangs on distinct CTAs, and the increasing order of each list.
@@ -302,6 +310,48 @@ impl Placement {
                         })
                     }
                     Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a task's waits go a line at a time: the linear and MoE stages wait on a range of whole
+/// lines by the last box of each line (`lin_wait_boxes`), which its writer puts after everything
+/// it publishes.
+fn waits_by_line(task: &Task) -> bool {
+    matches!(
+        Stage::from_bits(task.stage_bits()),
+        Some(Stage::Linear | Stage::Moe)
+    )
+}
+
+/// Whether `range` is whole lines: the ranges a task that waits by line waits on by their last boxes.
+fn whole_lines(range: &BoxRange) -> bool {
+    range.len != 0 && range.first % BOXES_PER_LINE == 0 && range.len % BOXES_PER_LINE == 0
+}
+
+impl Placement {
+    /// Every line of a range of whole lines that a task waiting by line waits on has one writer:
+    /// seeing its last box must mean every box of the line is written.
+    fn check_lines(&self, writers: &[Option<(u32, u32)>]) -> Result<(), PlacementError> {
+        for (cta, task) in self.tasks().filter(|(_, t)| waits_by_line(t)) {
+            for range in task.inputs().iter().filter(|r| whole_lines(r)) {
+                for line_first in
+                    (range.first..range.first + range.len).step_by(BOXES_PER_LINE as usize)
+                {
+                    let last = writers[(line_first + BOXES_PER_LINE - 1) as usize];
+                    if let Some(b) = (line_first..line_first + BOXES_PER_LINE)
+                        .find(|&b| writers[b as usize] != last)
+                    {
+                        return Err(PlacementError::SplitLine {
+                            task: task.order,
+                            cta,
+                            line: line_first / BOXES_PER_LINE,
+                            box_index: b,
+                        });
+                    }
                 }
             }
         }

@@ -4,7 +4,7 @@
 use mailbox::layout::{BoxRange, BOXES_PER_LINE};
 use mailbox::placement::{Limits, Placement, PlacementError};
 use mailbox::synth::{DagShape, SynthDag, KIND_LEAF, KIND_MIX};
-use mailbox::task::Task;
+use mailbox::task::{Stage, Task};
 use proptest::prelude::*;
 
 fn leaf(order: u32, line: u32) -> Task {
@@ -183,6 +183,36 @@ fn each_rule_is_rejected_naming_tasks_and_ctas() {
             leaf(0, 0),
             Task::new(KIND_LEAF, 1, BoxRange::new(8, 4), &[], [0; 3]).unwrap()
         ]]),
+        Ok(())
+    );
+
+    // A linear task waits on a range of whole lines by each line's last box, so such a line needs
+    // one writer: two tasks of one CTA writing halves of it are refused for that reader, and the
+    // same line is fine for a reader that polls every box, or when one task writes it whole.
+    let half =
+        |order, first| Task::new(KIND_LEAF, order, BoxRange::new(first, 8), &[], [0; 3]).unwrap();
+    let reader =
+        |kind| Task::new(kind, 2, row(1), &[BoxRange::new(0, BOXES_PER_LINE)], [0; 3]).unwrap();
+    let linear = Task::kind_of(Stage::Linear, 1);
+    let e = check(vec![vec![half(0, 0), half(1, 8)], vec![reader(linear)]]).unwrap_err();
+    assert_eq!(
+        e,
+        SplitLine {
+            task: 2,
+            cta: 1,
+            line: 0,
+            box_index: 0
+        }
+    );
+    assert_eq!(
+        check(vec![vec![half(0, 0), half(1, 8)], vec![reader(KIND_MIX)]]),
+        Ok(())
+    );
+    assert_eq!(
+        check(vec![
+            vec![Task::new(KIND_LEAF, 0, BoxRange::new(0, BOXES_PER_LINE), &[], [0; 3]).unwrap()],
+            vec![reader(linear)]
+        ]),
         Ok(())
     );
 
