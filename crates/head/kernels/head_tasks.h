@@ -114,17 +114,13 @@ MONO_DEV u64 head_team_max(const Team& team, u64 v, u64* red) {
   return best;
 }
 
-// Every box of the task's input ranges, a thread a box, then the team agrees; the acquire makes
-// the data published beside the boxes visible.
+// The task's input ranges (mbx_poll_range), then the team agrees; the acquire makes the data
+// published beside the boxes visible.
 template <class Team>
 MONO_DEV bool head_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c) {
   bool ok = true;
   const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
-  for (u32 r = 0; r < n_in && ok; ++r)
-    for (u32 i = team.thread(); i < task.in[r].len && ok; i += Team::size) {
-      u32 v;
-      ok = mbx_poll(c, task.in[r].first + i, &v);
-    }
+  for (u32 r = 0; r < n_in && ok; ++r) ok = mbx_poll_range(c, task.in[r], team.thread(), Team::size);
   ok = team.all(ok);
   mbx_acquire();
   return ok;

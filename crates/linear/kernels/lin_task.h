@@ -60,23 +60,21 @@ struct lin_args {
   u32 n_experts;
 };
 
-// Every stride-th box of the task's input ranges first .. last, a thread a box, then the team
-// agrees; the acquire makes the data published beside the boxes visible. With stride 1, a range
-// of whole lines is waited on by the last box of each line: its one writer (the placement check,
-// `SplitLine`) puts that box after everything it publishes, so the line's other boxes say nothing
-// more, and a thread polls one line instead of one after another: a link's wait on 128 producers
-// was four dependent round trips a thread, about 2 us after the last of them had published.
+// The task's input ranges first .. last, a thread a box (stride 1: mbx_poll_range, a line a
+// thread where a range is whole lines), or every stride-th box, then the team agrees; the acquire
+// makes the data published beside the boxes visible.
 template <class Team>
 MONO_DEV bool lin_wait_boxes(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 first, u32 last, u32 stride) {
   bool ok = true;
   const u32 n_in = mbx_min(task.n_inputs, MBX_MAX_INPUTS);
   for (u32 r = first; r <= last && r < n_in && ok; ++r) {
-    const mbx_range in = task.in[r];
-    const bool lines = stride == 1 && in.len != 0 && in.first % MBX_BOXES_PER_LINE == 0 && in.len % MBX_BOXES_PER_LINE == 0;
-    const u32 step = lines ? MBX_BOXES_PER_LINE : stride, at = lines ? MBX_BOXES_PER_LINE - 1u : 0u;
-    for (u32 i = team.thread() * step + at; i < in.len && ok; i += Team::size * step) {
+    if (stride == 1) {
+      ok = mbx_poll_range(c, task.in[r], team.thread(), Team::size);
+      continue;
+    }
+    for (u32 i = team.thread() * stride; i < task.in[r].len && ok; i += Team::size * stride) {
       u32 v;
-      ok = mbx_poll(c, in.first + i, &v);
+      ok = mbx_poll(c, task.in[r].first + i, &v);
     }
   }
   ok = team.all(ok);

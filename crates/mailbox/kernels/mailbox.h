@@ -233,6 +233,23 @@ MONO_DEV bool mbx_poll(const mbx_ctx& c, u32 box, u32* value) {
 // One box, by the calling thread alone.
 MONO_DEV bool mbx_wait(const mbx_ctx& c, u32 box, u32* value) { return mbx_poll(c, box, value); }
 
+// A range that a task of the stages that wait by line (src/placement.rs `waits_by_line`: linear,
+// MoE, MLA, head) waits on without reading the boxes' values, thread `thread` of `threads`. A range
+// of whole lines is waited on by the last box of each line: its one writer (the placement check,
+// `SplitLine`) puts that box after everything it publishes, so the line's other boxes say nothing
+// more, and a thread polls one line rather than several one after another (a link's wait on 128
+// producers was four dependent round trips a thread, about 2 us after the last had published).
+MONO_DEV bool mbx_poll_range(const mbx_ctx& c, mbx_range in, u32 thread, u32 threads) {
+  const bool lines = in.len != 0 && in.first % MBX_BOXES_PER_LINE == 0 && in.len % MBX_BOXES_PER_LINE == 0;
+  const u32 step = lines ? MBX_BOXES_PER_LINE : 1u;
+  bool ok = true;
+  for (u32 i = thread * step + (step - 1u); i < in.len && ok; i += threads * step) {
+    u32 v;
+    ok = mbx_poll(c, in.first + i, &v);
+  }
+  return ok;
+}
+
 // Block-wide agreement on a wait's outcome; ends with every thread past a barrier.
 MONO_DEV bool mbx_block_agree(const mbx_ctx& c, bool ok) {
 #if MBX_DEBUG

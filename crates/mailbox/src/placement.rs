@@ -25,8 +25,10 @@
 //! members on one CTA (the second never starts while the first waits on it), or a task ahead of a
 //! member on its CTA that waits on a later rank (that rank's CTA may first need the gang to finish).
 //!
-//! Two more rules keep hand-offs sound and fast: every box has one writer, and boxes written by
-//! different CTAs never share a line.
+//! Three more rules keep hand-offs sound and fast: every box has one writer; boxes written by
+//! different CTAs never share a line; and a range of whole lines that a linear, MoE, MLA or head
+//! task waits on has one writer a line, since such a task waits on it by the last box of each
+//! line (`mbx_poll_range`), which that writer puts after everything it publishes.
 
 use crate::layout::{BoxRange, BOXES_PER_LINE};
 use crate::task::{Stage, Task, MAX_INPUTS};
@@ -317,13 +319,13 @@ impl Placement {
     }
 }
 
-/// Whether a task's waits go a line at a time: the linear and MoE stages wait on a range of whole
-/// lines by the last box of each line (`lin_wait_boxes`), which its writer puts after everything
-/// it publishes.
+/// Whether a task's waits go a line at a time: the linear, MoE, MLA and head stages wait on a
+/// range of whole lines by the last box of each line (`mbx_poll_range`), which its writer puts
+/// after everything it publishes.
 fn waits_by_line(task: &Task) -> bool {
     matches!(
         Stage::from_bits(task.stage_bits()),
-        Some(Stage::Linear | Stage::Moe)
+        Some(Stage::Linear | Stage::Moe | Stage::Mla | Stage::Head)
     )
 }
 

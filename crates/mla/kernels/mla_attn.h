@@ -195,12 +195,14 @@ MONO_DEV bool mla_wait(const Team& team, const mbx_ctx& c, u32 first, u32 n, i32
   return team.all(ok);
 }
 
-// Every box of inputs from..n_inputs, then an acquire: data published beside them is visible.
+// Inputs from..n_inputs (mbx_poll_range), one team agreement, then an acquire: data published
+// beside them is visible.
 template <class Team>
 MONO_DEV bool mla_wait_inputs(const Team& team, const mbx_task& task, const mbx_ctx& c, u32 from,
                                u32 to = MBX_MAX_INPUTS) {
-  for (u32 i = from; i < task.n_inputs && i < to; ++i)
-    if (!mla_wait(team, c, task.in[i].first, task.in[i].len, nullptr)) return false;
+  bool ok = true;
+  for (u32 i = from; i < task.n_inputs && i < to && ok; ++i) ok = mbx_poll_range(c, task.in[i], team.thread(), Team::size);
+  if (!team.all(ok)) return false;
   mbx_acquire();
   return true;
 }
