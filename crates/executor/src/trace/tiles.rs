@@ -6,6 +6,7 @@
 //! pair task gives two rows, its gate/up's and its down's.
 
 use linear::gpu::{stamp_milestones, STAMP_MILESTONES};
+use mailbox::trace::{Record, RECORD_MARK};
 use mailbox::Task;
 
 use crate::step::graph::TracedLaunch;
@@ -49,6 +50,24 @@ pub fn tile_rows(launch: &TracedLaunch, words: &[u64], us_per_tick: f64) -> Vec<
         }
     }
     rows
+}
+
+/// The SM clock the launch's task records saw, in us a tick: their cycles over their shared-clock
+/// nanoseconds, over the tasks of at least 2 us (the shared clock steps by about 0.26 us). The
+/// device's nominal clock is its highest, and a loaded H200 ran about 5 % below it, which made
+/// every milestone that much early. None where no task ran that long.
+pub fn us_per_tick_seen(launch: &TracedLaunch) -> Option<f64> {
+    let words = &launch.records.words;
+    let records: &[Record] = bytemuck::try_cast_slice(words).ok()?;
+    let (mut ns, mut ticks) = (0u64, 0u64);
+    for r in records.iter().filter(|r| r.mark == RECORD_MARK) {
+        let span_ns = r.end_ns.saturating_sub(r.start_ns);
+        if span_ns >= 2_000 {
+            ns += span_ns;
+            ticks += r.end_cycles.saturating_sub(r.start_cycles);
+        }
+    }
+    (ns > 0 && ticks > 0).then(|| ns as f64 * 1e-3 / ticks as f64)
 }
 
 fn parts(task: &Task) -> Vec<(&'static str, u32)> {
@@ -149,5 +168,57 @@ mod tests {
             link_of("moe expert slot 0 gate/up tiles 2..4, down tiles 24..48"),
             "moe expert slot # gate/up tiles, down tiles"
         );
+    }
+
+    fn launch_of(records: &[Record]) -> TracedLaunch {
+        TracedLaunch {
+            name: "layer 0".into(),
+            kind: "test".into(),
+            records: crate::step::graph::LaunchRecords {
+                table: mailbox::TaskTable {
+                    tasks: Vec::new(),
+                    offsets: vec![0],
+                },
+                words: bytemuck::cast_slice(records).to_vec(),
+                task_names: Vec::new(),
+            },
+        }
+    }
+
+    fn record(ns: u64, cycles: u64) -> Record {
+        Record {
+            start_ns: 1_000,
+            end_ns: 1_000 + ns,
+            start_cycles: 5_000,
+            end_cycles: 5_000 + cycles,
+            sm: 0,
+            cta: 0,
+            order_kind: 0,
+            mark: RECORD_MARK,
+        }
+    }
+
+    #[test]
+    fn the_clock_is_the_one_the_long_tasks_saw() {
+        // 1.88 GHz over 10 us of long tasks; the 1 us task (coarse on the shared clock) and the
+        // unwritten record do not count.
+        let mut unwritten = record(4_000, 1);
+        unwritten.mark = 0;
+        let launch = launch_of(&[
+            record(6_000, 11_280),
+            record(4_000, 7_520),
+            record(1_000, 9_000),
+            unwritten,
+        ]);
+        let tick = us_per_tick_seen(&launch).unwrap();
+        assert!((1e-3 / tick - 1.88).abs() < 1e-9, "{}", 1e-3 / tick);
+        // Negative control: with the short task counted the clock would read otherwise.
+        let all = launch_of(&[
+            record(6_000, 11_280),
+            record(4_000, 7_520),
+            record(2_000, 9_000),
+        ]);
+        assert!((1e-3 / us_per_tick_seen(&all).unwrap() - 1.88).abs() > 0.1);
+        assert_eq!(us_per_tick_seen(&launch_of(&[record(1_000, 1_880)])), None);
     }
 }

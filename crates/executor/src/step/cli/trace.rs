@@ -16,7 +16,7 @@ use crate::step::Result;
 use crate::trace::step::{
     decode_step, kinds_timeline, step_timeline, summary, write_step, DecodedLaunch, StepFiles,
 };
-use crate::trace::tiles::{tile_rows, tiles_summary, tiles_tsv, TileRow};
+use crate::trace::tiles::{tile_rows, tiles_summary, tiles_tsv, us_per_tick_seen, TileRow};
 
 /// `mono trace`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -159,7 +159,8 @@ pub fn trace_step(
                     continue;
                 };
                 if let Some(last) = raw.iter().rev().find(|l| l.kind == k.kind.name()) {
-                    rows.extend(tile_rows(last, &words, us_per_tick));
+                    let tick = us_per_tick_seen(last).unwrap_or(us_per_tick);
+                    rows.extend(tile_rows(last, &words, tick));
                 }
             }
             Ok((raw, rows))
