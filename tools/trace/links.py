@@ -15,6 +15,7 @@ placement held back.
     python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route']
 """
 import argparse
+import gzip
 import json
 import re
 import statistics
@@ -77,11 +78,12 @@ def held_back(runs, producer):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
+    ap.add_argument("trace", help="mono trace's step.json, or it gzipped (.gz)")
     ap.add_argument("--kind", help="only this launch kind")
     ap.add_argument("--behind", help="a link: the tasks that started after its last end")
     args = ap.parse_args()
-    with open(args.trace) as f:
+    opener = gzip.open if args.trace.endswith(".gz") else open
+    with opener(args.trace, "rt") as f:
         events = json.load(f)["traceEvents"]
     kinds = defaultdict(list)
     for kind, links, ctas in launches(events):
