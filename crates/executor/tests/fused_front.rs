@@ -378,7 +378,7 @@ const CASES: [(Shape, usize, u32); 4] = [
     (&[(20000, 4), (9000, 1)], 64, 24),
     // One request of 4 rows past 16K, k = 2048 (GLM-5's), fewer CTAs than slices would like.
     (&[(17000, 4)], 2048, 12),
-    // A single row on a small grid.
+    // One CTA a row (8K to 16K keys): a single row on a small grid.
     (&[(12345, 1)], 256, 4),
 ];
 

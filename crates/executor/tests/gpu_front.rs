@@ -130,7 +130,7 @@ fn first_difference(a: &[i32], b: &[i32]) -> Option<usize> {
     a.iter().zip(b).position(|(x, y)| x != y)
 }
 
-const CASES: [(&str, &[Request]); 7] = [
+const CASES: [(&str, &[Request]); 8] = [
     (
         "8K x 1",
         &[Request {
@@ -143,6 +143,13 @@ const CASES: [(&str, &[Request]); 7] = [
         &[Request {
             rows: 4,
             last_position: 8191,
+        }],
+    ),
+    (
+        "12K x 4 (one CTA a row)",
+        &[Request {
+            rows: 4,
+            last_position: 12_287,
         }],
     ),
     (

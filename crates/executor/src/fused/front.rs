@@ -48,8 +48,10 @@ use std::ops::Range;
 /// Rows a fused front-half build takes at most: its score boxes and select regions are sized for
 /// them, and each row's key and query tasks take a CTA beside the scorers.
 pub const MAX_ROWS: u32 = 32;
-/// Keys a registers-kind select task holds in the production build (16 a thread of 512): longer
-/// rows take the multi-slice gangs.
+/// Keys a registers-kind select task holds in the production build (16 a thread of 512). Longer
+/// rows of up to [`SLICE_ROOM`] keys take one CTA a row (the whole row in its LDS), longer ones
+/// the multi-slice gangs: a gang of two slices passes six digit rounds between its CTAs, and a
+/// layer launch at 8K context (8193 keys and more) was slower that way (PERF.md).
 pub const REGISTERS_ROW: u32 = 8192;
 
 /// One request of a step: the tokens already in its cache, its query rows this step (a decoded
@@ -215,6 +217,8 @@ impl FrontPart {
         let longest = lens.iter().copied().max().unwrap_or(0);
         let select_kind = if longest <= REGISTERS_ROW {
             SelectKind::Registers
+        } else if longest <= SLICE_ROOM {
+            SelectKind::OneCta
         } else {
             SelectKind::Slice
         };
