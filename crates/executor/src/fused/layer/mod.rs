@@ -6,9 +6,10 @@
 //! [embed (layer 0)] -> attention latents (q_a, kv_a normalising their x; KV norm; [full: the
 //!       input norm and q norm, the indexer's inputs])
 //!   -> [full indexer: wk, weights_proj, wq_b as linear tasks]
-//!   -> attention queries (q_b normalising q_a's output, q rope, W_UK)
 //!   -> [full indexer: index keys, queries, scores, select; the key and query tasks wait on the
 //!       projections' completion lines]
+//!   -> attention queries (q_b normalising q_a's output, q rope, W_UK; in a full-indexer launch
+//!       behind the front half's tasks on their CTAs, so that scoring starts with the query)
 //!   -> [full: a Slots task a row waiting on select's list box of its row | shared: one Slots task
 //!       publishing the lists an earlier full layer's select left in the step slices]
 //!   -> attention (cache writes, splits, combines), W_UV, o_proj + residual

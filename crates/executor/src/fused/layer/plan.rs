@@ -245,7 +245,6 @@ impl Composer<'_> {
             }
             None => Vec::new(),
         };
-        half.queries_sparing(&mut self.g, &key_ctas)?;
         let index = match projections {
             Some(p) => {
                 let front_build = FrontBuild {
@@ -258,6 +257,10 @@ impl Composer<'_> {
             }
             None => None,
         };
+        // q_b, the rope and W_UK after the front half's tasks: a CTA's score task then runs as
+        // soon as the query is published, not behind a W_UK task that waits on all of q_b, and
+        // q_b and W_UK go to the CTAs the front half leaves lightest.
+        half.queries_sparing(&mut self.g, &key_ctas)?;
         let list_ready = match &index {
             Some(ix) => (0..self.rows)
                 .map(|r| {
