@@ -17,11 +17,11 @@
 //!
 //! The two norms stay out of the dependent chain: a linear task computes its rows' inverse RMS
 //! itself (the bits the norm task would write), so q_a and kv_a wait on the input rows and q_b on
-//! q_a, not on a one-CTA norm task between them. The norm tasks are planned only for a launch
-//! whose indexer reads the normed input rows and q latent ([`HalfPlan::begin`]'s `keep_norms`),
-//! and nothing of the half's own chain waits on them.
+//! q_a, not on a one-CTA norm task between them. The input norm task is planned only for a
+//! launch whose indexer reads the normed input rows ([`HalfPlan::begin`]'s `keep_norms`; its
+//! wq_b norms q_a's output itself, as q_b does), and nothing of the half's own chain waits on it.
 //!
-//! The global order: the input norm, q_a, kv_a, the KV norm, the q norm ([`HalfPlan::begin`]),
+//! The global order: the input norm, q_a, kv_a, the KV norm ([`HalfPlan::begin`]),
 //! q_b, the q rope, W_UK ([`HalfPhases::queries`]), the attention's cache writes, splits and
 //! combines, W_UV, o_proj ([`HalfPhases::attend`]); every task on the CTA after the one before
 //! (round robin), so that every matrix streams on as many CTAs as it has tasks, but for the links
@@ -209,7 +209,6 @@ pub struct HalfArena {
     /// Made by the launch.
     pub hidden_normed: u64,
     pub q_a: u64,
-    pub q_latent: u64,
     pub kv_a: u64,
     /// `[rows][heads][qk]`, then zeros the last head's padded W_UK reads.
     pub q: u64,
@@ -262,7 +261,6 @@ impl HalfArena {
             slot_lists: inputs.slot_lists,
             hidden_normed: take("hidden_normed", rows * d.hidden as u64 * 2)?,
             q_a: take("q_a", rows * d.q_lora as u64 * 2)?,
-            q_latent: take("q_latent", rows * d.q_lora as u64 * 2)?,
             kv_a: take("kv_a", rows * (latent + rope) * 2)?,
             q: take("q", (rows * heads * d.qk() as u64 + q_slack) * 2)?,
             q_pe: take("q_pe", rows * heads * rope * 2)?,
@@ -296,15 +294,14 @@ pub struct HalfBuild {
     pub choice: SplitChoice,
 }
 
-/// The boxes of the half. `norm_hidden` and `norm_q` are written only by the norm tasks a launch
-/// with the indexer plans (`keep_norms`).
+/// The boxes of the half. `norm_hidden` is written only by the norm task a launch with the
+/// indexer plans (`keep_norms`).
 #[derive(Clone, Copy, Debug)]
 pub struct HalfBoxes {
     pub norm_hidden: Region<u32>,
     pub q_a: Region<u32>,
     pub kv_a: Region<u32>,
     pub norm_kv: Region<u32>,
-    pub norm_q: Region<u32>,
     pub q_b: Region<u32>,
     pub rope_q: Region<u32>,
     pub uk: Region<u32>,
@@ -338,7 +335,8 @@ fn lines(b: &mut LayoutBuilder, name: &str, n: u32) -> Result<Region<u32>, HalfE
         .map_err(|e| HalfError::Graph(e.to_string()))
 }
 
-fn whole(r: &Region<u32>) -> BoxRange {
+/// Every box of region `r`.
+pub(crate) fn whole(r: &Region<u32>) -> BoxRange {
     BoxRange::new(r.offset(), r.slots() * r.stride())
 }
 
@@ -367,7 +365,7 @@ pub struct HalfPhases {
     /// Slot lists published in the launch (by select): one Slots task a row waits on its row's
     /// list box. Otherwise one Slots task, first, publishes lists written before the launch.
     lists_in_launch: bool,
-    /// The input norm and q norm tasks are planned (their outputs read by the indexer).
+    /// The input norm task is planned (its output read by the indexer).
     keep_norms: bool,
     hidden_in: Vec<BoxRange>,
     /// The CTA of the KV norm (behind kv_a's last task); the q rope goes behind it.
@@ -395,9 +393,9 @@ impl HalfPlan {
 
     /// The half's first phase: its arena slices (the step inputs at `inputs`, or its own), boxes
     /// and matrices, a Slots task first unless `lists_in_launch`, then the input norm (when
-    /// `keep_norms`), q_a, kv_a, the KV latent's norm and the q latent's norm (when `keep_norms`).
-    /// `keep_norms`: another part of the launch (the indexer's projections) reads the normed input
-    /// rows and q latent; the half's own matrices norm their x themselves.
+    /// `keep_norms`), q_a, kv_a, the KV latent's norm. `keep_norms`: another part of the launch
+    /// (the indexer's projections) reads the normed input rows; the half's own matrices norm
+    /// their x themselves.
     #[allow(clippy::too_many_arguments)]
     pub fn begin(
         g: &mut LaunchGraph,
@@ -503,7 +501,6 @@ impl HalfPlan {
             q_a: lines(b, &name("q_a"), count(&|m| *m == HalfMatrix::QA))?,
             kv_a: lines(b, &name("kv_a"), count(&|m| *m == HalfMatrix::KvA))?,
             norm_kv: one(b, "norm_kv")?,
-            norm_q: one(b, "norm_q")?,
             q_b: lines(b, &name("q_b"), count(&|m| *m == HalfMatrix::QB))?,
             rope_q: one(b, "rope_q")?,
             uk: lines(b, &name("uk"), count(&|m| matches!(m, HalfMatrix::Uk(_))))?,
@@ -626,7 +623,7 @@ impl HalfPhases {
 
     /// The first phase's tasks: the slot lists from memory (unless select publishes them in the
     /// launch), the input norm (for the indexer), q_a and kv_a (on the input rows, normed as they
-    /// are staged), the KV norm, the q norm (for the indexer). q_a and kv_a take the CTAs in turn,
+    /// are staged), the KV norm. q_a and kv_a take the CTAs in turn,
     /// so where they hold more tiles than the grid has CTAs, the CTAs from the first of q_a's on
     /// run two of them; each norm waits on a whole matrix, so it goes behind the last task of that
     /// matrix rather than onto a CTA that would otherwise be done first.
@@ -647,7 +644,7 @@ impl HalfPhases {
             )?;
         }
         let hidden_in = self.hidden_in.clone();
-        let last_q_a = self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &hidden_in)?;
+        self.linear_tasks(g, HalfMatrix::QA, &boxes.q_a, &mut 0, &hidden_in)?;
         let last_kv_a = self.linear_tasks(g, HalfMatrix::KvA, &boxes.kv_a, &mut 0, &hidden_in)?;
         push_on(
             g,
@@ -658,16 +655,6 @@ impl HalfPhases {
             norm(NormOf::KvLatent),
         )?;
         self.norm_kv_cta = last_kv_a;
-        if self.keep_norms {
-            push_on(
-                g,
-                last_q_a,
-                MlaKind::Norm.kind(),
-                first_box(&boxes.norm_q),
-                &[whole(&boxes.q_a)],
-                norm(NormOf::QLatent),
-            )?;
-        }
         Ok(())
     }
 
@@ -852,7 +839,8 @@ impl HalfPlan {
                 hidden_normed: at(a.hidden_normed),
                 hidden_norm: w.hidden_norm,
                 q_a: at(a.q_a),
-                q_latent: at(a.q_latent),
+                // No q latent norm task: q_b and the indexer's wq_b norm q_a's output themselves.
+                q_latent: 0,
                 q_a_norm: w.q_a_norm,
                 kv_a: at(a.kv_a),
                 kv_a_norm: w.kv_a_norm,

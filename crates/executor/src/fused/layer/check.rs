@@ -102,7 +102,11 @@ fn bound_at_zero(plan: &LayerPlan) -> (Vec<Option<LinMatrix>>, HeadDescriptors) 
         }
     }
     if let Some(ix) = &plan.index {
-        for (i, m) in ix.projections.matrices(0, &Default::default()) {
+        let ix_mats = ix
+            .projections
+            .matrices(0, &Default::default())
+            .expect("zero weight addresses are aligned");
+        for (i, m) in ix_mats {
             put(&mut mats, &mut bound, i, m);
         }
     }
@@ -148,9 +152,8 @@ fn mla_access(half: &HalfPlan, slot_lists: u64, topk: u64, t: &Task) -> Option<A
             x.writes
                 .push(bf16_rows(a.hidden_normed, first, n, d.hidden as u64));
         } else if which == NormOf::QLatent as u32 {
-            x.reads.push(bf16_rows(a.q_a, first, n, d.q_lora as u64));
-            x.writes
-                .push(bf16_rows(a.q_latent, first, n, d.q_lora as u64));
+            // A layer launch has no slice for it: q_b and wq_b norm q_a's output themselves.
+            return None;
         } else {
             x.reads.push(bf16_rows(a.kv_a, first, n, latent + rope));
             x.writes.push(bf16_rows(a.new_latent, first, n, latent));

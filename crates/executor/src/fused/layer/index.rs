@@ -6,12 +6,13 @@
 //! - `weights_proj`: gates `[rows][index_n_heads]` f32 = W_w x̂ (the linear's f32 output; the
 //!   constant (H_I · d_I)^-1/2 is the indexer's `weight_scale`, applied by the query task);
 //! - `wq_b`: query_proj `[rows][index_n_heads * index_head_dim]` bf16 = W_qb c^Q, c^Q the
-//!   attention's normed q latent.
+//!   attention's q latent (q_a's output) normalised by the tile as it stages it, as q_b does: a
+//!   norm task between q_a and wq_b was a link of about 7 us on the index chain.
 //!
 //! The reference rounds the gates to bf16 (`IndexerOptions::bf16_projections`); the linear's
 //! f32 output keeps them unrounded, a difference of at most 2^-9 relative in each head weight.
 
-use super::super::attention::{HalfPlan, PackedAt};
+use super::super::attention::{whole, HalfPlan, PackedAt};
 use super::super::front::{FrontBuild, FrontPart, FrontRequest};
 use super::super::graph::{ArenaSlice, Completion, LaunchGraph};
 use super::super::head::matrix_tasks_on;
@@ -40,9 +41,11 @@ pub struct IndexProjections {
     pub wq_b: u32,
     pub wk: u32,
     pub weights_proj: u32,
-    /// The inputs: the attention's normed rows (x̂) and normed q latent (c^Q), arena offsets.
+    /// The inputs: the attention's normed rows (x̂) and q_a's output rows, arena offsets.
     pub hidden_normed: u64,
-    pub q_latent: u64,
+    pub q_a: u64,
+    /// The q latent norm's eps (wq_b normalises q_a's output with it).
+    pub q_norm_eps: f32,
     pub key_proj: ArenaSlice,
     pub query_proj: ArenaSlice,
     pub gates: ArenaSlice,
@@ -68,13 +71,15 @@ pub struct IndexWeights {
     pub wq_b: PackedAt,
     pub wk: PackedAt,
     pub weights_proj: PackedAt,
+    /// The attention's q latent norm weight (bf16 `[q_lora]`).
+    pub q_a_norm: u64,
 }
 
 fn tiles(n: u32) -> u32 {
     n.div_ceil(TILE_ROWS as u32)
 }
 
-/// Plans the projections after the attention's latents (`half`'s input norm and q norm boxes).
+/// Plans the projections after the attention's latents (`half`'s input norm and q_a boxes).
 pub fn index_projections(
     g: &mut LaunchGraph,
     cfg: &ModelConfig,
@@ -96,7 +101,7 @@ pub fn index_projections(
     let gates = g.arena("index_gates", rows * u64::from(dims.heads) * 4)?;
     let one = |r: &mailbox::layout::Region<u32>| r.slot(0).expect("one box");
     let after_norm = [one(&half.boxes.norm_hidden)];
-    let after_q_norm = [one(&half.boxes.norm_q)];
+    let after_q_a = [whole(&half.boxes.q_a)];
     let (wk, weights_proj, wq_b) = (g.matrix(), g.matrix(), g.matrix());
     // The three go to the CTAs that ran one of q_a and kv_a (the others also ran the other, or
     // a norm): wk and the gates first, a task a CTA, then wq_b, which heads the indexer's chain
@@ -126,7 +131,7 @@ pub fn index_projections(
         "index_wq_b_done",
         wq_b,
         tiles(dims.heads * dims.head_dim),
-        &after_q_norm,
+        &after_q_a,
         &wq_b_ctas,
     )?;
     Ok(IndexProjections {
@@ -135,7 +140,8 @@ pub fn index_projections(
         wk,
         weights_proj,
         hidden_normed: half.arena.hidden_normed,
-        q_latent: half.arena.q_latent,
+        q_a: half.arena.q_a,
+        q_norm_eps: half.dims.latent_eps as f32,
         key_proj,
         query_proj,
         gates,
@@ -181,7 +187,11 @@ impl IndexProjections {
     }
 
     /// The projections' entries of the matrix list (index, descriptor), activations at `arena`.
-    pub fn matrices(&self, arena: u64, w: &IndexWeights) -> [(u32, LinMatrix); 3] {
+    pub fn matrices(
+        &self,
+        arena: u64,
+        w: &IndexWeights,
+    ) -> Result<[(u32, LinMatrix); 3], LayerError> {
         let d = &self.dims;
         let m = |p: &PackedAt, x: u64, k: u32, y: u64, n: u32, out_f32: bool| LinMatrix {
             w: p.w,
@@ -200,7 +210,17 @@ impl IndexProjections {
             ..LinMatrix::default()
         };
         let heads = d.heads * d.head_dim;
-        [
+        let wq_b = m(
+            &w.wq_b,
+            self.q_a,
+            d.q_lora,
+            self.query_proj.offset,
+            heads,
+            false,
+        )
+        .with_rmsnorm(w.q_a_norm, d.q_lora, 0, self.q_norm_eps)
+        .map_err(|e| LayerError::Matrices(format!("wq_b: {e}")))?;
+        Ok([
             (
                 self.wk,
                 m(
@@ -223,18 +243,8 @@ impl IndexProjections {
                     true,
                 ),
             ),
-            (
-                self.wq_b,
-                m(
-                    &w.wq_b,
-                    self.q_latent,
-                    d.q_lora,
-                    self.query_proj.offset,
-                    heads,
-                    false,
-                ),
-            ),
-        ]
+            (self.wq_b, wq_b),
+        ])
     }
 }
 

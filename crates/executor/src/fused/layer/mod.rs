@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! [embed (layer 0)] -> attention latents (q_a, kv_a normalising their x; KV norm; [full: the
-//!       input norm and q norm, the indexer's inputs])
-//!   -> [full indexer: wk, weights_proj, wq_b as linear tasks]
+//!       input norm, the indexer's input])
+//!   -> [full indexer: wk, weights_proj, wq_b as linear tasks; wq_b norms q_a's output itself]
 //!   -> [full indexer: index keys, queries, scores, select; the key and query tasks wait on the
 //!       projections' completion lines]
 //!   -> attention queries (q_b normalising q_a's output, q rope, W_UK; in a full-indexer launch

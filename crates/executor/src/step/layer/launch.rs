@@ -356,8 +356,13 @@ impl<'a> LayerLaunch<'a> {
                 wq_b: iw.wq_b,
                 wk: iw.wk,
                 weights_proj: iw.weights_proj,
+                q_a_norm: lw.attention.q_a_norm,
             };
-            for (i, m) in ix.projections.matrices(arena, &w) {
+            let ix_mats = ix
+                .projections
+                .matrices(arena, &w)
+                .map_err(|e| invalid(format!("{name}: {e}")))?;
+            for (i, m) in ix_mats {
                 mats[i as usize] = m;
             }
             let cache = caches.layer(lw.plan.index)?;
