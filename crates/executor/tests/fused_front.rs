@@ -633,6 +633,17 @@ fn bad_batches_are_refused_before_anything_runs() {
         FrontGraph::new(&cfg, &requests, build(132, cache_pages)),
         Err(FrontError::TooManyRows { rows: 33, max: 32 })
     ));
+    // More rows than the grid has CTAs for: each row's key and query tasks take one.
+    let (requests, cache_pages) = batch(&[(5000, 4)], 3);
+    assert!(matches!(
+        FrontGraph::new(&cfg, &requests, build(4, cache_pages)),
+        Err(FrontError::TooFewCtas {
+            rows: 4,
+            ctas: 4,
+            max: 1
+        })
+    ));
+    assert!(FrontGraph::new(&cfg, &requests, build(9, cache_pages)).is_ok());
     // No rows.
     let (requests, cache_pages) = batch(&[(5000, 0)], 3);
     assert_eq!(

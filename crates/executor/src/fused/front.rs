@@ -79,6 +79,8 @@ pub enum FrontError {
     NoRows,
     #[error("the step has {rows} rows; the launch was built for at most {max}")]
     TooManyRows { rows: u32, max: u32 },
+    #[error("the step has {rows} rows; a grid of {ctas} CTAs takes at most {max} (each row's key and query tasks take a CTA of their own beside a scorer; on the host backend MONO_HOST_CTAS sets the grid)")]
+    TooFewCtas { rows: u32, ctas: u32, max: u32 },
     #[error("request {request}: its {context} cached tokens and {rows} new ones need {need} pages; its page table has {have}")]
     ContextPastPages {
         request: usize,
@@ -200,8 +202,9 @@ impl FrontPart {
         let table: Vec<Vec<u32>> = requests.iter().map(|r| r.pages.clone()).collect();
         let pages = PageTable::new(&table).map_err(|e| FrontError::Indexer(e.to_string()))?;
         let n_rows = rows.len() as u32;
-        let most_runs = max_runs(build.ctas, n_rows).ok_or(FrontError::TooManyRows {
+        let most_runs = max_runs(build.ctas, n_rows).ok_or(FrontError::TooFewCtas {
             rows: n_rows,
+            ctas: build.ctas,
             max: build.ctas.saturating_sub(1) / 2,
         })?;
         let plan = ScorePlan::new(
