@@ -109,7 +109,8 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
     if parameters > MAX_REFERENCE_PARAMETERS {
         return Err(format!(
             "this model has {parameters} parameters; the CPU reference holds them all as f32 and \
-             takes at most {MAX_REFERENCE_PARAMETERS}. Use --preset tiny (the GPU step is not built yet)."
+             takes at most {MAX_REFERENCE_PARAMETERS}. Use --preset tiny here; on a GPU, `mono step \
+             --tp 8` (the same flags) runs one rank's step on weights made on the device."
         ));
     }
     let options = match args.numerics {
