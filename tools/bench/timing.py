@@ -1,0 +1,28 @@
+"""Event timing for the PyTorch baselines: the median of runs, each after a 256 MB write that
+evicts the L2 (50 MB on an H200), so that every run reads its weights or cache from HBM, as the
+Rust benches' replays do."""
+import torch
+
+FLUSH_BYTES = 256 << 20
+
+
+class ColdTimer:
+    def __init__(self):
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def median_us(self, run, timed=30, warm=3):
+        """`run()` timed `timed` times with the L2 flushed before each; the median, in us."""
+        for _ in range(warm):
+            run()
+        times = []
+        for _ in range(timed):
+            self.flush.zero_()
+            self.start.record()
+            run()
+            self.end.record()
+            self.end.synchronize()
+            times.append(self.start.elapsed_time(self.end) * 1e3)
+        times.sort()
+        return times[len(times) // 2]
