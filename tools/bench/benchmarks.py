@@ -134,6 +134,22 @@ def load(path):
     return records
 
 
+def load_all():
+    """Every record of the results, each in its table's file (where --take puts it) and its key
+    once: a record elsewhere would show beside, or instead of, the one --take replaces."""
+    records, seen = [], {}
+    for path in sorted(RESULTS.glob("*.jsonl")):
+        for record in load(path):
+            if path.name != f"{slug(record['table'])}.jsonl":
+                sys.exit(f"{path}: holds a record of table {record['table']!r}, whose file is "
+                         f"{slug(record['table'])}.jsonl")
+            if key(record) in seen:
+                sys.exit(f"{path}: {key(record)} is there twice")
+            seen[key(record)] = path
+            records.append(record)
+    return records
+
+
 def slug(table):
     return re.sub(r"[^a-z0-9]+", "-", table.lower()).strip("-")
 
@@ -281,7 +297,7 @@ def main():
     args = parser.parse_args()
     for run in args.take:
         take(run)
-    records = [r for path in sorted(RESULTS.glob("*.jsonl")) for r in load(path)]
+    records = load_all()
     text = page(records)
     if args.check:
         if PAGE.read_text(encoding="utf-8") != text:

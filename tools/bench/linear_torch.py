@@ -1,6 +1,6 @@
 """PyTorch baseline for the linear task (crates/linear/benches/gpu.rs, the same cases): bf16
-`F.linear` (y = x W^T) over a GLM-5.2 TP8 rank's matrices, eager, weights cold in L2, at 1 and 4
-rows. PyTorch has no 128 x 128 block-scaled FP8 matmul, so its weights are bf16: twice the bytes
+`F.linear` (y = x W^T) over a GLM-5.2 TP8 rank's matrices, weights cold in L2, at 1 and 4 rows:
+eager, and the same kernels replayed from one CUDA graph (what an engine's decode runs). PyTorch has no 128 x 128 block-scaled FP8 matmul, so its weights are bf16: twice the bytes
 of the FP8 weights the case names. Median of 30 event-timed runs (tools/bench/timing.py); with
 MONO_BENCH_JSON set each figure is also a record (tools/bench/record.py).
 
@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import record
-from timing import ColdTimer
+from timing import ColdTimer, graphed
 
 HIDDEN, Q_LORA, O_IN, EXPERT_INTER, EXPERTS_IN_CASE, ROUTER = 6144, 2048, 2048, 256, 9, 256
 ROWS = [1, 4]
 TABLE = "linear (GLM-5.2 TP8 rank's matrices)"
-WHAT = "PyTorch bf16 F.linear, eager, weights cold in L2"
+EAGER = "PyTorch bf16 F.linear, eager, weights cold in L2"
+GRAPH = "PyTorch bf16 F.linear, one CUDA graph, weights cold in L2"
 
 
 def weight(n, k):
@@ -52,11 +53,12 @@ def main():
             ("9 experts + router, one launch", 45.78, [router] + [w for e in experts for w in e], nine_experts),
         ]
         for label, fp8_mb, weights, run in cases:
-            us = timer.median_us(run)
             case = f"{label}, {record.rows_label(rows)}, {fp8_mb:.2f} MB"
             mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
-            print(f"{case:<55} {us:9.2f} us ({mb:.2f} MB of bf16 weights)")
-            record.append(TABLE, case, WHAT, us, "us", name, note=f"{mb:.2f} MB of bf16 weights")
+            for what, timed in ((EAGER, run), (GRAPH, graphed(run))):
+                us = timer.median_us(timed)
+                print(f"{case:<55} {us:9.2f} us ({mb:.2f} MB of bf16 weights), {what}")
+                record.append(TABLE, case, what, us, "us", name, note=f"{mb:.2f} MB of bf16 weights")
 
 
 if __name__ == "__main__":

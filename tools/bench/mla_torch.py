@@ -4,7 +4,7 @@ record: 512 E4M3 codes, 4 fp32 scales, one per 128, and the 64 bf16 rope values,
 PyTorch: gather the rows' records, dequantise, the absorbed query's scores against latent and rope
 (scale 1/sqrt(qk_head_dim = 256)), an fp32 softmax, the weighted sum of the latents. 1 row and 4
 verify rows of one request (their lists differ in their last entries), 8K and 128K contexts, the
-cache cold in L2. Median of 30 event-timed runs (tools/bench/timing.py); with MONO_BENCH_JSON set
+cache cold in L2; eager, and the same kernels replayed from one CUDA graph. Median of 30 event-timed runs (tools/bench/timing.py); with MONO_BENCH_JSON set
 each figure is also a record (tools/bench/record.py).
 
     python3 tools/bench/mla_torch.py
@@ -12,14 +12,15 @@ each figure is also a record (tools/bench/record.py).
 import torch
 
 import record
-from timing import ColdTimer
+from timing import ColdTimer, graphed
 
 HEADS, LATENT, ROPE, TOPK, RECORD = 8, 512, 64, 2048, 656
 SCALE = 256 ** -0.5
 CONTEXTS = [8192, 131072]
 ROWS = [(1, "1 row"), (4, "4 verify rows")]
 TABLE = "mla attention"
-WHAT = "PyTorch eager: gather, dequantise, fp32 softmax"
+EAGER = "PyTorch eager: gather, dequantise, fp32 softmax"
+GRAPH = "the same PyTorch, one CUDA graph"
 
 
 def attend(q, cache, slots):
@@ -50,10 +51,12 @@ def main():
             for r in range(rows):  # each verify row sees the new tokens up to its own
                 slots[r, TOPK - 1 - r:] = context + torch.arange(r + 1, device="cuda")
             q = torch.randn(rows, HEADS, LATENT + ROPE, device="cuda", dtype=torch.bfloat16)
-            us = timer.median_us(lambda: attend(q, cache, slots))
             case = f"{record.keys_label(context)} context x {label}"
-            print(f"{case:<30} {us:9.1f} us")
-            record.append(TABLE, case, WHAT, us, "us", name)
+            run = lambda: attend(q, cache, slots)
+            for what, timed in ((EAGER, run), (GRAPH, graphed(run))):
+                us = timer.median_us(timed)
+                print(f"{case:<30} {us:9.1f} us, {what}")
+                record.append(TABLE, case, what, us, "us", name)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,18 @@ class ColdTimer:
             times.append(self.start.elapsed_time(self.end) * 1e3)
         times.sort()
         return times[len(times) // 2]
+
+
+def graphed(run, warm=3):
+    """`run` captured once as a CUDA graph (after a few runs on a side stream, as capture asks):
+    the graph's replay, which launches the same kernels without the host's per-kernel cost."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
