@@ -63,6 +63,31 @@ TABLES = [
      "Baseline: the standalone indexer and select launches (each with its epoch node) replayed the "
      "same way. Where the time goes is in `crates/executor/PERF.md` (the bench's timeline). Targets: "
      "at most 0.75 x the standalone pair at 128K and 512K, 128K x 4 rows in at most 16 us."),
+    ("linear (GLM-5.2 TP8 rank's matrices)", "The linear task (`kernels/ops/linear.h`) on a "
+     "GLM-5.2 TP8 rank's FP8 matrices (`cargo bench -p linear --bench gpu`): one matrix, a chain of "
+     "four each waiting on the one before, or the nine expert slices and the router of one MoE layer, "
+     "as graph replays with the weights cold in L2. Beside it, in the same run: a copy kernel moving "
+     "the same bytes in the same launch mode, the floor, and PyTorch's bf16 `F.linear` over the same "
+     "shapes (`tools/bench/linear_torch.py`: bf16 weights, twice the bytes, as PyTorch has no "
+     "128 x 128 block-scaled FP8 matmul), eager and replayed from one CUDA graph; eager PyTorch at "
+     "these sizes waits on the host's kernel launches, so it varies from run to run. Target: at most "
+     "1.1 x the copy."),
+    ("MoE layer, fused launch", "One MoE layer of a GLM-5.2 TP8 rank (router, route, the shared "
+     "expert, every expert the rows chose, the combine) as one fused launch (`cargo bench -p executor "
+     "--bench moe`), graph replays with the weights cold in L2; beside it the copy of the same bytes "
+     "and the floor, and PyTorch eager (`tools/bench/moe_torch.py`: a transformers-style module, the "
+     "chosen experts read back to the host and looped over, bf16 weights). Target: at most 1.15 x the "
+     "copy at 1 row."),
+    ("mla attention", "The sparse MLA attention tasks alone (cache write, splits, combines) at GLM-5 "
+     "TP8 shapes, 8 heads, 2048 FP8 records a row (`cargo bench -p mla --bench gpu`), graph replays, "
+     "the cache cold in L2, in several cuts of the work; the launch's own cost and the in-launch span "
+     "are in the notes. Beside it PyTorch (`tools/bench/mla_torch.py`: gather, dequantise, the "
+     "scores, an fp32 softmax, the weighted latents), eager and from one CUDA graph. Targets: at most "
+     "5 us at 1 row, 8 us at 4 verify rows."),
+    ("attention half", "The attention half of a layer (norm, q_a, q_b, rope, W_UK, kv_a, the cache "
+     "write, the sparse attention, W_UV, o_proj and the residual) as one fused launch at GLM-5 TP8 "
+     "shapes (`cargo bench -p executor --bench half`). Target: at most 1.3 x a copy kernel moving the "
+     "same bytes in the same launch mode."),
     ("head tail", "The tail of a GLM-5.2 TP8 rank as one fused launch (`cargo bench -p executor --bench "
      "head`): the final norm, lm_head's shard (19360 x 6144 bf16), the argmax as (logit, token) pairs "
      "and the pick, with its epoch node; six launches a graph, each on its own copy of the weights, "
