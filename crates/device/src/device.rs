@@ -193,6 +193,20 @@ impl<T: Pod> Buffer<T> {
             .copy_to_device(self.ptr, bytemuck::cast_slice(data), self.stream)
     }
 
+    /// Copies `data` in from value `at` on (a part of a buffer too large to fill from one host
+    /// copy; on the device's stream, waiting for it).
+    pub fn write_range(&self, at: usize, data: &[T]) -> Result<()> {
+        let end = at.saturating_add(data.len());
+        if end > self.len {
+            return Err(DeviceError::Size {
+                message: format!("values {at}..{end} of a buffer of {}", self.len),
+            });
+        }
+        let ptr = self.ptr + (at * std::mem::size_of::<T>()) as u64;
+        self.backend
+            .copy_to_device(ptr, bytemuck::cast_slice(data), self.stream)
+    }
+
     pub fn download(&self) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         self.backend

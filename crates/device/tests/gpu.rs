@@ -372,3 +372,19 @@ fn overlapping_launches_wait_for_the_one_before() {
         );
     }
 }
+
+/// `write_range` puts values where it is told and nowhere else; a range past the end is refused
+/// and writes nothing.
+#[test]
+#[ignore = "needs a GPU"]
+fn write_range_fills_only_its_range() {
+    let dev = open();
+    let buf = dev.upload(&[7u32; 10]).unwrap();
+    buf.write_range(3, &[1, 2, 3]).unwrap();
+    buf.write_range(9, &[9]).unwrap();
+    buf.write_range(10, &[]).unwrap();
+    assert_eq!(buf.download().unwrap(), [7, 7, 7, 1, 2, 3, 7, 7, 7, 9]);
+    assert!(buf.write_range(8, &[5, 5, 5]).is_err());
+    assert!(buf.write_range(usize::MAX, &[5]).is_err());
+    assert_eq!(buf.download().unwrap(), [7, 7, 7, 1, 2, 3, 7, 7, 7, 9]);
+}

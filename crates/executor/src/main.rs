@@ -27,8 +27,9 @@ enum Format {
 #[derive(Subcommand)]
 enum Command {
     /// Decode steps. On a GPU: the preset's synthetic weights made on the device (one rank's; on
-    /// the host backend, MONO_BACKEND=host, the same values made on the CPU and uploaded),
-    /// then the step's launches captured as one graph and replayed, the time of each step.
+    /// the host backend, MONO_BACKEND=host, the same values made on the CPU and uploaded), or a
+    /// checkpoint folder's (--weights) sharded for the rank and uploaded, then the step's launches
+    /// captured as one graph and replayed, the time of each step.
     /// Without a GPU, or with --cpu: one CPU reference step (tiny preset by default), with
     /// per-layer progress and the argmax tokens.
     Step {

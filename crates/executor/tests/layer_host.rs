@@ -10,7 +10,8 @@
 //!   in the launch, shared-indexer layers, dense MLP and MoE, the tail), each layer's rows against
 //!   the reference step's (engine numerics, a bf16 MLA cache: the tiny FP8 record is not whole
 //!   16-byte pieces) and the tail's tokens equal to the reference's; the tail alone from the
-//!   reference's rows with the greedy feed; a launch bound to a wrong tensor refused by name.
+//!   reference's rows with the greedy feed; a launch bound to a wrong tensor refused by name;
+//! * `mono check --weights` and `mono step --weights` on a checkpoint folder, end to end.
 //!
 //! `MONO_BACKEND=cuda` runs them on a GPU instead. Needs g++ with C++20, so ignored:
 //! `cargo test --release -p executor --test layer_host -- --ignored --nocapture`
@@ -320,7 +321,8 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
     write_checkpoint(&cfg, &synthetic, &dir).unwrap();
     let checkpoint = Checkpoint::open(&dir).unwrap();
     let plan = || WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16).unwrap();
-    let loaded = DeviceWeights::from_source(&dev, plan(), &checkpoint, SEED + 1).unwrap();
+    let loaded =
+        DeviceWeights::from_source(&dev, plan(), &checkpoint, SEED + 1, &mut |_| {}).unwrap();
     let made = weights(&dev, &cfg);
     assert!(loaded.arena.download().unwrap() == made.arena.download().unwrap());
     let forms = |w: &DeviceWeights| {
@@ -346,9 +348,10 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
         }
     }
     let name = "model.layers.2.self_attn.o_proj.weight";
-    let err = DeviceWeights::from_source(&dev, plan(), &Nudged(&checkpoint, name), SEED)
-        .err()
-        .expect("a value off bf16");
+    let err =
+        DeviceWeights::from_source(&dev, plan(), &Nudged(&checkpoint, name), SEED, &mut |_| {})
+            .err()
+            .expect("a value off bf16");
     assert!(err.to_string().contains(name), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -437,6 +440,82 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
     assert!(!passed, "a checkpoint without {gone} passed:\n{refused}");
     assert!(
         refused.contains(gone) && !refused.contains("the device step:"),
+        "{refused}"
+    );
+}
+
+/// `mono step --weights DIR` on the host backend: the GPU step, replayed, over a checkpoint folder
+/// (the tiny preset's config as transformers saved it, seed 5's weights as `model.safetensors`).
+/// Its tokens are those of the same step over seed 5's synthetic weights made instead of loaded
+/// (`--config` of the same file): the checkpoint's values reach the device bit for bit. The
+/// control: the folder with one tensor left out is refused, naming it, before any step runs.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_step_runs_a_checkpoint_folder() {
+    use model::weights::{write_checkpoint, SINGLE_FILE};
+    use safetensors::SafeTensors;
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let dir = std::env::temp_dir().join(format!("mono-step-folder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
+    write_checkpoint(&cfg, &synthetic, &dir).unwrap();
+    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/goldens");
+    std::fs::copy(goldens.join("config.json"), dir.join("config.json")).unwrap();
+    let step = |flag: &str, path: &std::path::Path| {
+        let seed = SEED.to_string();
+        mono(
+            &[
+                "step".as_ref(),
+                flag.as_ref(),
+                path.as_os_str(),
+                "--seed".as_ref(),
+                seed.as_ref(),
+                "--steps".as_ref(),
+                "1".as_ref(),
+            ],
+            4,
+        )
+    };
+    // The tokens of each replayed step, without its time.
+    let tokens = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with("step ") && l.contains("tokens"))
+            .map(|l| l.split_once(" ms;").map_or(l, |(_, rest)| rest).to_owned())
+            .collect()
+    };
+    let (passed, loaded) = step("--weights", &dir);
+    eprint!("{loaded}");
+    assert!(passed, "mono step --weights failed:\n{loaded}");
+    assert!(loaded.contains("loaded from checkpoint"), "{loaded}");
+    let (passed, made) = step("--config", &dir.join("config.json"));
+    assert!(passed, "mono step --config failed:\n{made}");
+    assert!(made.contains("synthetic (seed 5)"), "{made}");
+    assert!(!tokens(&loaded).is_empty(), "no step's tokens:\n{loaded}");
+    assert_eq!(
+        tokens(&loaded),
+        tokens(&made),
+        "loaded:\n{loaded}\nmade:\n{made}"
+    );
+
+    let file = std::fs::read(dir.join(SINGLE_FILE)).unwrap();
+    let tensors = SafeTensors::deserialize(&file).unwrap();
+    let gone = "model.layers.1.mlp.down_proj.weight";
+    let kept: Vec<_> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != gone)
+        .collect();
+    assert_eq!(kept.len() + 1, tensors.len(), "{gone} is in the checkpoint");
+    let short = dir.join("short");
+    std::fs::create_dir_all(&short).unwrap();
+    safetensors::serialize_to_file(kept, None, &short.join(SINGLE_FILE)).unwrap();
+    std::fs::copy(dir.join("config.json"), short.join("config.json")).unwrap();
+    let (passed, refused) = step("--weights", &short);
+    std::fs::remove_dir_all(&dir).ok();
+    eprintln!("one tensor left out: {}", refused.trim_end());
+    assert!(!passed, "a checkpoint without {gone} ran:\n{refused}");
+    assert!(
+        refused.contains(gone) && !refused.contains("step 0:"),
         "{refused}"
     );
 }

@@ -40,7 +40,8 @@ pub struct StepArgs {
     /// Seed of the synthetic weights and of the prompt tokens.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Synthetic weights as FP8 (128 x 128 block scales) instead of bf16.
+    /// Synthetic weights as FP8 (128 x 128 block scales) instead of bf16; on a GPU a
+    /// checkpoint's (--weights) are kept as FP8 too, quantised as they are uploaded.
     #[arg(long)]
     pub fp8_weights: bool,
     /// Rows of the step: consecutive positions of one request (1 = plain decode, 4 = MTP verify

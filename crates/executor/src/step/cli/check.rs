@@ -149,7 +149,13 @@ fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str
     let scene = CheckScene::new(cfg, source.as_ref(), &requests)?;
     let plan = WeightPlan::new(cfg, 1, 0, WeightFormat::Bf16)?;
     let weights = match &args.weights {
-        Some(_) => DeviceWeights::from_source(dev, plan, source.as_ref(), args.seed)?,
+        Some(_) => DeviceWeights::from_source(
+            dev,
+            plan,
+            source.as_ref(),
+            args.seed,
+            &mut super::step::print_progress,
+        )?,
         None => DeviceWeights::from_host(dev, plan, args.seed)?,
     };
     println!(

@@ -1,9 +1,10 @@
 //! The GPU side of `mono step`, `mono dump`, `mono compare`, `mono check` and `mono bench`.
 //!
 //! The step built here is the whole decode step of one rank: every layer's fused launch in order
-//! (`super::layer`), the tail, and the greedy feed, over the rank's synthetic weights and hashed
-//! caches holding each request's context. The weights are made on a GPU by the hash kernel, and
-//! on the host backend by the same rule on the CPU, then uploaded (the same values either way).
+//! (`super::layer`), the tail, and the greedy feed, over the rank's weights and hashed caches
+//! holding each request's context. Synthetic weights are made on a GPU by the hash kernel, and on
+//! the host backend by the same rule on the CPU, then uploaded (the same values either way); a
+//! checkpoint folder's (`mono step --weights`) are cut for the rank on the host and uploaded.
 
 mod bench;
 mod check;
@@ -90,6 +91,28 @@ pub fn gpu_weights(
     } else {
         make_weights(dev, cfg, tp, rank, format, seed)?
     };
+    bind_weights(dev, cfg, device)
+}
+
+/// Rank `rank` of `tp`'s weights from the checkpoint folder `dir` (`Checkpoint::open`): each
+/// tensor's shard cut from the whole tensor, quantised or packed on the host and uploaded, with
+/// progress on stderr, then bound. A tensor missing or of the wrong shape is refused by name
+/// before the arena is uploaded.
+pub fn checkpoint_weights(
+    dev: &Device,
+    cfg: &ModelConfig,
+    tp: usize,
+    rank: usize,
+    format: WeightFormat,
+    dir: &std::path::Path,
+) -> Result<GpuWeights> {
+    let source = model::weights::Checkpoint::open(dir)?;
+    let plan = WeightPlan::new(cfg, tp, rank, format)?;
+    let device = DeviceWeights::from_source(dev, plan, &source, 0, &mut step::print_progress)?;
+    bind_weights(dev, cfg, device)
+}
+
+fn bind_weights(dev: &Device, cfg: &ModelConfig, device: DeviceWeights) -> Result<GpuWeights> {
     let started = std::time::Instant::now();
     let bound = ModelWeights::bind(dev, cfg, &device)?;
     eprintln!(

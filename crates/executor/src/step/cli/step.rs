@@ -7,11 +7,11 @@ use device::{Device, DeviceError};
 use mailbox::gpu::Variant;
 use model::{ModelConfig, WeightFormat};
 
-use super::{config, gpu_weights, scene_requests, with_step};
+use super::{checkpoint_weights, config, gpu_weights, scene_requests, with_step};
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::StepArgs;
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
-use crate::step::{Result, StepError};
+use crate::step::Result;
 
 const DEFAULT_STEPS: u32 = 4;
 const DEFAULT_REQUESTS: u32 = 1;
@@ -91,7 +91,8 @@ fn run_cpu_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     crate::reference::cli::run(args)
 }
 
-fn print_progress(p: &Progress) {
+/// A progress line on stderr, rewritten in place; a newline once every tensor is done.
+pub(super) fn print_progress(p: &Progress) {
     let gb = |b: usize| b as f64 / 1e9;
     let rate = gb(p.bytes_done) / p.elapsed.as_secs_f64().max(1e-9);
     eprint!(
@@ -135,35 +136,44 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
         }
         Err(e) => return Err(e.to_string()),
     };
-    // The step's launches are built for the GLM-5 family's shapes; a preset they do not take (the
-    // tiny one) runs on the CPU, saying why.
-    let cfg = config(&args.preset).map_err(|e| e.to_string())?;
-    if args.weights.is_none() && args.config.is_none() {
-        if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
-            println!(
-                "mono step: the GPU step does not take preset {} ({e}); the CPU reference step \
-                 instead (--preset glm-5.2 for the GPU)",
-                args.preset
-            );
-            return run_cpu_step(args, gpu);
-        }
+    // The step's launches are built for the shapes the front half's kernel takes; a model it
+    // does not take runs on the CPU, saying why.
+    let (cfg, from) = step_config(args).map_err(|e| e.to_string())?;
+    if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
+        println!(
+            "mono step: the GPU step does not take {from} ({e}); the CPU reference step instead \
+             (--preset glm-5.2 for the GPU)"
+        );
+        return run_cpu_step(args, gpu);
     }
-    run_gpu_step(&dev, args, gpu).map_err(|e| e.to_string())
+    run_gpu_step(&dev, args, gpu, &cfg, &from).map_err(|e| e.to_string())
 }
 
-fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
-    if args.weights.is_some() || args.config.is_some() {
-        return Err(StepError::Invalid(
-            "--weights and --config: loading a checkpoint or a config onto the GPU is not built \
-             yet; add --cpu for the CPU reference step"
-                .into(),
-        ));
-    }
-    let cfg = config(&args.preset)?;
+/// The model of the step: `--config`, else the config.json beside `--weights`, else the preset;
+/// and where it came from.
+fn step_config(args: &StepArgs) -> Result<(ModelConfig, String)> {
+    let beside = args
+        .weights
+        .as_ref()
+        .map(|dir| dir.join("config.json"))
+        .filter(|path| path.is_file());
+    Ok(match args.config.clone().or(beside) {
+        Some(path) => (ModelConfig::from_file(&path)?, path.display().to_string()),
+        None => (config(&args.preset)?, format!("preset {}", args.preset)),
+    })
+}
+
+fn run_gpu_step(
+    dev: &Device,
+    args: &StepArgs,
+    gpu: &GpuArgs,
+    cfg: &ModelConfig,
+    from: &str,
+) -> Result<()> {
     let info = dev.info();
     println!(
-        "mono step on {} ({}): preset {}, {} request(s) x {} row(s), context {}",
-        info.name, info.arch, args.preset, gpu.requests, args.rows, args.context
+        "mono step on {} ({}): {from}, {} request(s) x {} row(s), context {}",
+        info.name, info.arch, gpu.requests, args.rows, args.context
     );
     let format = if args.fp8_weights {
         WeightFormat::Fp8
@@ -171,25 +181,37 @@ fn run_gpu_step(dev: &Device, args: &StepArgs, gpu: &GpuArgs) -> Result<()> {
         WeightFormat::Bf16
     };
     let started = Instant::now();
-    let weights = gpu_weights(dev, &cfg, gpu.tp, gpu.rank, format, args.seed)?;
+    let (weights, made) = match &args.weights {
+        Some(dir) => (
+            checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, format, dir)?,
+            format!("loaded from checkpoint {}", dir.display()),
+        ),
+        None => (
+            gpu_weights(dev, cfg, gpu.tp, gpu.rank, format, args.seed)?,
+            format!(
+                "synthetic (seed {}), made {}",
+                args.seed,
+                if dev.info().backend == "host" {
+                    "on the CPU"
+                } else {
+                    "on the GPU"
+                }
+            ),
+        ),
+    };
     println!(
-        "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, made {} and bound in {:.1} s",
+        "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, {made} and bound in {:.1} s",
         gpu.rank,
         gpu.tp,
         format,
         weights.device.plan.bytes as f64 / 1e9,
         weights.device.plan.tensors.len(),
-        if dev.info().backend == "host" {
-            "on the CPU"
-        } else {
-            "on the GPU"
-        },
         started.elapsed().as_secs_f64()
     );
     let requests = scene_requests(gpu.requests, args.rows as u32, args.context as u32)?;
     with_step(
         dev,
-        &cfg,
+        cfg,
         &weights,
         &requests,
         args.seed,

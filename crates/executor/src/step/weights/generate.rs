@@ -26,6 +26,8 @@ pub const RESERVE_BYTES: usize = 2 << 30;
 const THREADS: u32 = 256;
 /// Bytes generated between progress reports (each waits for the device).
 const REPORT_EVERY: usize = 4 << 30;
+/// Bytes loaded from a checkpoint between progress reports.
+const LOAD_REPORT_EVERY: usize = 1 << 30;
 
 /// `struct syn_source`.
 #[repr(C)]
@@ -202,13 +204,23 @@ impl DeviceWeights {
     /// tensor, quantised or packed on the host and uploaded. A bf16 tensor must hold bf16 values
     /// (the device keeps bf16); one that does not is refused by name. `seed` is recorded only:
     /// the values the derived forms are made from are kept from `source`.
+    /// `progress` hears every GB and after the last tensor.
     pub fn from_source(
         dev: &Device,
         plan: WeightPlan,
         source: &dyn WeightSource,
         seed: u64,
+        progress: &mut dyn FnMut(&Progress),
     ) -> Result<Self> {
         let mut kept = HashMap::new();
+        let started = Instant::now();
+        let mut state = Progress {
+            tensors_done: 0,
+            tensors: plan.tensors.len(),
+            bytes_done: 0,
+            bytes: plan.bytes,
+            elapsed: Duration::ZERO,
+        };
         let mut weights = Self::upload_with(dev, plan, seed, &mut |tensor| {
             let values = tensor
                 .sources
@@ -238,28 +250,38 @@ impl DeviceWeights {
                     super::check::as_stored(tensor, values)?,
                 );
             }
+            let before = state.bytes_done;
+            state.tensors_done += 1;
+            state.bytes_done += tensor.bytes + tensor.scales.map_or(0, |(_, n)| 4 * n);
+            state.elapsed = started.elapsed();
+            if state.tensors_done == state.tensors
+                || state.bytes_done / LOAD_REPORT_EVERY > before / LOAD_REPORT_EVERY
+            {
+                progress(&state);
+            }
             Ok(stored)
         })?;
         weights.origin = Origin::Loaded(kept);
         Ok(weights)
     }
 
+    /// Each tensor's stored form copied into the arena as it is made, so that the host holds one
+    /// tensor at a time (a glm-5.2 TP8 rank is about 93 GB). An error drops the arena: nothing
+    /// half-loaded is returned.
     fn upload_with(
         dev: &Device,
         plan: WeightPlan,
         seed: u64,
         stored: &mut dyn FnMut(&DeviceTensor) -> Result<Stored>,
     ) -> Result<Self> {
-        let mut bytes = vec![0u8; plan.bytes.max(1)];
+        let arena = alloc_arena(dev, &plan, 0)?;
         for tensor in &plan.tensors {
             let (data, scales) = stored(tensor)?;
-            bytes[tensor.offset..tensor.offset + data.len()].copy_from_slice(&data);
+            arena.write_range(tensor.offset, &data)?;
             if let Some((at, _)) = tensor.scales {
-                let scales: &[u8] = bytemuck::cast_slice(&scales);
-                bytes[at..at + scales.len()].copy_from_slice(scales);
+                arena.write_range(at, bytemuck::cast_slice(&scales))?;
             }
         }
-        let arena = dev.upload(&bytes)?;
         Ok(DeviceWeights {
             plan,
             seed,
@@ -278,25 +300,8 @@ impl DeviceWeights {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<Self> {
         let grid = plan.largest_scale_grid().max(1);
-        let need = plan.bytes + 2 * grid * 4;
-        let total = dev.info().total_memory;
-        if need + RESERVE_BYTES > total {
-            return Err(StepError::Memory {
-                what: format!("rank {} of TP {} weights", plan.rank, plan.tp),
-                need,
-                device: total,
-                reserve: RESERVE_BYTES,
-            });
-        }
+        let arena = alloc_arena(dev, &plan, 2 * grid * 4)?;
         let scratch = dev.alloc_zeroed::<f32>(2 * grid)?;
-        let arena = dev
-            .alloc_zeroed::<u8>(plan.bytes)
-            .map_err(|e| StepError::Memory {
-                what: format!("rank {} of TP {} weights ({e})", plan.rank, plan.tp),
-                need,
-                device: total,
-                reserve: RESERVE_BYTES,
-            })?;
         let weights = DeviceWeights {
             plan,
             seed,
@@ -414,6 +419,25 @@ impl DeviceWeights {
 }
 
 /// Shard `shard` of its tensor in `source`, row-major.
+/// `plan`'s arena, zeroed, refused before anything is allocated when the device cannot hold it
+/// and `extra` bytes more with [`RESERVE_BYTES`] to spare.
+fn alloc_arena(dev: &Device, plan: &WeightPlan, extra: usize) -> Result<Buffer<u8>> {
+    let need = plan.bytes + extra;
+    let total = dev.info().total_memory;
+    let refused = |what: String| StepError::Memory {
+        what,
+        need,
+        device: total,
+        reserve: RESERVE_BYTES,
+    };
+    let what = format!("rank {} of TP {} weights", plan.rank, plan.tp);
+    if need + RESERVE_BYTES > total {
+        return Err(refused(what));
+    }
+    dev.alloc_zeroed::<u8>(plan.bytes.max(1))
+        .map_err(|e| refused(format!("{what} ({e})")))
+}
+
 fn shard_of(source: &dyn WeightSource, shard: &Shard) -> Result<Vec<f32>> {
     let whole = source.tensor(&shard.name, &shard.full_shape)?;
     let full_cols = shard.full_cols();
