@@ -1,8 +1,9 @@
 """PyTorch baseline for the linear task (crates/linear/benches/gpu.rs, the same cases): bf16
 `F.linear` (y = x W^T) over a GLM-5.2 TP8 rank's matrices, weights cold in L2, at 1 and 4 rows:
-eager, and the same kernels replayed from one CUDA graph (what an engine's decode runs). PyTorch has no 128 x 128 block-scaled FP8 matmul, so its weights are bf16: twice the bytes
-of the FP8 weights the case names. Median of 30 event-timed runs (tools/bench/timing.py); with
-MONO_BENCH_JSON set each figure is also a record (tools/bench/record.py).
+eager, and the same kernels replayed from one CUDA graph (what an engine's decode runs). PyTorch has
+no 128 x 128 block-scaled FP8 matmul, so its weights are bf16: twice the bytes of the FP8 weights
+the case names. Median of 30 event-timed runs (tools/bench/baseline.py); with MONO_BENCH_JSON set
+each figure is also a record (tools/bench/record.py).
 
     python3 tools/bench/linear_torch.py
 """
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import record
-from timing import ColdTimer, graphed
+from baseline import ColdTimer, device_name, expert, graphed
 
 HIDDEN, Q_LORA, O_IN, EXPERT_INTER, EXPERTS_IN_CASE, ROUTER = 6144, 2048, 2048, 256, 9, 256
 ROWS = [1, 4]
@@ -23,20 +24,15 @@ def weight(n, k):
     return torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
 
 
-def expert(x, gate_up, down):
-    """down(silu(gate) * up), gate and up the halves of one matrix."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
-
 
 def main():
     timer = ColdTimer()
-    name = torch.cuda.get_device_name()
-    print(f"device: {name}, torch {torch.__version__}")
+    name = device_name()
     q_a, o_proj = weight(Q_LORA, HIDDEN), weight(HIDDEN, O_IN)
     gate_up, down = weight(2 * EXPERT_INTER, HIDDEN), weight(HIDDEN, EXPERT_INTER)
     router = weight(ROUTER, HIDDEN)
-    experts = [(weight(2 * EXPERT_INTER, HIDDEN), weight(HIDDEN, EXPERT_INTER)) for _ in range(EXPERTS_IN_CASE)]
+    experts = [(weight(2 * EXPERT_INTER, HIDDEN), weight(HIDDEN, EXPERT_INTER))
+               for _ in range(EXPERTS_IN_CASE)]
     for rows in ROWS:
         x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
 
@@ -50,7 +46,8 @@ def main():
         cases = [
             ("q_a", 12.63, [q_a], lambda: F.linear(x, q_a)),
             ("q_a, o_proj, gate/up, down chain", 30.00, [q_a, o_proj, gate_up, down], chain),
-            ("9 experts + router, one launch", 45.78, [router] + [w for e in experts for w in e], nine_experts),
+            ("9 experts + router, one launch", 45.78,
+             [router] + [w for e in experts for w in e], nine_experts),
         ]
         for label, fp8_mb, weights, run in cases:
             case = f"{label}, {record.rows_label(rows)}, {fp8_mb:.2f} MB"
@@ -58,7 +55,8 @@ def main():
             for what, timed in ((EAGER, run), (GRAPH, graphed(run))):
                 us = timer.median_us(timed)
                 print(f"{case:<55} {us:9.2f} us ({mb:.2f} MB of bf16 weights), {what}")
-                record.append(TABLE, case, what, us, "us", name, note=f"{mb:.2f} MB of bf16 weights")
+                record.append(TABLE, case, what, us, "us", name,
+                              note=f"{mb:.2f} MB of bf16 weights")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
-"""PyTorch baseline for the sparse MLA attention (crates/mla/benches/gpu.rs, the same shapes):
-GLM-5 at a TP8 rank, 8 heads, each row's 2048 selected slots of an FP8 latent cache (a token's
-record: 512 E4M3 codes, 4 fp32 scales, one per 128, and the 64 bf16 rope values, 656 B), in eager
-PyTorch: gather the rows' records, dequantise, the absorbed query's scores against latent and rope
-(scale 1/sqrt(qk_head_dim = 256)), an fp32 softmax, the weighted sum of the latents. 1 row and 4
-verify rows of one request (their lists differ in their last entries), 8K and 128K contexts, the
-cache cold in L2; eager, and the same kernels replayed from one CUDA graph. Median of 30 event-timed runs (tools/bench/timing.py); with MONO_BENCH_JSON set
-each figure is also a record (tools/bench/record.py).
+"""PyTorch baseline for the sparse MLA attention (crates/mla/benches/gpu.rs, the same shapes): GLM-5
+at a TP8 rank, 8 heads, each row's 2048 selected slots of an FP8 latent cache (a token's record: 512
+E4M3 codes, 4 fp32 scales, one per 128, and the 64 bf16 rope values, 656 B), in eager PyTorch:
+gather the rows' records, dequantise, the absorbed query's scores against latent and rope (scale
+1/sqrt(qk_head_dim = 256)), an fp32 softmax, the weighted sum of the latents. 1 row and 4 verify
+rows of one request (their lists differ in their last entries), 8K and 128K contexts, the cache cold
+in L2; eager, and the same kernels replayed from one CUDA graph. Median of 30 event-timed runs
+(tools/bench/baseline.py); with MONO_BENCH_JSON set each figure is also a record
+(tools/bench/record.py).
 
     python3 tools/bench/mla_torch.py
 """
 import torch
 
 import record
-from timing import ColdTimer, graphed
+from baseline import ColdTimer, device_name, graphed
 
 HEADS, LATENT, ROPE, TOPK, RECORD = 8, 512, 64, 2048, 656
 SCALE = 256 ** -0.5
@@ -38,13 +39,16 @@ def attend(q, cache, slots):
 
 def main():
     timer = ColdTimer()
-    name = torch.cuda.get_device_name()
-    print(f"device: {name}, torch {torch.__version__}")
+    name = device_name()
     for context in CONTEXTS:
-        cache = torch.randint(0, 256, (context + 8, RECORD), dtype=torch.uint8, device="cuda")
-        cache[:, :LATENT] = torch.randint(0, 120, (context + 8, LATENT), dtype=torch.uint8, device="cuda")
-        cache[:, LATENT:LATENT + 16] = torch.full((context + 8, 4), 0.01, device="cuda").view(torch.uint8)
-        cache[:, LATENT + 16:] = torch.randn(context + 8, ROPE, device="cuda").to(torch.bfloat16).view(torch.uint8)
+        tokens = context + 8  # the context and the verify rows' new tokens
+        cache = torch.randint(0, 256, (tokens, RECORD), dtype=torch.uint8, device="cuda")
+        codes = torch.randint(0, 120, (tokens, LATENT), dtype=torch.uint8, device="cuda")
+        cache[:, :LATENT] = codes
+        scales = torch.full((tokens, 4), 0.01, device="cuda")
+        cache[:, LATENT:LATENT + 16] = scales.view(torch.uint8)
+        rope = torch.randn(tokens, ROPE, device="cuda").to(torch.bfloat16)
+        cache[:, LATENT + 16:] = rope.view(torch.uint8)
         common = torch.randperm(context, device="cuda")[:TOPK]
         for rows, label in ROWS:
             slots = common.repeat(rows, 1)

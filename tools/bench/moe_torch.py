@@ -1,11 +1,11 @@
 """PyTorch baseline for the MoE layer (crates/executor/benches/moe.rs, the same shapes): one MoE
-layer of a GLM-5.2 TP8 rank in eager PyTorch, the way a transformers-style module runs it: the
-post-attention RMSNorm, the fp32 router (sigmoid, + e_score_correction_bias for the choice, top-8,
+layer of a GLM-5.2 TP8 rank in eager PyTorch, the way a transformers-style module runs it: the post-
+attention RMSNorm, the fp32 router (sigmoid, + e_score_correction_bias for the choice, top-8,
 weights normalised, x 2.5), the shared expert, then a loop over the experts the rows chose (their
-ids read back to the host), each expert's rows gathered, gate/up, SwiGLU, down, weighted and
-added, and the residual. bf16 weights (PyTorch has no 128 x 128 block-scaled FP8 matmul), cold in
-L2; 1 and 4 rows. Median of 30 event-timed runs (tools/bench/timing.py); with MONO_BENCH_JSON set
-each figure is also a record (tools/bench/record.py).
+ids read back to the host), each expert's rows gathered, gate/up, SwiGLU, down, weighted and added,
+and the residual. bf16 weights (PyTorch has no 128 x 128 block-scaled FP8 matmul), cold in L2; 1 and
+4 rows. Median of 30 event-timed runs (tools/bench/baseline.py); with MONO_BENCH_JSON set each
+figure is also a record (tools/bench/record.py).
 
     python3 tools/bench/moe_torch.py
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import record
-from timing import ColdTimer
+from baseline import ColdTimer, device_name, expert
 
 HIDDEN, EXPERTS, TOP_K, INTER, SCALING, EPS = 6144, 256, 8, 256, 2.5, 1e-5
 ROWS = [1, 4]
@@ -26,15 +26,10 @@ def rms_norm(x, weight):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * weight
 
 
-def expert(x, gate_up, down):
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
-
 
 def main():
     timer = ColdTimer()
-    name = torch.cuda.get_device_name()
-    print(f"device: {name}, torch {torch.__version__}")
+    name = device_name()
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     norm_w = torch.ones(HIDDEN, **bf16)
     router = torch.randn(EXPERTS, HIDDEN, **bf16) * HIDDEN ** -0.5

@@ -376,20 +376,14 @@ fn mono(args: &[&std::ffi::OsStr], ctas: u32) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// `mono check --weights DIR` end to end on a checkpoint folder as `tools/goldens/generate.py
-/// --keep-checkpoint` leaves one: the tiny preset's config as transformers saved it
-/// (`tests/goldens/config.json`), the weights as `model.safetensors` (the published names), and
-/// the goldens' files beside them, which the loader must leave alone. Both steps read the
-/// checkpoint: its weights are those of seed 5 and the command's `--seed` is 6, so a side that
-/// made synthetic weights instead would differ. The control: the folder with one tensor left
-/// out of `model.safetensors` is refused, naming it, before anything runs.
-#[test]
-#[ignore = "needs g++ (host emulation)"]
-fn mono_check_runs_a_checkpoint_folder_end_to_end() {
-    use model::weights::{write_checkpoint, SINGLE_FILE};
-    use safetensors::SafeTensors;
+/// A checkpoint folder as `tools/goldens/generate.py --keep-checkpoint` leaves one, in the temp
+/// folder under `name`: the tiny preset's config as transformers saved it
+/// (`tests/goldens/config.json`), seed 5's weights as `model.safetensors` (the published names),
+/// and the goldens' files beside them, which the loader must leave alone.
+fn tiny_checkpoint(name: &str) -> std::path::PathBuf {
+    use model::weights::write_checkpoint;
     let cfg = ModelConfig::preset("tiny").unwrap();
-    let dir = std::env::temp_dir().join(format!("mono-check-folder-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
     write_checkpoint(&cfg, &synthetic, &dir).unwrap();
@@ -397,6 +391,36 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
     for file in ["config.json", "goldens.safetensors", "manifest.json"] {
         std::fs::copy(goldens.join(file), dir.join(file)).unwrap();
     }
+    dir
+}
+
+/// The checkpoint folder `dir` without tensor `gone`, as `dir/short`.
+fn without_tensor(dir: &std::path::Path, gone: &str) -> std::path::PathBuf {
+    use model::weights::SINGLE_FILE;
+    use safetensors::SafeTensors;
+    let file = std::fs::read(dir.join(SINGLE_FILE)).unwrap();
+    let tensors = SafeTensors::deserialize(&file).unwrap();
+    let kept: Vec<_> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != gone)
+        .collect();
+    assert_eq!(kept.len() + 1, tensors.len(), "{gone} is in the checkpoint");
+    let short = dir.join("short");
+    std::fs::create_dir_all(&short).unwrap();
+    safetensors::serialize_to_file(kept, None, &short.join(SINGLE_FILE)).unwrap();
+    std::fs::copy(dir.join("config.json"), short.join("config.json")).unwrap();
+    short
+}
+
+/// `mono check --weights DIR` end to end on a checkpoint folder (`tiny_checkpoint`). Both steps read the
+/// checkpoint: its weights are those of seed 5 and the command's `--seed` is 6, so a side that
+/// made synthetic weights instead would differ. The control: the folder with one tensor left
+/// out of `model.safetensors` is refused, naming it, before anything runs.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_check_runs_a_checkpoint_folder_end_to_end() {
+    let dir = tiny_checkpoint("mono-check-folder");
     let check = |dir: &std::path::Path| {
         mono(
             &[
@@ -421,20 +445,8 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
         assert!(out.contains(part), "{part}:\n{out}");
     }
 
-    let file = std::fs::read(dir.join(SINGLE_FILE)).unwrap();
-    let tensors = SafeTensors::deserialize(&file).unwrap();
     let gone = "model.layers.4.self_attn.indexer.wk.weight";
-    let kept: Vec<_> = tensors
-        .tensors()
-        .into_iter()
-        .filter(|(name, _)| name != gone)
-        .collect();
-    assert_eq!(kept.len() + 1, tensors.len(), "{gone} is in the checkpoint");
-    let short = dir.join("short");
-    std::fs::create_dir_all(&short).unwrap();
-    safetensors::serialize_to_file(kept, None, &short.join(SINGLE_FILE)).unwrap();
-    std::fs::copy(dir.join("config.json"), short.join("config.json")).unwrap();
-    let (passed, refused) = check(&short);
+    let (passed, refused) = check(&without_tensor(&dir, gone));
     std::fs::remove_dir_all(&dir).ok();
     eprintln!("one tensor left out: {}", refused.trim_end());
     assert!(!passed, "a checkpoint without {gone} passed:\n{refused}");
@@ -445,22 +457,14 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
 }
 
 /// `mono step --weights DIR` on the host backend: the GPU step, replayed, over a checkpoint folder
-/// (the tiny preset's config as transformers saved it, seed 5's weights as `model.safetensors`).
+/// (`tiny_checkpoint`).
 /// Its tokens are those of the same step over seed 5's synthetic weights made instead of loaded
 /// (`--config` of the same file): the checkpoint's values reach the device bit for bit. The
 /// control: the folder with one tensor left out is refused, naming it, before any step runs.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn mono_step_runs_a_checkpoint_folder() {
-    use model::weights::{write_checkpoint, SINGLE_FILE};
-    use safetensors::SafeTensors;
-    let cfg = ModelConfig::preset("tiny").unwrap();
-    let dir = std::env::temp_dir().join(format!("mono-step-folder-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
-    write_checkpoint(&cfg, &synthetic, &dir).unwrap();
-    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/goldens");
-    std::fs::copy(goldens.join("config.json"), dir.join("config.json")).unwrap();
+    let dir = tiny_checkpoint("mono-step-folder");
     let step = |flag: &str, path: &std::path::Path| {
         let seed = SEED.to_string();
         mono(
@@ -497,20 +501,8 @@ fn mono_step_runs_a_checkpoint_folder() {
         "loaded:\n{loaded}\nmade:\n{made}"
     );
 
-    let file = std::fs::read(dir.join(SINGLE_FILE)).unwrap();
-    let tensors = SafeTensors::deserialize(&file).unwrap();
     let gone = "model.layers.1.mlp.down_proj.weight";
-    let kept: Vec<_> = tensors
-        .tensors()
-        .into_iter()
-        .filter(|(name, _)| name != gone)
-        .collect();
-    assert_eq!(kept.len() + 1, tensors.len(), "{gone} is in the checkpoint");
-    let short = dir.join("short");
-    std::fs::create_dir_all(&short).unwrap();
-    safetensors::serialize_to_file(kept, None, &short.join(SINGLE_FILE)).unwrap();
-    std::fs::copy(dir.join("config.json"), short.join("config.json")).unwrap();
-    let (passed, refused) = step("--weights", &short);
+    let (passed, refused) = step("--weights", &without_tensor(&dir, gone));
     std::fs::remove_dir_all(&dir).ok();
     eprintln!("one tensor left out: {}", refused.trim_end());
     assert!(!passed, "a checkpoint without {gone} ran:\n{refused}");

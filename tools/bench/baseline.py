@@ -1,7 +1,8 @@
-"""Event timing for the PyTorch baselines: the median of runs, each after a 256 MB write that
-evicts the L2 (50 MB on an H200), so that every run reads its weights or cache from HBM, as the
-Rust benches' replays do."""
+"""What the PyTorch baselines share: event timing (the median of runs, each after a 256 MB write
+that evicts the L2, 50 MB on an H200, so that every run reads its weights or cache from HBM, as the
+Rust benches' replays do), CUDA-graph capture, and the SwiGLU expert."""
 import torch
+import torch.nn.functional as F
 
 FLUSH_BYTES = 256 << 20
 
@@ -41,3 +42,16 @@ def graphed(run, warm=3):
     with torch.cuda.graph(graph):
         run()
     return graph.replay
+
+
+def expert(x, gate_up, down):
+    """down(silu(gate) * up), gate and up the halves of one matrix."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def device_name():
+    """The GPU's name, printed with PyTorch's version."""
+    name = torch.cuda.get_device_name()
+    print(f"device: {name}, torch {torch.__version__}")
+    return name
