@@ -125,15 +125,17 @@ Floors are bytes a launch must move over the copy bandwidth measured in the same
 REPRODUCE = """## How to reproduce
 
 Build the benches here (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer
---bench gpu`, `-p select --bench gpu`, `-p mla --bench gpu` and `-p executor --bench front`; the
-mailbox figures come from `cargo test --release -p mailbox --test gpu --no-run`), copy the binaries
-to the GPU machine, and run each there with the records file named:
+--bench gpu`, `-p select --bench gpu`, `-p linear --bench gpu`, `-p mla --bench gpu` and `-p
+executor --bench front` / `moe` / `half` / `head`; the mailbox figures come from `cargo test
+--release -p mailbox --test gpu --no-run`; the step's from `mono bench`), copy the binaries to the
+GPU machine, and run each there with the records file named:
 
 ```sh
 export MONO_BENCH_JSON=$PWD/run.jsonl MONO_BENCH_COMMIT=<the commit built>
 ./probes-<hash>; ./gpu-<hash> --bench      # the benches (each prints its table too)
 python3 tools/bench/torch_copy.py           # the PyTorch baselines write records the same way
 python3 tools/bench/select_torch.py; python3 tools/bench/indexer_torch.py
+python3 tools/bench/linear_torch.py; python3 tools/bench/moe_torch.py; python3 tools/bench/mla_torch.py
 ```
 
 Then, back in the repository: `python3 tools/bench/benchmarks.py --take run.jsonl` merges the run's
