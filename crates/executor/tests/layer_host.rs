@@ -312,13 +312,10 @@ fn a_launch_bound_to_the_wrong_tensor_is_refused_by_name() {
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
-    use model::weights::{write_checkpoint, Checkpoint, WeightError, WeightSource};
+    use model::weights::{Checkpoint, WeightError, WeightSource};
     let dev = host();
     let cfg = ModelConfig::preset("tiny").unwrap();
-    let dir = std::env::temp_dir().join(format!("mono-check-weights-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
-    write_checkpoint(&cfg, &synthetic, &dir).unwrap();
+    let dir = tiny_checkpoint("mono-check-weights");
     let checkpoint = Checkpoint::open(&dir).unwrap();
     let plan = || WeightPlan::new(&cfg, 1, 0, WeightFormat::Bf16).unwrap();
     let loaded =
@@ -413,9 +410,9 @@ fn without_tensor(dir: &std::path::Path, gone: &str) -> std::path::PathBuf {
     short
 }
 
-/// `mono check --weights DIR` end to end on a checkpoint folder (`tiny_checkpoint`). Both steps read the
-/// checkpoint: its weights are those of seed 5 and the command's `--seed` is 6, so a side that
-/// made synthetic weights instead would differ. The control: the folder with one tensor left
+/// `mono check --weights DIR` end to end on a checkpoint folder (`tiny_checkpoint`). Both steps
+/// read the checkpoint: its weights are those of seed 5 and the command's `--seed` is 6, so a side
+/// that made synthetic weights instead would differ. The control: the folder with one tensor left
 /// out of `model.safetensors` is refused, naming it, before anything runs.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
@@ -457,10 +454,10 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
 }
 
 /// `mono step --weights DIR` on the host backend: the GPU step, replayed, over a checkpoint folder
-/// (`tiny_checkpoint`).
-/// Its tokens are those of the same step over seed 5's synthetic weights made instead of loaded
-/// (`--config` of the same file): the checkpoint's values reach the device bit for bit. The
-/// control: the folder with one tensor left out is refused, naming it, before any step runs.
+/// (`tiny_checkpoint`). Its tokens are those of the same step over seed 5's synthetic weights made
+/// instead of loaded (`--config` of the same file): the checkpoint's values reach the device bit
+/// for bit. The control: the folder with one tensor left out is refused, naming it, before any
+/// step runs.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn mono_step_runs_a_checkpoint_folder() {

@@ -76,23 +76,29 @@ fn describe(plan: &model::LayerPlan) -> String {
     }
 }
 
-/// Runs the step and prints what it did; errors say what was wrong.
-pub fn run(args: &StepArgs) -> Result<(), String> {
+/// The model of a step, the CPU's or the GPU's: `--config`, else the config.json beside
+/// `--weights`, else the preset; and where it came from.
+pub fn step_config(args: &StepArgs) -> Result<(ModelConfig, String), String> {
     let beside_weights = args
         .weights
         .as_ref()
         .map(|dir| dir.join("config.json"))
         .filter(|path| path.is_file());
-    let (cfg, config_from) = match (args.config.clone(), beside_weights) {
-        (Some(path), _) | (None, Some(path)) => (
+    Ok(match args.config.clone().or(beside_weights) {
+        Some(path) => (
             ModelConfig::from_file(&path).map_err(|e| e.to_string())?,
             path.display().to_string(),
         ),
-        (None, None) => (
+        None => (
             ModelConfig::preset(&args.preset).map_err(|e| e.to_string())?,
             format!("preset {}", args.preset),
         ),
-    };
+    })
+}
+
+/// Runs the step and prints what it did; errors say what was wrong.
+pub fn run(args: &StepArgs) -> Result<(), String> {
+    let (cfg, config_from) = step_config(args)?;
     if args.rows == 0 {
         return Err("--rows must be at least 1".to_owned());
     }

@@ -7,9 +7,9 @@ use device::{Device, DeviceError};
 use mailbox::gpu::Variant;
 use model::{ModelConfig, WeightFormat};
 
-use super::{checkpoint_weights, config, gpu_weights, scene_requests, with_step};
+use super::{checkpoint_weights, gpu_weights, scene_requests, with_step};
 use crate::fused::front_gpu::FrontKernel;
-use crate::reference::cli::StepArgs;
+use crate::reference::cli::{step_config, StepArgs};
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
 use crate::step::Result;
 
@@ -138,7 +138,7 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     };
     // The step's launches are built for the shapes the front half's kernel takes; a model it
     // does not take runs on the CPU, saying why.
-    let (cfg, from) = step_config(args).map_err(|e| e.to_string())?;
+    let (cfg, from) = step_config(args)?;
     if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
         println!(
             "mono step: the GPU step does not take {from} ({e}); the CPU reference step instead \
@@ -147,20 +147,6 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
         return run_cpu_step(args, gpu);
     }
     run_gpu_step(&dev, args, gpu, &cfg, &from).map_err(|e| e.to_string())
-}
-
-/// The model of the step: `--config`, else the config.json beside `--weights`, else the preset;
-/// and where it came from.
-fn step_config(args: &StepArgs) -> Result<(ModelConfig, String)> {
-    let beside = args
-        .weights
-        .as_ref()
-        .map(|dir| dir.join("config.json"))
-        .filter(|path| path.is_file());
-    Ok(match args.config.clone().or(beside) {
-        Some(path) => (ModelConfig::from_file(&path)?, path.display().to_string()),
-        None => (config(&args.preset)?, format!("preset {}", args.preset)),
-    })
 }
 
 fn run_gpu_step(

@@ -418,7 +418,6 @@ impl DeviceWeights {
     }
 }
 
-/// Shard `shard` of its tensor in `source`, row-major.
 /// `plan`'s arena, zeroed, refused before anything is allocated when the device cannot hold it
 /// and `extra` bytes more with [`RESERVE_BYTES`] to spare.
 fn alloc_arena(dev: &Device, plan: &WeightPlan, extra: usize) -> Result<Buffer<u8>> {
@@ -438,6 +437,7 @@ fn alloc_arena(dev: &Device, plan: &WeightPlan, extra: usize) -> Result<Buffer<u
         .map_err(|e| refused(format!("{what} ({e})")))
 }
 
+/// Shard `shard` of its tensor in `source`, row-major.
 fn shard_of(source: &dyn WeightSource, shard: &Shard) -> Result<Vec<f32>> {
     let whole = source.tensor(&shard.name, &shard.full_shape)?;
     let full_cols = shard.full_cols();
