@@ -353,6 +353,119 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A published FP8 checkpoint on the device in the FP8 weight format: its block scales are the
+/// blocks' amax / 448, not powers of two, so the device must keep its codes and scales as stored
+/// rather than quantise its values again (`published_fp8_checkpoint`). Each FP8 tensor on the
+/// device holds the checkpoint's codes and scales, packed, and the values kept for the derived
+/// forms are the checkpoint's. The control: the same values quantised again (what the loader did
+/// before it kept them) differ on every FP8 tensor. The bf16 weight format over the checkpoint
+/// is refused, naming a tensor and saying it is FP8.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn a_published_fp8_checkpoint_reaches_the_device_as_stored() {
+    use executor::step::weights::check::{first_difference, stored_form, stored_form_of};
+    use executor::step::weights::Element;
+    use model::weights::{Checkpoint, WeightSource};
+    let dev = host();
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let dir = published_fp8_checkpoint("mono-fp8-as-stored");
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+
+    let plan = |f| WeightPlan::new(&cfg, 1, 0, f).unwrap();
+    let loaded = DeviceWeights::from_source(
+        &dev,
+        plan(WeightFormat::Fp8),
+        &checkpoint,
+        SEED,
+        &mut |_| {},
+    )
+    .unwrap();
+    let (mut fp8, mut requantised_differ) = (0, 0);
+    for t in loaded
+        .plan
+        .tensors
+        .iter()
+        .filter(|t| t.element == Element::Fp8)
+    {
+        let (rows, cols) = t.shape();
+        let stored: Vec<_> = t
+            .sources
+            .iter()
+            .map(|s| checkpoint.fp8(&s.name, rows, cols).unwrap().expect("FP8"))
+            .collect();
+        let values: Vec<Vec<f32>> = stored.iter().map(|w| w.dequantise()).collect();
+        let got = loaded.read(t).unwrap();
+        let want = stored_form_of(t, &values, &stored).unwrap();
+        if let Some(d) = first_difference(t, &got, &want) {
+            panic!("the device does not hold the checkpoint's FP8 weight: {d}");
+        }
+        fp8 += 1;
+        requantised_differ += usize::from(got != stored_form(t, &values).unwrap());
+    }
+    assert!(fp8 > 0, "the FP8 plan has FP8 tensors");
+    assert_eq!(
+        requantised_differ, fp8,
+        "quantised again, each FP8 tensor changes"
+    );
+    let kv_b = "model.layers.1.self_attn.kv_b_proj.weight";
+    let t = loaded.tensor(kv_b).unwrap();
+    let (rows, cols) = t.shape();
+    assert_eq!(
+        loaded.stored_values(t).unwrap(),
+        vec![checkpoint.tensor(kv_b, &[rows, cols]).unwrap()],
+        "the derived forms read the checkpoint's values"
+    );
+
+    let refused = DeviceWeights::from_source(
+        &dev,
+        plan(WeightFormat::Bf16),
+        &checkpoint,
+        SEED,
+        &mut |_| {},
+    )
+    .err()
+    .expect("an FP8 checkpoint in the bf16 weight format")
+    .to_string();
+    eprintln!("bf16 weight format over an FP8 checkpoint: {refused}");
+    assert!(
+        refused.contains("model.layers.") && refused.contains("FP8 in the checkpoint"),
+        "{refused}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Multiplies every `weight_scale_inv` of the safetensors file `path` by `factor`, in place.
+fn scale_every_block(path: &std::path::Path, factor: f32) {
+    use safetensors::tensor::TensorView;
+    use safetensors::SafeTensors;
+    let file = std::fs::read(path).unwrap();
+    let tensors = SafeTensors::deserialize(&file).unwrap();
+    let owned: Vec<(String, _, Vec<usize>, Vec<u8>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let mut bytes = view.data().to_vec();
+            if name.ends_with("_scale_inv") {
+                for b in bytes.chunks_exact_mut(4) {
+                    let s = f32::from_le_bytes(b.try_into().unwrap()) * factor;
+                    b.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            (name, view.dtype(), view.shape().to_vec(), bytes)
+        })
+        .collect();
+    let views: Vec<_> = owned
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            (
+                name.as_str(),
+                TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
 /// `mono` on the host backend (`MONO_BACKEND=cuda` keeps the GPU) with `ctas` emulated CTAs.
 fn mono(args: &[&std::ffi::OsStr], ctas: u32) -> (bool, String) {
     let backend = match std::env::var("MONO_BACKEND").as_deref() {
@@ -378,16 +491,30 @@ fn mono(args: &[&std::ffi::OsStr], ctas: u32) -> (bool, String) {
 /// (`tests/goldens/config.json`), seed 5's weights as `model.safetensors` (the published names),
 /// and the goldens' files beside them, which the loader must leave alone.
 fn tiny_checkpoint(name: &str) -> std::path::PathBuf {
+    tiny_checkpoint_as(name, WeightFormat::Bf16)
+}
+
+/// [`tiny_checkpoint`] with the weights in `format`.
+fn tiny_checkpoint_as(name: &str, format: WeightFormat) -> std::path::PathBuf {
     use model::weights::write_checkpoint;
     let cfg = ModelConfig::preset("tiny").unwrap();
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let synthetic = Synthetic::new(&cfg, SEED, WeightFormat::Bf16).unwrap();
+    let synthetic = Synthetic::new(&cfg, SEED, format).unwrap();
     write_checkpoint(&cfg, &synthetic, &dir).unwrap();
     let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/goldens");
     for file in ["config.json", "goldens.safetensors", "manifest.json"] {
         std::fs::copy(goldens.join(file), dir.join(file)).unwrap();
     }
+    dir
+}
+
+/// [`tiny_checkpoint`] as a published FP8 checkpoint stores its weights: the matrices E4M3 with
+/// block scales that are not powers of two (the blocks' amax / 448 there; seed 5's FP8 scales
+/// times 0.8123 here).
+fn published_fp8_checkpoint(name: &str) -> std::path::PathBuf {
+    let dir = tiny_checkpoint_as(name, WeightFormat::Fp8);
+    scale_every_block(&dir.join(model::weights::SINGLE_FILE), 0.8123);
     dir
 }
 
@@ -451,6 +578,28 @@ fn mono_check_runs_a_checkpoint_folder_end_to_end() {
         refused.contains(gone) && !refused.contains("the device step:"),
         "{refused}"
     );
+}
+
+/// `mono check --weights DIR` on a published FP8 checkpoint folder (`published_fp8_checkpoint`):
+/// the device keeps its matrices in FP8 as stored, with no flag asked, and its step follows the
+/// CPU reference's over the checkpoint's values.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_check_follows_a_published_fp8_checkpoint() {
+    let dir = published_fp8_checkpoint("mono-check-fp8");
+    let (passed, out) = mono(
+        &["check".as_ref(), "--weights".as_ref(), dir.as_os_str()],
+        4,
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    eprint!("{out}");
+    assert!(passed, "mono check --weights failed:\n{out}");
+    for part in [
+        "(Fp8 on the device)",
+        "the device step follows the CPU reference step",
+    ] {
+        assert!(out.contains(part), "{part}:\n{out}");
+    }
 }
 
 /// `mono step --weights DIR` on the host backend: the GPU step, replayed, over a checkpoint folder

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use half::bf16;
 use model::weights::{
-    checkpoint_tensors, write_checkpoint, Checkpoint, Synthetic, WeightError, WeightSource,
-    INDEX_FILE, SINGLE_FILE,
+    checkpoint_tensors, write_checkpoint, Checkpoint, Fp8Weight, Synthetic, WeightError,
+    WeightSource, INDEX_FILE, SINGLE_FILE,
 };
 use model::{ModelConfig, WeightFormat};
 use safetensors::tensor::TensorView;
@@ -105,6 +105,41 @@ fn fp8_scales_are_multiplied_in() {
         .unwrap();
     assert_eq!(values[3], 3.0 * 0.5);
     assert_eq!(values[128 * 2 + 1], ((128 * 2 + 1) % 7) as f32 * 4.0);
+}
+
+/// A published checkpoint's scales are the block's amax / 448, not powers of two: `fp8` hands the
+/// codes and scales back as stored, where quantising the values again gives other ones (the
+/// control); bf16 tensors have no FP8 form.
+#[test]
+fn fp8_weights_come_back_as_stored() {
+    let scratch = Scratch::new("fp8-as-stored");
+    let codes: Vec<u8> = (0..260u32).map(|i| (i % 0x7e) as u8).collect();
+    let scales = [0.0123f32, 3.0 / 448.0];
+    write_file(
+        &scratch.0.join("model.safetensors"),
+        &[
+            ("w.weight", Dtype::F8_E4M3, vec![130, 2], codes.clone()),
+            (
+                "w.weight_scale_inv",
+                Dtype::F32,
+                vec![2, 1],
+                scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+            ),
+            ("b.weight", Dtype::BF16, vec![2, 3], bf16_bytes(&[1.0; 6])),
+        ],
+    );
+    let checkpoint = Checkpoint::open(&scratch.0).unwrap();
+    let stored = checkpoint.fp8("w.weight", 130, 2).unwrap().unwrap();
+    assert_eq!((stored.rows, stored.cols), (130, 2));
+    assert_eq!(stored.codes, codes);
+    assert_eq!(stored.scales, scales);
+    let values = checkpoint.tensor("w.weight", &[130, 2]).unwrap();
+    assert_eq!(stored.dequantise(), values);
+    let again = Fp8Weight::quantise(&values, 130, 2).unwrap();
+    assert_ne!(again.scales, stored.scales, "requantising keeps the scales");
+    assert!(checkpoint.fp8("b.weight", 2, 3).unwrap().is_none());
+    let shape = checkpoint.fp8("w.weight", 2, 130).unwrap_err().to_string();
+    assert!(shape.contains("expected shape [2, 130]"), "{shape}");
 }
 
 #[test]

@@ -40,8 +40,9 @@ pub struct StepArgs {
     /// Seed of the synthetic weights and of the prompt tokens.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Synthetic weights as FP8 (128 x 128 block scales) instead of bf16; on a GPU a
-    /// checkpoint's (--weights) are kept as FP8 too, quantised as they are uploaded.
+    /// Synthetic weights as FP8 (128 x 128 block scales) instead of bf16; on a GPU a bf16
+    /// checkpoint's (--weights) are quantised to FP8 as they are uploaded. An FP8 checkpoint's
+    /// matrices stay FP8 on a GPU, codes and scales as stored, with or without this flag.
     #[arg(long)]
     pub fp8_weights: bool,
     /// Rows of the step: consecutive positions of one request (1 = plain decode, 4 = MTP verify

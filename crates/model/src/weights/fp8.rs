@@ -63,6 +63,41 @@ impl Fp8Weight {
             })
             .collect()
     }
+    /// Rows `row0..row0 + rows` and columns `col0..col0 + cols` with their blocks' scales, when
+    /// the window covers whole 128 x 128 blocks (each edge on a block boundary or the matrix's
+    /// end): a tensor-parallel shard of a checkpoint's weight, its codes and scales as stored.
+    /// `None` for a window that cuts a block or lies outside the matrix.
+    pub fn window(&self, row0: usize, rows: usize, col0: usize, cols: usize) -> Option<Self> {
+        let on_blocks = |start: usize, len: usize, whole: usize| {
+            start % WEIGHT_BLOCK == 0
+                && start + len <= whole
+                && ((start + len) % WEIGHT_BLOCK == 0 || start + len == whole)
+        };
+        if !on_blocks(row0, rows, self.rows) || !on_blocks(col0, cols, self.cols) {
+            return None;
+        }
+        let codes = (row0..row0 + rows)
+            .flat_map(|r| {
+                let start = r * self.cols + col0;
+                self.codes[start..start + cols].iter().copied()
+            })
+            .collect();
+        let block_cols = scale_shape(self.rows, self.cols)[1];
+        let [grid_rows, grid_cols] = scale_shape(rows, cols);
+        let (block_row0, block_col0) = (row0 / WEIGHT_BLOCK, col0 / WEIGHT_BLOCK);
+        let scales = (0..grid_rows)
+            .flat_map(|br| {
+                let start = (block_row0 + br) * block_cols + block_col0;
+                self.scales[start..start + grid_cols].iter().copied()
+            })
+            .collect();
+        Some(Fp8Weight {
+            rows,
+            cols,
+            codes,
+            scales,
+        })
+    }
 }
 
 /// Flat indices of block (br, bc) of a `[rows, cols]` matrix, row by row.
@@ -80,6 +115,53 @@ fn block_cells(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A `[rows, cols]` weight with distinct codes and scales, so that a misplaced one shows.
+    fn numbered(rows: usize, cols: usize) -> Fp8Weight {
+        let [br, bc] = scale_shape(rows, cols);
+        Fp8Weight {
+            rows,
+            cols,
+            // Codes below 0x7f: no NaN, whose inequality would hide a match.
+            codes: (0..rows * cols).map(|i| (i % 127) as u8).collect(),
+            scales: (0..br * bc).map(|b| 0.75 + b as f32).collect(),
+        }
+    }
+
+    proptest! {
+        /// A window on block boundaries holds the matrix's codes and scales of its rows and
+        /// columns: dequantised, it is the same window of the whole matrix dequantised.
+        #[test]
+        fn a_window_on_blocks_is_the_same_part_of_the_matrix(
+            grid in (1usize..4, 1usize..4, 1usize..130, 1usize..130),
+            picks in (0usize..4, 0usize..4, 1usize..4, 1usize..4),
+        ) {
+            let (br, bc, last_rows, last_cols) = grid;
+            let (rows, cols) = ((br - 1) * 128 + last_rows, (bc - 1) * 128 + last_cols);
+            let w = numbered(rows, cols);
+            let (b0, c0) = (picks.0 % br, picks.1 % bc);
+            let (b1, c1) = ((b0 + picks.2).min(br), (c0 + picks.3).min(bc));
+            let (row0, col0) = (b0 * 128, c0 * 128);
+            let (row_end, col_end) = ((b1 * 128).min(rows), (c1 * 128).min(cols));
+            let part = w.window(row0, row_end - row0, col0, col_end - col0).unwrap();
+            let whole = w.dequantise();
+            let want: Vec<f32> = (row0..row_end)
+                .flat_map(|r| whole[r * cols + col0..r * cols + col_end].to_vec())
+                .collect();
+            prop_assert_eq!(part.dequantise(), want);
+        }
+    }
+
+    #[test]
+    fn a_window_that_cuts_a_block_is_refused() {
+        let w = numbered(300, 256);
+        assert!(w.window(0, 300, 0, 256).is_some());
+        assert!(w.window(128, 172, 128, 128).is_some());
+        assert!(w.window(0, 100, 0, 256).is_none(), "ends inside a block");
+        assert!(w.window(64, 128, 0, 256).is_none(), "starts inside a block");
+        assert!(w.window(0, 128, 0, 384).is_none(), "past the last column");
+    }
 
     #[test]
     fn blocks_get_their_own_scale() {

@@ -35,4 +35,13 @@ pub trait WeightSource {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, WeightError> {
         self.tensor(name, &[len])
     }
+
+    /// The `[rows, cols]` weight `name` as FP8 codes and block scales, where the store keeps it
+    /// so (a published FP8 checkpoint); `None` where it holds other values. A device that keeps
+    /// the weight in FP8 takes these as they are: quantising [`WeightSource::tensor`]'s values
+    /// again would not give back scales that are not powers of two.
+    fn fp8(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Fp8Weight>, WeightError> {
+        let _ = (name, rows, cols);
+        Ok(None)
+    }
 }

@@ -139,6 +139,13 @@ impl Checkpoint {
         names
     }
 
+    /// Whether any tensor is stored as FP8 E4M3 (a published FP8 checkpoint).
+    pub fn stores_fp8(&self) -> bool {
+        self.index
+            .values()
+            .any(|(_, info)| info.dtype == Dtype::F8_E4M3)
+    }
+
     /// The tensor's dtype and shape as stored, if present.
     pub fn info(&self, name: &str) -> Option<(Dtype, &[usize])> {
         self.index
@@ -155,6 +162,24 @@ impl Checkpoint {
         let (begin, end) = info.data_offsets;
         // read_metadata has checked that the offsets lie inside the file.
         let bytes = &file.map[file.data_start + begin..file.data_start + end];
+        Ok((file, info, bytes))
+    }
+
+    /// [`Checkpoint::raw`] after a check that the tensor has `shape`.
+    fn shaped(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(&MappedFile, &TensorInfo, &[u8]), WeightError> {
+        let (file, info, bytes) = self.raw(name)?;
+        if info.shape != shape {
+            return Err(WeightError::Shape {
+                name: name.to_owned(),
+                expected: shape.to_vec(),
+                found: info.shape.clone(),
+                location: format!(" in {}", file.path.display()),
+            });
+        }
         Ok((file, info, bytes))
     }
 
@@ -180,39 +205,39 @@ impl Checkpoint {
 
 impl WeightSource for Checkpoint {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
-        let (file, info, bytes) = self.raw(name)?;
-        if info.shape != shape {
-            return Err(WeightError::Shape {
-                name: name.to_owned(),
-                expected: shape.to_vec(),
-                found: info.shape.clone(),
-                location: format!(" in {}", file.path.display()),
-            });
-        }
-        let has_scale = self.index.contains_key(&format!("{name}{SCALE_SUFFIX}"));
-        match (info.dtype, shape) {
-            (Dtype::F8_E4M3, &[rows, cols]) => {
-                let scales = self.scale_for(name, rows, cols)?;
-                let weight = Fp8Weight {
-                    rows,
-                    cols,
-                    codes: bytes.to_vec(),
-                    scales,
-                };
-                Ok(weight.dequantise())
+        if let &[rows, cols] = shape {
+            if let Some(weight) = self.fp8(name, rows, cols)? {
+                return Ok(weight.dequantise());
             }
-            (Dtype::F8_E4M3, _) => Err(WeightError::Dtype {
+        }
+        let (file, info, bytes) = self.shaped(name, shape)?;
+        let has_scale = self.index.contains_key(&format!("{name}{SCALE_SUFFIX}"));
+        match info.dtype {
+            Dtype::F8_E4M3 => Err(WeightError::Dtype {
                 name: name.to_owned(),
                 path: file.path.clone(),
                 reason: "F8_E4M3 is supported for 2-D block-scaled weights only".to_owned(),
             }),
-            (dtype, _) if has_scale => Err(WeightError::Dtype {
+            dtype if has_scale => Err(WeightError::Dtype {
                 name: name.to_owned(),
                 path: file.path.clone(),
                 reason: format!("has a `{SCALE_SUFFIX}` scale but is stored as {dtype:?}, not FP8"),
             }),
-            (dtype, _) => decode(name, file, dtype, bytes),
+            dtype => decode(name, file, dtype, bytes),
         }
+    }
+
+    fn fp8(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Fp8Weight>, WeightError> {
+        let (_, info, bytes) = self.shaped(name, &[rows, cols])?;
+        if info.dtype != Dtype::F8_E4M3 {
+            return Ok(None);
+        }
+        Ok(Some(Fp8Weight {
+            rows,
+            cols,
+            codes: bytes.to_vec(),
+            scales: self.scale_for(name, rows, cols)?,
+        }))
     }
 }
 

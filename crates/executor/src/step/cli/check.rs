@@ -28,7 +28,8 @@ pub struct CheckArgs {
     #[arg(long)]
     pub preset: Option<String>,
     /// A checkpoint folder (model.safetensors or its index and shards, with the published tensor
-    /// names, and its config.json) for both steps instead of the preset's synthetic weights.
+    /// names, and its config.json) for both steps instead of the preset's synthetic weights. An
+    /// FP8 checkpoint's matrices stay FP8 on the device, codes and scales as stored.
     #[arg(long, conflicts_with = "select")]
     pub weights: Option<PathBuf>,
     /// Seed of the synthetic weights (and, with --select, of the caches and tokens).
@@ -136,18 +137,21 @@ fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str
         info.name, info.arch, args.requests, args.rows
     );
     let started = Instant::now();
-    let (source, weights_from): (Box<dyn WeightSource>, String) = match &args.weights {
-        Some(dir) => (
-            Box::new(Checkpoint::open(dir)?),
-            format!("checkpoint {}", dir.display()),
-        ),
+    let (source, format, weights_from): (Box<dyn WeightSource>, _, String) = match &args.weights {
+        Some(dir) => {
+            let checkpoint = Checkpoint::open(dir)?;
+            let format = super::checkpoint_format(&checkpoint, false);
+            let from = format!("checkpoint {} ({format:?} on the device)", dir.display());
+            (Box::new(checkpoint), format, from)
+        }
         None => (
             Box::new(Synthetic::new(cfg, args.seed, WeightFormat::Bf16)?),
+            WeightFormat::Bf16,
             format!("synthetic bf16 weights, seed {}", args.seed),
         ),
     };
     let scene = CheckScene::new(cfg, source.as_ref(), &requests)?;
-    let plan = WeightPlan::new(cfg, 1, 0, WeightFormat::Bf16)?;
+    let plan = WeightPlan::new(cfg, 1, 0, format)?;
     let weights = match &args.weights {
         Some(_) => DeviceWeights::from_source(
             dev,

@@ -161,20 +161,22 @@ fn run_gpu_step(
         "mono step on {} ({}): {from}, {} request(s) x {} row(s), context {}",
         info.name, info.arch, gpu.requests, args.rows, args.context
     );
-    let format = if args.fp8_weights {
-        WeightFormat::Fp8
-    } else {
-        WeightFormat::Bf16
-    };
     let started = Instant::now();
-    let (weights, made) = match &args.weights {
-        Some(dir) => (
-            checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, format, dir)?,
-            format!("loaded from checkpoint {}", dir.display()),
-        ),
-        None => (
-            gpu_weights(dev, cfg, gpu.tp, gpu.rank, format, args.seed)?,
-            format!(
+    let (weights, format, made) = match &args.weights {
+        Some(dir) => {
+            let (weights, format) =
+                checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, args.fp8_weights, dir)?;
+            let made = format!("loaded from checkpoint {}", dir.display());
+            (weights, format, made)
+        }
+        None => {
+            let format = if args.fp8_weights {
+                WeightFormat::Fp8
+            } else {
+                WeightFormat::Bf16
+            };
+            let weights = gpu_weights(dev, cfg, gpu.tp, gpu.rank, format, args.seed)?;
+            let made = format!(
                 "synthetic (seed {}), made {}",
                 args.seed,
                 if dev.info().backend == "host" {
@@ -182,8 +184,9 @@ fn run_gpu_step(
                 } else {
                     "on the GPU"
                 }
-            ),
-        ),
+            );
+            (weights, format, made)
+        }
     };
     println!(
         "weights: rank {} of TP {}, {:?}, {:.2} GB in {} tensors, {made} and bound in {:.1} s",

@@ -72,7 +72,21 @@ pub fn stored_form(tensor: &DeviceTensor, values: &[Vec<f32>]) -> Result<(Vec<u8
             .collect::<Result<Vec<_>, _>>()?,
         _ => Vec::new(),
     };
-    let bits: Vec<Vec<u16>> = values.iter().map(|v| bf16_bits(v)).collect();
+    stored_form_of(tensor, values, &quantised)
+}
+
+/// [`stored_form`] of an FP8 `tensor` whose shards are already codes and scales (`quantised`,
+/// one a source, as a checkpoint stores them); `values` are read only by bf16 and f32 tensors.
+pub fn stored_form_of(
+    tensor: &DeviceTensor,
+    values: &[Vec<f32>],
+    quantised: &[Fp8Weight],
+) -> Result<(Vec<u8>, Vec<f32>)> {
+    let (rows, cols) = tensor.shape();
+    let bits: Vec<Vec<u16>> = match tensor.element {
+        Element::Bf16 => values.iter().map(|v| bf16_bits(v)).collect(),
+        _ => Vec::new(),
+    };
     match tensor.form {
         Form::Packed(layout) => {
             let sources: Vec<SourceWeight> = match tensor.element {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module};
 use model::weights::packed::Pairing;
-use model::weights::{SyntheticKind, SyntheticRule, WeightSource};
+use model::weights::{Fp8Weight, SyntheticKind, SyntheticRule, WeightSource};
 
 use super::plan::{DeviceTensor, Element, Form, Shard, WeightPlan};
 use crate::step::{Result, StepError};
@@ -201,8 +201,10 @@ impl DeviceWeights {
     }
 
     /// `plan`'s weights from `source` (a checkpoint), each tensor's shards cut from the whole
-    /// tensor, quantised or packed on the host and uploaded. A bf16 tensor must hold bf16 values
-    /// (the device keeps bf16); one that does not is refused by name. `seed` is recorded only:
+    /// tensor, quantised or packed on the host and uploaded. An FP8 tensor the checkpoint stores
+    /// in FP8 keeps its codes and block scales as they are (a published checkpoint's scales are
+    /// not powers of two: quantised again, its values would change). A bf16 tensor must hold
+    /// bf16 values (the device keeps bf16); one that does not is refused by name. `seed` is recorded only:
     /// the values the derived forms are made from are kept from `source`.
     /// `progress` hears every GB and after the last tensor.
     pub fn from_source(
@@ -222,33 +224,10 @@ impl DeviceWeights {
             elapsed: Duration::ZERO,
         };
         let mut weights = Self::upload_with(dev, plan, seed, &mut |tensor| {
-            let values = tensor
-                .sources
-                .iter()
-                .map(|s| shard_of(source, s))
-                .collect::<Result<Vec<_>>>()?;
-            if tensor.element == Element::Bf16 {
-                let exact = |v: &f32| v.to_bits() & 0xffff == 0;
-                if let Some((s, v)) = tensor
-                    .sources
-                    .iter()
-                    .zip(&values)
-                    .find(|(_, v)| !v.iter().all(exact))
-                {
-                    let bad = v.iter().find(|x| !exact(x)).copied().unwrap_or_default();
-                    return Err(StepError::Invalid(format!(
-                        "{} holds {bad}, which is not a bf16 value; the device keeps this \
-                         tensor as bf16",
-                        s.name
-                    )));
-                }
-            }
-            let stored = super::check::stored_form(tensor, &values)?;
+            let (values, quantised) = shards_of(source, tensor)?;
+            let stored = super::check::stored_form_of(tensor, &values, &quantised)?;
             if Origin::kept(&tensor.name) {
-                kept.insert(
-                    tensor.name.clone(),
-                    super::check::as_stored(tensor, values)?,
-                );
+                kept.insert(tensor.name.clone(), values);
             }
             let before = state.bytes_done;
             state.tensors_done += 1;
@@ -447,4 +426,65 @@ fn shard_of(source: &dyn WeightSource, shard: &Shard) -> Result<Vec<f32>> {
             whole[start..start + shard.cols].iter().copied()
         })
         .collect())
+}
+
+/// Shard `shard` as the FP8 codes and block scales `source` stores, where it stores FP8.
+fn stored_fp8_shard(source: &dyn WeightSource, shard: &Shard) -> Result<Option<Fp8Weight>> {
+    let &[rows, cols] = shard.full_shape.as_slice() else {
+        return Ok(None);
+    };
+    let Some(whole) = source.fp8(&shard.name, rows, cols)? else {
+        return Ok(None);
+    };
+    // The plan keeps FP8 shards on whole scale blocks (`WeightPlan::push`).
+    whole
+        .window(shard.row0, shard.rows, shard.col0, shard.cols)
+        .map(Some)
+        .ok_or_else(|| {
+            StepError::Invalid(format!(
+                "{}: this rank's shard (rows {}.., columns {}.., {} x {}) cuts the checkpoint's \
+                 128 x 128 scale blocks",
+                shard.name, shard.row0, shard.col0, shard.rows, shard.cols
+            ))
+        })
+}
+
+/// `tensor`'s source shards from `source`: the values the device computes with (each shard's,
+/// row-major) and, for an FP8 tensor, each shard's codes and scales. A shard the checkpoint
+/// stores in FP8 keeps its codes and scales as they are; any other is quantised here. A bf16
+/// tensor must hold bf16 values; one that does not is refused by name.
+fn shards_of(
+    source: &dyn WeightSource,
+    tensor: &DeviceTensor,
+) -> Result<(Vec<Vec<f32>>, Vec<Fp8Weight>)> {
+    let (rows, cols) = tensor.shape();
+    let (mut values, mut quantised) = (Vec::new(), Vec::new());
+    for shard in &tensor.sources {
+        if tensor.element == Element::Fp8 {
+            let weight = match stored_fp8_shard(source, shard)? {
+                Some(stored) => stored,
+                None => Fp8Weight::quantise(&shard_of(source, shard)?, rows, cols)?,
+            };
+            values.push(weight.dequantise());
+            quantised.push(weight);
+            continue;
+        }
+        let v = shard_of(source, shard)?;
+        let exact = |x: &f32| x.to_bits() & 0xffff == 0;
+        if tensor.element == Element::Bf16 && !v.iter().all(exact) {
+            let bad = v.iter().find(|x| !exact(x)).copied().unwrap_or_default();
+            let why = if stored_fp8_shard(source, shard)?.is_some() {
+                "it is FP8 in the checkpoint, and this weight format keeps it as bf16 (the FP8 \
+                 weight format, `--fp8-weights`, keeps a checkpoint's FP8 matrices as they are)"
+            } else {
+                "the device keeps this tensor as bf16"
+            };
+            return Err(StepError::Invalid(format!(
+                "{} holds {bad}, which is not a bf16 value; {why}",
+                shard.name
+            )));
+        }
+        values.push(v);
+    }
+    Ok((values, quantised))
 }
