@@ -37,3 +37,54 @@ MONO_KERNEL void shared_sum(const u32* in, u32* out, u32 dynamic_words) {
     out[0] = sum;
   }
 }
+
+// A chain of dependent reads: the floor of a launch whose links each stream their bytes and then
+// hand off to the next through the whole grid, as a fused layer's linear links do. One CTA an SM
+// (the fused launches' shape). Link l reads link_words[l] 16-byte words (a contiguous run a CTA,
+// 4 or 8 loads a thread in flight, summed so the loads stay live), then its CTA counts itself on
+// counters[l]; link l + 1 issues its first loads, then waits until every CTA has counted on link l.
+// The host zeroes the counters before each launch.
+template <u32 DEPTH>
+MONO_DEV void read_chain(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
+  const u32 grid = mono_grid_dim(), threads = mono_block_dim(), t = mono_thread();
+  u32 acc = 0;
+  u64 base = 0;
+  for (u32 l = 0; l < links; ++l) {
+    const u64 words = link_words[l], share = (words + grid - 1) / grid;
+    const u64 lo = share * mono_block(), hi = share * (mono_block() + 1);
+    const u64 begin = base + (lo < words ? lo : words), end = base + (hi < words ? hi : words);
+    mono_u32x4 v[DEPTH];
+#pragma unroll
+    for (u32 b = 0; b < DEPTH; ++b)
+      if (begin + t + b * threads < end) v[b] = src[begin + t + b * threads];
+    if (l > 0) {
+      if (t == 0)
+        while (mono_ld_acquire_u32(counters + l - 1) < grid) {
+        }
+      mono_sync_block();
+    }
+    for (u64 i = begin + t; i < end; i += DEPTH * threads) {
+#pragma unroll
+      for (u32 b = 0; b < DEPTH; ++b)
+        if (i + b * threads < end) acc += v[b].x ^ v[b].y ^ v[b].z ^ v[b].w;
+#pragma unroll
+      for (u32 b = 0; b < DEPTH; ++b)
+        if (i + (DEPTH + b) * threads < end) v[b] = src[i + (DEPTH + b) * threads];
+    }
+    mono_sync_block();
+    if (t == 0) {
+      mono_fence_release();
+      mono_atomic_add_u32(counters + l, 1u);
+    }
+    base += words;
+  }
+  // Never true for the zeroed sources the benches read; it keeps the loads from being dropped.
+  if (acc == 0xdeadbeefu) sink[0] = acc;
+}
+
+MONO_KERNEL void read_chain4(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
+  read_chain<4>(src, link_words, links, counters, sink);
+}
+MONO_KERNEL void read_chain8(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
+  read_chain<8>(src, link_words, links, counters, sink);
+}

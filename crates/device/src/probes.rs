@@ -11,7 +11,7 @@ pub fn convert_source() -> KernelSource {
     KernelSource::new("convert.hip", include_str!("../kernels/convert.hip"))
 }
 
-/// `copy_16b`, `bump`, `shared_sum`.
+/// `copy_16b`, `bump`, `shared_sum`, `read_chain4`, `read_chain8`.
 pub fn copy_source() -> KernelSource {
     KernelSource::new("copy.hip", include_str!("../kernels/copy.hip"))
 }
@@ -66,4 +66,88 @@ pub fn copy_bandwidth(dev: &Device, bytes: usize) -> Result<CopyBandwidth> {
     }
     let bytes_per_s = tried.iter().map(|t| t.1).fold(0.0, f64::max);
     Ok(CopyBandwidth { bytes_per_s, tried })
+}
+
+/// Threads of a [`ReadChain`] CTA: the fused launches' 512 on sm_90a.
+pub const READ_CHAIN_THREADS: u32 = 512;
+
+/// Largest number of links one [`ReadChain`] takes.
+pub const READ_CHAIN_MAX_LINKS: usize = 64;
+
+/// A chain of dependent reads (`read_chain4` / `read_chain8`): one CTA an SM of
+/// [`READ_CHAIN_THREADS`], link after link, each link's bytes read across the grid and handed to
+/// the next through a grid-wide count, the next link's first loads issued before its wait. The
+/// floor of a fused launch whose links stream weights one after another: what their bytes cost
+/// with nothing but the reads and the hand-offs.
+pub struct ReadChain {
+    chain4: crate::Kernel,
+    chain8: crate::Kernel,
+    _module: crate::Module,
+    src: crate::Buffer<[u32; 4]>,
+    counters: crate::Buffer<u32>,
+    sink: crate::Buffer<u32>,
+    words: crate::Buffer<u64>,
+    links: usize,
+}
+
+impl ReadChain {
+    /// A chain over links of `link_bytes` each (rounded down to 16-byte words).
+    pub fn new(dev: &Device, link_bytes: &[usize]) -> Result<Self> {
+        if link_bytes.is_empty() || link_bytes.len() > READ_CHAIN_MAX_LINKS {
+            return Err(DeviceError::Size {
+                message: format!(
+                    "a read chain takes 1 to {READ_CHAIN_MAX_LINKS} links, not {}",
+                    link_bytes.len()
+                ),
+            });
+        }
+        let module = dev.build(&copy_source())?;
+        let words: Vec<u64> = link_bytes.iter().map(|b| (b / 16) as u64).collect();
+        let total = words.iter().sum::<u64>().max(1) as usize;
+        Ok(ReadChain {
+            chain4: module.kernel("read_chain4")?,
+            chain8: module.kernel("read_chain8")?,
+            _module: module,
+            src: dev.alloc_zeroed(total)?,
+            counters: dev.alloc_zeroed(link_bytes.len())?,
+            sink: dev.alloc_zeroed(1)?,
+            words: dev.upload(&words)?,
+            links: link_bytes.len(),
+        })
+    }
+
+    /// Zeroes the links' counts on `stream`: before every launch.
+    pub fn reset(&self, stream: &crate::Stream) -> Result<()> {
+        stream.memset(self.counters.device_ptr(), 0, self.counters.bytes())
+    }
+
+    /// Launches the chain once on `stream` with `depth` (4 or 8) loads a thread in flight, after
+    /// a [`ReadChain::reset`].
+    pub fn launch(&self, dev: &Device, stream: &crate::Stream, depth: u32) -> Result<()> {
+        let kernel = match depth {
+            4 => &self.chain4,
+            8 => &self.chain8,
+            _ => {
+                return Err(DeviceError::Size {
+                    message: format!(
+                        "a read chain keeps 4 or 8 loads a thread in flight, not {depth}"
+                    ),
+                })
+            }
+        };
+        let args = Args::new()
+            .buf(&self.src)
+            .buf(&self.words)
+            .u32(self.links as u32)
+            .buf(&self.counters)
+            .buf(&self.sink);
+        let launch = Launch::new(dev.info().multiprocessors, READ_CHAIN_THREADS);
+        stream.launch(kernel, launch, &args)
+    }
+
+    /// Whether every CTA has counted itself on every link of the last launch (after a sync).
+    pub fn counted(&self, dev: &Device) -> Result<bool> {
+        let grid = dev.info().multiprocessors;
+        Ok(self.counters.download()?.iter().all(|&c| c == grid))
+    }
 }

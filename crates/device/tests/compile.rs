@@ -29,11 +29,13 @@ fn builds_every_probe(compiler: &dyn Compiler, expected: &[&str]) {
     assert_eq!(names, expected, "resource report for {}", compiler.target());
 }
 
-const PROBES: [&str; 5] = [
+const PROBES: [&str; 7] = [
     "bump",
     "copy_16b",
     "e4m3_all_codes",
     "encode_f32",
+    "read_chain4",
+    "read_chain8",
     "shared_sum",
 ];
 

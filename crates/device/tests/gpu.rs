@@ -388,3 +388,28 @@ fn write_range_fills_only_its_range() {
     assert!(buf.write_range(usize::MAX, &[5]).is_err());
     assert_eq!(buf.download().unwrap(), [7, 7, 7, 1, 2, 3, 7, 7, 7, 9]);
 }
+
+/// The read chain (`device::probes::ReadChain`, the floor of a launch's chain of links) finishes
+/// with every CTA counted on every link, for links of no bytes, of fewer words than CTAs and of
+/// many; a bad depth is refused. Negative control: a second launch without the reset leaves each
+/// count at twice the grid, and `counted` says so.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_read_chain_counts_every_cta_on_every_link() {
+    use device::probes::ReadChain;
+    let dev = open();
+    let stream = dev.stream();
+    let chain = ReadChain::new(&dev, &[0, 16 * 5, 1 << 20, 0, 12_345]).unwrap();
+    for depth in [4, 8] {
+        chain.reset(stream).unwrap();
+        chain.launch(&dev, stream, depth).unwrap();
+        stream.sync().unwrap();
+        assert!(chain.counted(&dev).unwrap(), "depth {depth}");
+    }
+    chain.launch(&dev, stream, 4).unwrap();
+    stream.sync().unwrap();
+    assert!(!chain.counted(&dev).unwrap(), "a launch without the reset");
+    let err = chain.launch(&dev, stream, 6).unwrap_err().to_string();
+    assert!(err.contains("4 or 8"), "{err}");
+    assert!(ReadChain::new(&dev, &[]).is_err());
+}

@@ -1,0 +1,185 @@
+//! The floor of a fused launch's chain of links: the links' bytes read by a plain kernel
+//! (`device::probes::ReadChain`: one CTA an SM, each link read across the grid and handed to the
+//! next through a grid-wide count, its first loads issued before the wait), at the byte counts of a
+//! GLM-5.2 TP8 rank's MoE shared-indexer launch at 1 row. Beside it, in the same run: the same
+//! bytes as one link (what the hand-offs cost), the links with no bytes (the hand-offs alone), the
+//! four links of the linear bench's chain, and the floor (bytes over the copy bandwidth). Each case
+//! a direct launch, event-timed, the L2 flushed and the counts zeroed before it, median of 20.
+//! Figures also as `device::report` records. Prints "skipped" without a GPU.
+//! `cargo bench -p executor --bench chain`
+
+use device::probes::ReadChain;
+use device::report::{Figure, Reporter};
+use device::Device;
+use model::{mla_cache_bytes_per_token, CacheFormat, ModelConfig, Storage, WeightFormat};
+
+const TIMED: usize = 20;
+const TP: usize = 8;
+const TABLE: &str = "dependent reads";
+
+type Error = Box<dyn std::error::Error>;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A `[rows, cols]` FP8 matrix with its block scales, or a bf16 one, in bytes.
+fn fp8(rows: usize, cols: usize) -> usize {
+    Storage::Quantisable.bytes(rows, cols, WeightFormat::Fp8) as usize
+}
+fn bf16(rows: usize, cols: usize) -> usize {
+    Storage::Bf16.bytes(rows, cols, WeightFormat::Fp8) as usize
+}
+
+/// The links of a MoE shared-indexer launch at 1 row, each with the bytes its tasks read from
+/// HBM (weights, the cache records): the chain `crates/executor/PERF.md`'s timeline shows.
+fn moe_launch_links(cfg: &ModelConfig) -> Vec<(&'static str, usize)> {
+    let h = cfg.hidden_size;
+    let heads = cfg.num_attention_heads / TP;
+    let qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+    let inter = cfg.moe_intermediate_size / TP;
+    let record = mla_cache_bytes_per_token(cfg, CacheFormat::Fp8) as usize;
+    let expert_gate_up = fp8(2 * inter, h);
+    let expert_down = fp8(h, inter);
+    vec![
+        (
+            "q_a, kv_a",
+            fp8(cfg.q_lora_rank, h) + fp8(cfg.kv_lora_rank + cfg.qk_rope_head_dim, h),
+        ),
+        ("q_b", fp8(heads * qk, cfg.q_lora_rank)),
+        ("W_UK", bf16(heads * cfg.qk_nope_head_dim, cfg.kv_lora_rank)),
+        ("attention splits", cfg.index_topk * record),
+        ("attention combine", 0),
+        ("W_UV", bf16(heads * cfg.v_head_dim, cfg.kv_lora_rank)),
+        ("o_proj", fp8(h, heads * cfg.v_head_dim)),
+        (
+            "router, shared gate/up",
+            bf16(cfg.n_routed_experts, h) + expert_gate_up,
+        ),
+        ("route", 0),
+        (
+            "routed gate/ups, shared down",
+            cfg.num_experts_per_tok * expert_gate_up + expert_down,
+        ),
+        ("routed downs", cfg.num_experts_per_tok * expert_down),
+        ("combine", 0),
+    ]
+}
+
+fn main() -> Result<(), Error> {
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("dependent reads bench skipped: {e}");
+            return Ok(());
+        }
+    };
+    let reporter = Reporter::from_env(&dev.info().name);
+    let cfg = ModelConfig::preset("glm-5.2")?;
+    let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
+    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let stream = dev.new_stream()?;
+    let (t0, t1) = (dev.timer()?, dev.timer()?);
+    let time = |links: &[usize], depth: u32| -> Result<f64, Error> {
+        let chain = ReadChain::new(&dev, links)?;
+        let mut times = Vec::new();
+        for i in 0..=TIMED {
+            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            chain.reset(&stream)?;
+            t0.record(&stream)?;
+            chain.launch(&dev, &stream, depth)?;
+            t1.record(&stream)?;
+            t1.sync()?;
+            if !chain.counted(&dev)? {
+                return Err("a read chain's CTA did not count itself on every link".into());
+            }
+            if i > 0 {
+                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+            }
+        }
+        Ok(median(times))
+    };
+
+    let moe = moe_launch_links(&cfg);
+    let moe_bytes: Vec<usize> = moe.iter().map(|l| l.1).collect();
+    let linear_chain = vec![
+        fp8(cfg.q_lora_rank, cfg.hidden_size),
+        fp8(
+            cfg.hidden_size,
+            cfg.num_attention_heads / TP * cfg.v_head_dim,
+        ),
+        fp8(2 * cfg.moe_intermediate_size / TP, cfg.hidden_size),
+        fp8(cfg.hidden_size, cfg.moe_intermediate_size / TP),
+    ];
+    println!(
+        "{}: copy bandwidth {:.2} TB/s; us a launch (direct, L2 flushed), one CTA an SM x {}",
+        dev.info().name,
+        bandwidth / 1e12,
+        device::probes::READ_CHAIN_THREADS
+    );
+    for (name, bytes) in &moe {
+        println!("  link {name:<30} {:>8.2} MB", *bytes as f64 / 1e6);
+    }
+    let cases: Vec<(&str, &str, Vec<usize>)> = vec![
+        (
+            "MoE shared-indexer launch, 1 row",
+            "12 links",
+            moe_bytes.clone(),
+        ),
+        (
+            "MoE shared-indexer launch, 1 row",
+            "its bytes as one link",
+            vec![moe_bytes.iter().sum()],
+        ),
+        (
+            "MoE shared-indexer launch, 1 row",
+            "12 links of no bytes",
+            vec![0; moe_bytes.len()],
+        ),
+        (
+            "q_a, o_proj, gate/up, down",
+            "4 links",
+            linear_chain.clone(),
+        ),
+        (
+            "q_a, o_proj, gate/up, down",
+            "its bytes as one link",
+            vec![linear_chain.iter().sum()],
+        ),
+        ("q_a", "1 link", vec![fp8(cfg.q_lora_rank, cfg.hidden_size)]),
+    ];
+    println!(
+        "{:<36} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8}",
+        "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor"
+    );
+    for (case, what, links) in cases {
+        let bytes: usize = links.iter().sum();
+        let floor = bytes as f64 / bandwidth * 1e6;
+        let (us4, us8) = (time(&links, 4)?, time(&links, 8)?);
+        let best = us4.min(us8);
+        println!(
+            "{case:<36} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2}",
+            bytes as f64 / 1e6,
+            if bytes > 0 { best / floor } else { f64::NAN }
+        );
+        for (depth, us) in [(4, us4), (8, us8)] {
+            let mut figure = Figure::new(
+                TABLE,
+                case,
+                &format!("{what}, {depth} loads a thread in flight"),
+                us,
+                "us",
+            );
+            if bytes > 0 {
+                figure = figure.floor(floor, "bytes over the copy bandwidth of the same run");
+            }
+            reporter.write(&figure.note(&format!(
+                "{} links, {:.2} MB, one CTA an SM",
+                links.len(),
+                bytes as f64 / 1e6
+            )))?;
+        }
+    }
+    Ok(())
+}
