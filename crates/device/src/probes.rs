@@ -74,7 +74,7 @@ pub const READ_CHAIN_THREADS: u32 = 512;
 /// Largest number of links one [`ReadChain`] takes.
 pub const READ_CHAIN_MAX_LINKS: usize = 64;
 
-/// A chain of dependent reads (`read_chain4` / `read_chain8`): one CTA an SM of
+/// A chain of dependent reads (`read_chain4` / `read_chain8`): one CTA an SM (or a few) of
 /// [`READ_CHAIN_THREADS`], link after link, each link's bytes read across the grid and handed to
 /// the next through a grid-wide count, the next link's first loads issued before its wait. The
 /// floor of a fused launch whose links stream weights one after another: what their bytes cost
@@ -88,6 +88,8 @@ pub struct ReadChain {
     sink: crate::Buffer<u32>,
     words: crate::Buffer<u64>,
     links: usize,
+    /// CTAs of the last launch: what each link's count reaches.
+    grid: std::cell::Cell<u32>,
 }
 
 impl ReadChain {
@@ -113,6 +115,7 @@ impl ReadChain {
             sink: dev.alloc_zeroed(1)?,
             words: dev.upload(&words)?,
             links: link_bytes.len(),
+            grid: std::cell::Cell::new(0),
         })
     }
 
@@ -121,9 +124,21 @@ impl ReadChain {
         stream.memset(self.counters.device_ptr(), 0, self.counters.bytes())
     }
 
-    /// Launches the chain once on `stream` with `depth` (4 or 8) loads a thread in flight, after
-    /// a [`ReadChain::reset`].
-    pub fn launch(&self, dev: &Device, stream: &crate::Stream, depth: u32) -> Result<()> {
+    /// Launches the chain once on `stream` with `depth` (4 or 8) loads a thread in flight and
+    /// `ctas_per_sm` CTAs an SM (1 to 4: all of them co-resident, as the counts' waits need),
+    /// after a [`ReadChain::reset`].
+    pub fn launch(
+        &self,
+        dev: &Device,
+        stream: &crate::Stream,
+        depth: u32,
+        ctas_per_sm: u32,
+    ) -> Result<()> {
+        if !(1..=4).contains(&ctas_per_sm) {
+            return Err(DeviceError::Size {
+                message: format!("a read chain runs 1 to 4 CTAs an SM, not {ctas_per_sm}"),
+            });
+        }
         let kernel = match depth {
             4 => &self.chain4,
             8 => &self.chain8,
@@ -141,13 +156,24 @@ impl ReadChain {
             .u32(self.links as u32)
             .buf(&self.counters)
             .buf(&self.sink);
-        let launch = Launch::new(dev.info().multiprocessors, READ_CHAIN_THREADS);
-        stream.launch(kernel, launch, &args)
+        let grid = dev.info().multiprocessors * ctas_per_sm;
+        let resident = kernel.max_coresident_grid(READ_CHAIN_THREADS, 0)?;
+        if grid > resident {
+            // The counts' waits would spin on CTAs that cannot start.
+            return Err(DeviceError::Size {
+                message: format!(
+                    "{ctas_per_sm} CTAs an SM of the {depth}-deep read chain are {grid}; only \
+                     {resident} are resident at once"
+                ),
+            });
+        }
+        self.grid.set(grid);
+        stream.launch(kernel, Launch::new(grid, READ_CHAIN_THREADS), &args)
     }
 
     /// Whether every CTA has counted itself on every link of the last launch (after a sync).
-    pub fn counted(&self, dev: &Device) -> Result<bool> {
-        let grid = dev.info().multiprocessors;
+    pub fn counted(&self) -> Result<bool> {
+        let grid = self.grid.get();
         Ok(self.counters.download()?.iter().all(|&c| c == grid))
     }
 }

@@ -391,7 +391,8 @@ fn write_range_fills_only_its_range() {
 
 /// The read chain (`device::probes::ReadChain`, the floor of a launch's chain of links) finishes
 /// with every CTA counted on every link, for links of no bytes, of fewer words than CTAs and of
-/// many; a bad depth is refused. Negative control: a second launch without the reset leaves each
+/// many, at 1 to 4 CTAs an SM where the SMs hold them (refused where they do not); a bad depth or
+/// CTA count is refused. Negative control: a second launch without the reset leaves each
 /// count at twice the grid, and `counted` says so.
 #[test]
 #[ignore = "needs a GPU"]
@@ -400,16 +401,26 @@ fn a_read_chain_counts_every_cta_on_every_link() {
     let dev = open();
     let stream = dev.stream();
     let chain = ReadChain::new(&dev, &[0, 16 * 5, 1 << 20, 0, 12_345]).unwrap();
-    for depth in [4, 8] {
+    for (depth, ctas_per_sm) in [(4, 1), (8, 1), (4, 2), (8, 4)] {
         chain.reset(stream).unwrap();
-        chain.launch(&dev, stream, depth).unwrap();
-        stream.sync().unwrap();
-        assert!(chain.counted(&dev).unwrap(), "depth {depth}");
+        match chain.launch(&dev, stream, depth, ctas_per_sm) {
+            Ok(()) => {
+                stream.sync().unwrap();
+                let counted = chain.counted().unwrap();
+                assert!(counted, "depth {depth}, {ctas_per_sm} an SM");
+            }
+            // More CTAs than the SMs hold at once would spin forever: refused instead.
+            Err(e) => assert!(ctas_per_sm > 1 && e.to_string().contains("resident"), "{e}"),
+        }
     }
-    chain.launch(&dev, stream, 4).unwrap();
+    chain.reset(stream).unwrap();
+    chain.launch(&dev, stream, 4, 1).unwrap();
+    chain.launch(&dev, stream, 4, 1).unwrap();
     stream.sync().unwrap();
-    assert!(!chain.counted(&dev).unwrap(), "a launch without the reset");
-    let err = chain.launch(&dev, stream, 6).unwrap_err().to_string();
+    assert!(!chain.counted().unwrap(), "a launch without the reset");
+    let err = chain.launch(&dev, stream, 6, 1).unwrap_err().to_string();
     assert!(err.contains("4 or 8"), "{err}");
+    let err = chain.launch(&dev, stream, 4, 5).unwrap_err().to_string();
+    assert!(err.contains("1 to 4"), "{err}");
     assert!(ReadChain::new(&dev, &[]).is_err());
 }

@@ -1,11 +1,13 @@
 //! The floor of a fused launch's chain of links: the links' bytes read by a plain kernel
 //! (`device::probes::ReadChain`: one CTA an SM, each link read across the grid and handed to the
 //! next through a grid-wide count, its first loads issued before the wait), at the byte counts of a
-//! GLM-5.2 TP8 rank's MoE shared-indexer launch at 1 row. Beside it, in the same run: the same
-//! bytes as one link (what the hand-offs cost), the links with no bytes (the hand-offs alone), the
-//! four links of the linear bench's chain, and the floor (bytes over the copy bandwidth). Each case
-//! a direct launch, event-timed, the L2 flushed and the counts zeroed before it, median of 20.
-//! Figures also as `device::report` records. Prints "skipped" without a GPU.
+//! GLM-5.2 TP8 rank's MoE shared-indexer launch at 1 row and at 4 rows. Beside it, in the same
+//! run: the same bytes as one link (what the hand-offs cost), links with no bytes (the hand-offs
+//! and the launch alone), the four links of the linear bench's chain, and the floor (bytes over
+//! the copy bandwidth); and the 1-row launch's bytes as one link with 2 and 4 CTAs an SM (what
+//! one CTA's streaming rate costs). Each case a direct launch, event-timed, the L2 flushed and the
+//! counts zeroed before it, median of 20. Figures also as `device::report` records. Prints
+//! "skipped" without a GPU.
 //! `cargo bench -p executor --bench chain`
 
 use device::probes::ReadChain;
@@ -32,9 +34,10 @@ fn bf16(rows: usize, cols: usize) -> usize {
     Storage::Bf16.bytes(rows, cols, WeightFormat::Fp8) as usize
 }
 
-/// The links of a MoE shared-indexer launch at 1 row, each with the bytes its tasks read from
-/// HBM (weights, the cache records): the chain `crates/executor/PERF.md`'s timeline shows.
-fn moe_launch_links(cfg: &ModelConfig) -> Vec<(&'static str, usize)> {
+/// The links of a MoE shared-indexer launch of `rows` rows whose rows chose `experts` distinct
+/// experts, each with the bytes its tasks read from HBM (weights; each row's cache records, which
+/// verify rows partly share): the chain `crates/executor/PERF.md`'s timeline shows.
+fn moe_launch_links(cfg: &ModelConfig, rows: usize, experts: usize) -> Vec<(&'static str, usize)> {
     let h = cfg.hidden_size;
     let heads = cfg.num_attention_heads / TP;
     let qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
@@ -49,7 +52,7 @@ fn moe_launch_links(cfg: &ModelConfig) -> Vec<(&'static str, usize)> {
         ),
         ("q_b", fp8(heads * qk, cfg.q_lora_rank)),
         ("W_UK", bf16(heads * cfg.qk_nope_head_dim, cfg.kv_lora_rank)),
-        ("attention splits", cfg.index_topk * record),
+        ("attention splits", rows * cfg.index_topk * record),
         ("attention combine", 0),
         ("W_UV", bf16(heads * cfg.v_head_dim, cfg.kv_lora_rank)),
         ("o_proj", fp8(h, heads * cfg.v_head_dim)),
@@ -60,9 +63,9 @@ fn moe_launch_links(cfg: &ModelConfig) -> Vec<(&'static str, usize)> {
         ("route", 0),
         (
             "routed gate/ups, shared down",
-            cfg.num_experts_per_tok * expert_gate_up + expert_down,
+            experts * expert_gate_up + expert_down,
         ),
-        ("routed downs", cfg.num_experts_per_tok * expert_down),
+        ("routed downs", experts * expert_down),
         ("combine", 0),
     ]
 }
@@ -81,17 +84,17 @@ fn main() -> Result<(), Error> {
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
-    let time = |links: &[usize], depth: u32| -> Result<f64, Error> {
+    let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
         let chain = ReadChain::new(&dev, links)?;
         let mut times = Vec::new();
         for i in 0..=TIMED {
             stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
             chain.reset(&stream)?;
             t0.record(&stream)?;
-            chain.launch(&dev, &stream, depth)?;
+            chain.launch(&dev, &stream, depth, ctas_per_sm)?;
             t1.record(&stream)?;
             t1.sync()?;
-            if !chain.counted(&dev)? {
+            if !chain.counted()? {
                 return Err("a read chain's CTA did not count itself on every link".into());
             }
             if i > 0 {
@@ -101,8 +104,9 @@ fn main() -> Result<(), Error> {
         Ok(median(times))
     };
 
-    let moe = moe_launch_links(&cfg);
-    let moe_bytes: Vec<usize> = moe.iter().map(|l| l.1).collect();
+    let one_row = moe_launch_links(&cfg, 1, cfg.num_experts_per_tok);
+    // 26: the median of the distinct experts 4 rows chose in `mono bench`'s step at 8K.
+    let four_rows = moe_launch_links(&cfg, 4, 26);
     let linear_chain = vec![
         fp8(cfg.q_lora_rank, cfg.hidden_size),
         fp8(
@@ -118,25 +122,29 @@ fn main() -> Result<(), Error> {
         bandwidth / 1e12,
         device::probes::READ_CHAIN_THREADS
     );
-    for (name, bytes) in &moe {
-        println!("  link {name:<30} {:>8.2} MB", *bytes as f64 / 1e6);
+    for ((name, one), (_, four)) in one_row.iter().zip(&four_rows) {
+        println!(
+            "  link {name:<30} {:>8.2} MB at 1 row, {:>8.2} at 4 rows",
+            *one as f64 / 1e6,
+            *four as f64 / 1e6
+        );
     }
-    let cases: Vec<(&str, &str, Vec<usize>)> = vec![
+    let bytes_of = |links: &[(&str, usize)]| -> Vec<usize> { links.iter().map(|l| l.1).collect() };
+    let mut cases: Vec<(&str, &str, Vec<usize>)> = Vec::new();
+    for (case, links) in [
+        ("MoE shared-indexer launch, 1 row", bytes_of(&one_row)),
         (
-            "MoE shared-indexer launch, 1 row",
-            "12 links",
-            moe_bytes.clone(),
+            "MoE shared-indexer launch, 4 rows, 26 experts",
+            bytes_of(&four_rows),
         ),
-        (
-            "MoE shared-indexer launch, 1 row",
-            "its bytes as one link",
-            vec![moe_bytes.iter().sum()],
-        ),
-        (
-            "MoE shared-indexer launch, 1 row",
-            "12 links of no bytes",
-            vec![0; moe_bytes.len()],
-        ),
+    ] {
+        let whole = links.iter().sum();
+        cases.push((case, "12 links", links));
+        cases.push((case, "its bytes as one link", vec![whole]));
+    }
+    cases.extend([
+        ("hand-offs", "12 links of no bytes", vec![0; one_row.len()]),
+        ("hand-offs", "1 link of no bytes", vec![0]),
         (
             "q_a, o_proj, gate/up, down",
             "4 links",
@@ -148,18 +156,18 @@ fn main() -> Result<(), Error> {
             vec![linear_chain.iter().sum()],
         ),
         ("q_a", "1 link", vec![fp8(cfg.q_lora_rank, cfg.hidden_size)]),
-    ];
+    ]);
     println!(
-        "{:<36} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8}",
+        "{:<46} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8}",
         "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor"
     );
     for (case, what, links) in cases {
         let bytes: usize = links.iter().sum();
         let floor = bytes as f64 / bandwidth * 1e6;
-        let (us4, us8) = (time(&links, 4)?, time(&links, 8)?);
+        let (us4, us8) = (time(&links, 4, 1)?, time(&links, 8, 1)?);
         let best = us4.min(us8);
         println!(
-            "{case:<36} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2}",
+            "{case:<46} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2}",
             bytes as f64 / 1e6,
             if bytes > 0 { best / floor } else { f64::NAN }
         );
@@ -180,6 +188,40 @@ fn main() -> Result<(), Error> {
                 bytes as f64 / 1e6
             )))?;
         }
+    }
+    // The same one link with more CTAs an SM: more loads in flight than one CTA's 512 threads hold.
+    let whole: usize = one_row.iter().map(|l| l.1).sum();
+    let floor = whole as f64 / bandwidth * 1e6;
+    for ctas_per_sm in [2, 4] {
+        let us = match time(&[whole], 4, ctas_per_sm) {
+            Ok(us) => us,
+            Err(e) => {
+                println!("one link, {ctas_per_sm} CTAs an SM: not run ({e})");
+                continue;
+            }
+        };
+        println!(
+            "{:<46} {:<24} {:>8.2} {floor:>9.2} {us:>9.2} {:>9} {:>8.2}",
+            "MoE shared-indexer launch, 1 row",
+            format!("one link, {ctas_per_sm} CTAs an SM"),
+            whole as f64 / 1e6,
+            "",
+            us / floor
+        );
+        reporter.write(
+            &Figure::new(
+                TABLE,
+                "MoE shared-indexer launch, 1 row",
+                &format!("its bytes as one link, {ctas_per_sm} CTAs an SM"),
+                us,
+                "us",
+            )
+            .floor(floor, "bytes over the copy bandwidth of the same run")
+            .note(&format!(
+                "1 link, {:.2} MB, 4 loads a thread in flight",
+                whole as f64 / 1e6
+            )),
+        )?;
     }
     Ok(())
 }
