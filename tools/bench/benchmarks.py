@@ -96,6 +96,15 @@ TABLES = [
     ("head dense MLP", "The dense MLP of a GLM-5.2 TP8 rank as one fused launch: the post-attention "
      "norm, FP8 gate/up (2 x 1536 x 6144) with SwiGLU, then down (6144 x 1536) with the residual, "
      "measured as the tail is."),
+    ("dependent reads", "The floor of a fused launch's chain of links (`cargo bench -p executor "
+     "--bench chain`, `device::probes::ReadChain`): the bytes each link of a GLM-5.2 TP8 MoE "
+     "shared-indexer launch reads (weights, each row's cache records), read by a plain kernel of one "
+     "512-thread CTA an SM (or 2 and 4), link after link, each handed to the next through a "
+     "grid-wide count with the next link's first loads issued before its wait; beside it the same "
+     "bytes as one link, links with no bytes (the hand-offs and the launch alone), and the four links "
+     "of the linear bench's chain. Direct launches, event-timed, L2 flushed before each, median of "
+     "20, so the launch's own ~4.6 us is in every figure, as in the step table's launch kinds. What "
+     "it says of the step is in `crates/executor/PERF.md`."),
     ("step", "The whole decode step of one GLM-5.2 TP8 rank on one GPU (`mono bench`): the epoch node, "
      "one fused launch a layer (78) and the tail, and the greedy feed, captured as one graph; "
      "synthetic FP8 weights made on the device, hashed FP8 caches holding the context. The cross-rank "

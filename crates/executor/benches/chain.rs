@@ -174,8 +174,8 @@ fn main() -> Result<(), Error> {
         for (depth, us) in [(4, us4), (8, us8)] {
             let mut figure = Figure::new(
                 TABLE,
-                case,
-                &format!("{what}, {depth} loads a thread in flight"),
+                &format!("{case}: {what}"),
+                &format!("one CTA an SM, {depth} loads a thread in flight"),
                 us,
                 "us",
             );
@@ -183,8 +183,8 @@ fn main() -> Result<(), Error> {
                 figure = figure.floor(floor, "bytes over the copy bandwidth of the same run");
             }
             reporter.write(&figure.note(&format!(
-                "{} links, {:.2} MB, one CTA an SM",
-                links.len(),
+                "{}, {:.2} MB",
+                links_label(links.len()),
                 bytes as f64 / 1e6
             )))?;
         }
@@ -211,17 +211,22 @@ fn main() -> Result<(), Error> {
         reporter.write(
             &Figure::new(
                 TABLE,
-                "MoE shared-indexer launch, 1 row",
-                &format!("its bytes as one link, {ctas_per_sm} CTAs an SM"),
+                "MoE shared-indexer launch, 1 row: its bytes as one link",
+                &format!("{ctas_per_sm} CTAs an SM, 4 loads a thread in flight"),
                 us,
                 "us",
             )
             .floor(floor, "bytes over the copy bandwidth of the same run")
-            .note(&format!(
-                "1 link, {:.2} MB, 4 loads a thread in flight",
-                whole as f64 / 1e6
-            )),
+            .note(&format!("1 link, {:.2} MB", whole as f64 / 1e6)),
         )?;
     }
     Ok(())
+}
+
+fn links_label(n: usize) -> String {
+    if n == 1 {
+        "1 link".into()
+    } else {
+        format!("{n} links")
+    }
 }
