@@ -135,7 +135,7 @@ REPRODUCE = """## How to reproduce
 
 Build the benches here (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer
 --bench gpu`, `-p select --bench gpu`, `-p linear --bench gpu`, `-p mla --bench gpu` and `-p
-executor --bench front` / `moe` / `half` / `head`; the mailbox figures come from `cargo test
+executor --bench front` / `moe` / `half` / `head` / `chain`; the mailbox figures come from `cargo test
 --release -p mailbox --test gpu --no-run`; the step's from `mono bench`), copy the binaries to the
 GPU machine, and run each there with the records file named:
 
