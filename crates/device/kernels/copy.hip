@@ -43,10 +43,15 @@ MONO_KERNEL void shared_sum(const u32* in, u32* out, u32 dynamic_words) {
 // (the fused launches' shape). Link l reads link_words[l] 16-byte words (a contiguous run a CTA,
 // 4 or 8 loads a thread in flight, summed so the loads stay live), then its CTA counts itself on
 // counters[l]; link l + 1 issues its first loads, then waits until every CTA has counted on link l.
-// The host zeroes the counters before each launch.
+// The host zeroes the counters before each launch. CTA 0 stamps the shared clock at its start
+// (stamps[0]) and when it sees each link complete (stamps[1 + l]; the last link waited for at the
+// end): the chain's timeline.
 template <u32 DEPTH>
-MONO_DEV void read_chain(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
+MONO_DEV void read_chain(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink,
+                         u64* stamps) {
   const u32 grid = mono_grid_dim(), threads = mono_block_dim(), t = mono_thread();
+  const bool stamping = mono_block() == 0 && t == 0;
+  if (stamping) stamps[0] = mono_timer_ns();
   u32 acc = 0;
   u64 base = 0;
   for (u32 l = 0; l < links; ++l) {
@@ -58,9 +63,11 @@ MONO_DEV void read_chain(const mono_u32x4* src, const u64* link_words, u32 links
     for (u32 b = 0; b < DEPTH; ++b)
       if (begin + t + b * threads < end) v[b] = src[begin + t + b * threads];
     if (l > 0) {
-      if (t == 0)
+      if (t == 0) {
         while (mono_ld_acquire_u32(counters + l - 1) < grid) {
         }
+        if (stamping) stamps[l] = mono_timer_ns();
+      }
       mono_sync_block();
     }
     for (u64 i = begin + t; i < end; i += DEPTH * threads) {
@@ -78,13 +85,20 @@ MONO_DEV void read_chain(const mono_u32x4* src, const u64* link_words, u32 links
     }
     base += words;
   }
+  if (stamping) {
+    while (mono_ld_acquire_u32(counters + links - 1) < grid) {
+    }
+    stamps[links] = mono_timer_ns();
+  }
   // Never true for the zeroed sources the benches read; it keeps the loads from being dropped.
   if (acc == 0xdeadbeefu) sink[0] = acc;
 }
 
-MONO_KERNEL void read_chain4(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
-  read_chain<4>(src, link_words, links, counters, sink);
+MONO_KERNEL void read_chain4(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink,
+                             u64* stamps) {
+  read_chain<4>(src, link_words, links, counters, sink, stamps);
 }
-MONO_KERNEL void read_chain8(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink) {
-  read_chain<8>(src, link_words, links, counters, sink);
+MONO_KERNEL void read_chain8(const mono_u32x4* src, const u64* link_words, u32 links, u32* counters, u32* sink,
+                             u64* stamps) {
+  read_chain<8>(src, link_words, links, counters, sink, stamps);
 }

@@ -87,6 +87,8 @@ pub struct ReadChain {
     counters: crate::Buffer<u32>,
     sink: crate::Buffer<u32>,
     words: crate::Buffer<u64>,
+    /// CTA 0's clock at its start and as it saw each link complete (`read_chain`).
+    stamps: crate::Buffer<u64>,
     links: usize,
     /// CTAs of the last launch: what each link's count reaches.
     grid: std::cell::Cell<u32>,
@@ -114,6 +116,7 @@ impl ReadChain {
             counters: dev.alloc_zeroed(link_bytes.len())?,
             sink: dev.alloc_zeroed(1)?,
             words: dev.upload(&words)?,
+            stamps: dev.alloc_zeroed(link_bytes.len() + 1)?,
             links: link_bytes.len(),
             grid: std::cell::Cell::new(0),
         })
@@ -155,7 +158,8 @@ impl ReadChain {
             .buf(&self.words)
             .u32(self.links as u32)
             .buf(&self.counters)
-            .buf(&self.sink);
+            .buf(&self.sink)
+            .buf(&self.stamps);
         let grid = dev.info().multiprocessors * ctas_per_sm;
         let resident = kernel.max_coresident_grid(READ_CHAIN_THREADS, 0)?;
         if grid > resident {
@@ -169,6 +173,16 @@ impl ReadChain {
         }
         self.grid.set(grid);
         stream.launch(kernel, Launch::new(grid, READ_CHAIN_THREADS), &args)
+    }
+
+    /// When each link of the last launch was complete, ns after CTA 0 started, as CTA 0 saw it on
+    /// the shared clock (after a sync).
+    pub fn link_ends_ns(&self) -> Result<Vec<u64>> {
+        let stamps = self.stamps.download()?;
+        Ok(stamps[1..]
+            .iter()
+            .map(|&t| t.saturating_sub(stamps[0]))
+            .collect())
     }
 
     /// Whether every CTA has counted itself on every link of the last launch (after a sync).

@@ -391,8 +391,8 @@ fn write_range_fills_only_its_range() {
 
 /// The read chain (`device::probes::ReadChain`, the floor of a launch's chain of links) finishes
 /// with every CTA counted on every link, for links of no bytes, of fewer words than CTAs and of
-/// many, at 1 to 4 CTAs an SM where the SMs hold them (refused where they do not); a bad depth or
-/// CTA count is refused. Negative control: a second launch without the reset leaves each
+/// many, at 1 to 4 CTAs an SM where the SMs hold them (refused where they do not), the links
+/// stamped complete in order; a bad depth or CTA count is refused. Negative control: a second launch without the reset leaves each
 /// count at twice the grid, and `counted` says so.
 #[test]
 #[ignore = "needs a GPU"]
@@ -408,6 +408,8 @@ fn a_read_chain_counts_every_cta_on_every_link() {
                 stream.sync().unwrap();
                 let counted = chain.counted().unwrap();
                 assert!(counted, "depth {depth}, {ctas_per_sm} an SM");
+                let ends = chain.link_ends_ns().unwrap();
+                assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
             }
             // More CTAs than the SMs hold at once would spin forever: refused instead.
             Err(e) => assert!(ctas_per_sm > 1 && e.to_string().contains("resident"), "{e}"),

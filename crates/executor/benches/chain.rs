@@ -84,9 +84,11 @@ fn main() -> Result<(), Error> {
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
-    let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
+    // A chain's median time a launch and, per link, the median of when CTA 0 saw it complete.
+    let timed = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<(f64, Vec<f64>), Error> {
         let chain = ReadChain::new(&dev, links)?;
         let mut times = Vec::new();
+        let mut ends: Vec<Vec<f64>> = vec![Vec::new(); links.len()];
         for i in 0..=TIMED {
             stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
             chain.reset(&stream)?;
@@ -99,9 +101,15 @@ fn main() -> Result<(), Error> {
             }
             if i > 0 {
                 times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+                for (all, ns) in ends.iter_mut().zip(chain.link_ends_ns()?) {
+                    all.push(ns as f64 / 1e3);
+                }
             }
         }
-        Ok(median(times))
+        Ok((median(times), ends.into_iter().map(median).collect()))
+    };
+    let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
+        Ok(timed(links, depth, ctas_per_sm)?.0)
     };
 
     let one_row = moe_launch_links(&cfg, 1, cfg.num_experts_per_tok);
@@ -219,6 +227,14 @@ fn main() -> Result<(), Error> {
             .floor(floor, "bytes over the copy bandwidth of the same run")
             .note(&format!("1 link, {:.2} MB", whole as f64 / 1e6)),
         )?;
+    }
+    // Each link's end in the two MoE chains, to set beside the step's trace of the same launch.
+    let (_, ends_one) = timed(&bytes_of(&one_row), 4, 1)?;
+    let (_, ends_four) = timed(&bytes_of(&four_rows), 4, 1)?;
+    println!("link ends, us after CTA 0's start (median of {TIMED}, one CTA an SM, 4 loads):");
+    println!("{:<30} {:>10} {:>10}", "link", "1 row", "4 rows");
+    for (((name, _), one), four) in one_row.iter().zip(&ends_one).zip(&ends_four) {
+        println!("{name:<30} {one:>10.2} {four:>10.2}");
     }
     Ok(())
 }
