@@ -357,9 +357,9 @@ fn a_checkpoint_on_the_device_holds_the_synthetic_bytes() {
 /// blocks' amax / 448, not powers of two, so the device must keep its codes and scales as stored
 /// rather than quantise its values again (`published_fp8_checkpoint`). Each FP8 tensor on the
 /// device holds the checkpoint's codes and scales, packed, and the values kept for the derived
-/// forms are the checkpoint's. The control: the same values quantised again (what the loader did
-/// before it kept them) differ on every FP8 tensor. The bf16 weight format over the checkpoint
-/// is refused, naming a tensor and saying it is FP8.
+/// forms are the checkpoint's. The control: the same values quantised again (what a loader that
+/// quantises the values it reads would store) differ on every FP8 tensor. The bf16 weight format
+/// over the checkpoint is refused, naming a tensor and saying it is FP8.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn a_published_fp8_checkpoint_reaches_the_device_as_stored() {

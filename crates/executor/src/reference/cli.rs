@@ -77,6 +77,17 @@ fn describe(plan: &model::LayerPlan) -> String {
     }
 }
 
+impl StepArgs {
+    /// The weight format `--fp8-weights` asks for.
+    pub fn weight_format(&self) -> WeightFormat {
+        if self.fp8_weights {
+            WeightFormat::Fp8
+        } else {
+            WeightFormat::Bf16
+        }
+    }
+}
+
 /// The model of a step, the CPU's or the GPU's: `--config`, else the config.json beside
 /// `--weights`, else the preset; and where it came from.
 pub fn step_config(args: &StepArgs) -> Result<(ModelConfig, String), String> {
@@ -143,11 +154,7 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
             format!("checkpoint {}", dir.display()),
         ),
         None => {
-            let format = if args.fp8_weights {
-                WeightFormat::Fp8
-            } else {
-                WeightFormat::Bf16
-            };
+            let format = args.weight_format();
             let weights = Synthetic::new(&cfg, args.seed, format).map_err(|e| e.to_string())?;
             (
                 Box::new(weights),

@@ -63,6 +63,7 @@ impl Fp8Weight {
             })
             .collect()
     }
+
     /// Rows `row0..row0 + rows` and columns `col0..col0 + cols` with their blocks' scales, when
     /// the window covers whole 128 x 128 blocks (each edge on a block boundary or the matrix's
     /// end): a tensor-parallel shard of a checkpoint's weight, its codes and scales as stored.

@@ -185,20 +185,16 @@ impl Checkpoint {
 
     fn scale_for(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
         let scale_name = format!("{name}{SCALE_SUFFIX}");
-        let (file, info, bytes) = self.raw(&scale_name).map_err(|_| WeightError::Dtype {
-            name: name.to_owned(),
-            path: self.origin.clone(),
-            reason: format!("stored as F8_E4M3 but `{scale_name}` is missing"),
-        })?;
-        let expected = scale_shape(rows, cols);
-        if info.shape != expected {
-            return Err(WeightError::Shape {
-                name: scale_name,
-                expected: expected.to_vec(),
-                found: info.shape.clone(),
-                location: format!(" in {}", file.path.display()),
-            });
-        }
+        let (file, info, bytes) = match self.shaped(&scale_name, &scale_shape(rows, cols)) {
+            Err(WeightError::Missing { .. }) => {
+                return Err(WeightError::Dtype {
+                    name: name.to_owned(),
+                    path: self.origin.clone(),
+                    reason: format!("stored as F8_E4M3 but `{scale_name}` is missing"),
+                })
+            }
+            found => found?,
+        };
         decode(&scale_name, file, info.dtype, bytes)
     }
 }

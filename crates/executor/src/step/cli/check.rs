@@ -140,7 +140,7 @@ fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str
     let (source, format, weights_from): (Box<dyn WeightSource>, _, String) = match &args.weights {
         Some(dir) => {
             let checkpoint = Checkpoint::open(dir)?;
-            let format = super::checkpoint_format(&checkpoint, false);
+            let format = super::checkpoint_format(&checkpoint, WeightFormat::Bf16);
             let from = format!("checkpoint {} ({format:?} on the device)", dir.display());
             (Box::new(checkpoint), format, from)
         }

@@ -97,29 +97,32 @@ pub fn gpu_weights(
 /// Rank `rank` of `tp`'s weights from the checkpoint folder `dir` (`Checkpoint::open`): each
 /// tensor's shard cut from the whole tensor, quantised or packed on the host and uploaded, with
 /// progress on stderr, then bound. A tensor missing or of the wrong shape is refused by name
-/// before the arena is uploaded. The weight format is FP8 where `fp8` asks for it or the
-/// checkpoint stores FP8 matrices (kept as stored: bf16 cannot hold them); it is returned.
+/// before the arena is uploaded. The weight format is `asked`, or FP8 where the checkpoint stores
+/// FP8 matrices (kept as stored: bf16 cannot hold them); it is returned.
 pub fn checkpoint_weights(
     dev: &Device,
     cfg: &ModelConfig,
     tp: usize,
     rank: usize,
-    fp8: bool,
+    asked: WeightFormat,
     dir: &std::path::Path,
 ) -> Result<(GpuWeights, WeightFormat)> {
     let source = model::weights::Checkpoint::open(dir)?;
-    let format = checkpoint_format(&source, fp8);
+    let format = checkpoint_format(&source, asked);
     let plan = WeightPlan::new(cfg, tp, rank, format)?;
     let device = DeviceWeights::from_source(dev, plan, &source, 0, &mut step::print_progress)?;
     Ok((bind_weights(dev, cfg, device)?, format))
 }
 
-/// The weight format for `checkpoint`: FP8 where `fp8` asks for it or the checkpoint stores FP8.
-pub fn checkpoint_format(checkpoint: &model::weights::Checkpoint, fp8: bool) -> WeightFormat {
-    if fp8 || checkpoint.stores_fp8() {
+/// The weight format for `checkpoint`: FP8 where it stores FP8, else `asked`.
+pub fn checkpoint_format(
+    checkpoint: &model::weights::Checkpoint,
+    asked: WeightFormat,
+) -> WeightFormat {
+    if checkpoint.stores_fp8() {
         WeightFormat::Fp8
     } else {
-        WeightFormat::Bf16
+        asked
     }
 }
 

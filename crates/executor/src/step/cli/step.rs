@@ -165,16 +165,12 @@ fn run_gpu_step(
     let (weights, format, made) = match &args.weights {
         Some(dir) => {
             let (weights, format) =
-                checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, args.fp8_weights, dir)?;
+                checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, args.weight_format(), dir)?;
             let made = format!("loaded from checkpoint {}", dir.display());
             (weights, format, made)
         }
         None => {
-            let format = if args.fp8_weights {
-                WeightFormat::Fp8
-            } else {
-                WeightFormat::Bf16
-            };
+            let format = args.weight_format();
             let weights = gpu_weights(dev, cfg, gpu.tp, gpu.rank, format, args.seed)?;
             let made = format!(
                 "synthetic (seed {}), made {}",

@@ -75,8 +75,8 @@ pub fn stored_form(tensor: &DeviceTensor, values: &[Vec<f32>]) -> Result<(Vec<u8
     stored_form_of(tensor, values, &quantised)
 }
 
-/// [`stored_form`] of an FP8 `tensor` whose shards are already codes and scales (`quantised`,
-/// one a source, as a checkpoint stores them); `values` are read only by bf16 and f32 tensors.
+/// [`stored_form`] with an FP8 `tensor`'s shards already codes and scales (`quantised`, one a
+/// source, as a checkpoint stores them); `values` are read only by bf16 and f32 tensors.
 pub fn stored_form_of(
     tensor: &DeviceTensor,
     values: &[Vec<f32>],

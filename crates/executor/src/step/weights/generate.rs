@@ -204,8 +204,8 @@ impl DeviceWeights {
     /// tensor, quantised or packed on the host and uploaded. An FP8 tensor the checkpoint stores
     /// in FP8 keeps its codes and block scales as they are (a published checkpoint's scales are
     /// not powers of two: quantised again, its values would change). A bf16 tensor must hold
-    /// bf16 values (the device keeps bf16); one that does not is refused by name. `seed` is recorded only:
-    /// the values the derived forms are made from are kept from `source`.
+    /// bf16 values (the device keeps bf16); one that does not is refused by name. `seed` is
+    /// recorded only: the values the derived forms are made from are kept from `source`.
     /// `progress` hears every GB and after the last tensor.
     pub fn from_source(
         dev: &Device,
@@ -227,7 +227,12 @@ impl DeviceWeights {
             let (values, quantised) = shards_of(source, tensor)?;
             let stored = super::check::stored_form_of(tensor, &values, &quantised)?;
             if Origin::kept(&tensor.name) {
-                kept.insert(tensor.name.clone(), values);
+                let computed_with = if quantised.is_empty() {
+                    values
+                } else {
+                    quantised.iter().map(Fp8Weight::dequantise).collect()
+                };
+                kept.insert(tensor.name.clone(), computed_with);
             }
             let before = state.bytes_done;
             state.tensors_done += 1;
@@ -449,10 +454,10 @@ fn stored_fp8_shard(source: &dyn WeightSource, shard: &Shard) -> Result<Option<F
         })
 }
 
-/// `tensor`'s source shards from `source`: the values the device computes with (each shard's,
-/// row-major) and, for an FP8 tensor, each shard's codes and scales. A shard the checkpoint
-/// stores in FP8 keeps its codes and scales as they are; any other is quantised here. A bf16
-/// tensor must hold bf16 values; one that does not is refused by name.
+/// `tensor`'s source shards from `source`: for an FP8 tensor each shard's codes and scales (no
+/// values: a shard the checkpoint stores in FP8 keeps its codes and scales as they are, any other
+/// is quantised here), else each shard's values, row-major. A bf16 tensor must hold bf16 values;
+/// one that does not is refused by name.
 fn shards_of(
     source: &dyn WeightSource,
     tensor: &DeviceTensor,
@@ -461,12 +466,10 @@ fn shards_of(
     let (mut values, mut quantised) = (Vec::new(), Vec::new());
     for shard in &tensor.sources {
         if tensor.element == Element::Fp8 {
-            let weight = match stored_fp8_shard(source, shard)? {
+            quantised.push(match stored_fp8_shard(source, shard)? {
                 Some(stored) => stored,
                 None => Fp8Weight::quantise(&shard_of(source, shard)?, rows, cols)?,
-            };
-            values.push(weight.dequantise());
-            quantised.push(weight);
+            });
             continue;
         }
         let v = shard_of(source, shard)?;
