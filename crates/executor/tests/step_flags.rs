@@ -37,10 +37,21 @@ fn flags_the_gpu_step_cannot_run_with_are_refused() {
             &["--cpu", "--rank", "1"][..],
             "--rank 1 is not a rank of --tp 1",
         ),
+        (&["--rows", "0"][..], "--rows must be at least 1"),
+        (
+            &["--preset", "nope"][..],
+            "unknown preset `nope`; valid presets: glm-5, glm-5.2, tiny",
+        ),
+        (
+            &["--context", "999999999"][..],
+            "--context 999999999 + --rows 1 is past max_position_embeddings",
+        ),
     ] {
         let o = mono_step(flags);
         assert!(!o.status.success(), "{flags:?} ran: {}", text(&o));
         assert!(text(&o).contains(says), "{flags:?}: {}", text(&o));
+        // Refused before a device was looked for: nothing is said of one.
+        assert!(!text(&o).contains("GPU"), "{flags:?}: {}", text(&o));
     }
 }
 

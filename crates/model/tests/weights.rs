@@ -300,6 +300,22 @@ fn index_errors_name_the_tensor_and_the_file() {
 }
 
 #[test]
+fn a_crowded_folder_without_a_checkpoint_names_a_few_and_counts_the_rest() {
+    let crowded = Scratch::new("crowded");
+    for i in 0..12 {
+        std::fs::write(crowded.0.join(format!("file{i:02}.txt")), "").unwrap();
+    }
+    let message = Checkpoint::open(&crowded.0).err().unwrap().to_string();
+    assert!(
+        message.contains("file00.txt")
+            && message.contains("file07.txt")
+            && message.contains("and 4 more"),
+        "{message}"
+    );
+    assert!(!message.contains("file08.txt"), "{message}");
+}
+
+#[test]
 fn a_folder_without_a_checkpoint_says_what_it_holds() {
     let empty = Scratch::new("empty");
     let nothing = Checkpoint::open(&empty.0).err().unwrap();

@@ -108,9 +108,8 @@ pub fn step_config(args: &StepArgs) -> Result<(ModelConfig, String), String> {
     })
 }
 
-/// Runs the step and prints what it did; errors say what was wrong.
-pub fn run(args: &StepArgs) -> Result<(), String> {
-    let (cfg, config_from) = step_config(args)?;
+/// Refuses rows and a context the model cannot take, whichever step runs them.
+pub fn check_rows(args: &StepArgs, cfg: &ModelConfig) -> Result<(), String> {
     if args.rows == 0 {
         return Err("--rows must be at least 1".to_owned());
     }
@@ -120,6 +119,13 @@ pub fn run(args: &StepArgs) -> Result<(), String> {
             args.context, args.rows, cfg.max_position_embeddings
         ));
     }
+    Ok(())
+}
+
+/// Runs the step and prints what it did; errors say what was wrong.
+pub fn run(args: &StepArgs) -> Result<(), String> {
+    let (cfg, config_from) = step_config(args)?;
+    check_rows(args, &cfg)?;
     let parameters: u64 = checkpoint_tensors(&cfg)
         .map_err(|e| e.to_string())?
         .iter()

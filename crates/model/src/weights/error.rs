@@ -19,7 +19,7 @@ pub enum WeightError {
     #[error(
         "{dir} holds no checkpoint: neither model.safetensors.index.json nor model.safetensors \
          (found: {})",
-        if found.is_empty() { "nothing".to_owned() } else { found.join(", ") }
+        found_list(found)
     )]
     NoCheckpoint { dir: PathBuf, found: Vec<String> },
 
@@ -79,4 +79,20 @@ pub enum WeightError {
 
     #[error(transparent)]
     Config(#[from] ModelError),
+}
+
+/// Entries of a folder a message names before it says how many more there are: a folder that is
+/// not a checkpoint may hold thousands.
+const FOUND_SHOWN: usize = 8;
+
+fn found_list(found: &[String]) -> String {
+    match found.len() {
+        0 => "nothing".to_owned(),
+        n if n <= FOUND_SHOWN => found.join(", "),
+        n => format!(
+            "{} and {} more",
+            found[..FOUND_SHOWN].join(", "),
+            n - FOUND_SHOWN
+        ),
+    }
 }

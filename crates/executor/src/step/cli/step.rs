@@ -9,7 +9,7 @@ use model::{ModelConfig, WeightFormat};
 
 use super::{checkpoint_weights, gpu_weights, scene_requests, with_step};
 use crate::fused::front_gpu::FrontKernel;
-use crate::reference::cli::{step_config, StepArgs};
+use crate::reference::cli::{check_rows, step_config, StepArgs};
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
 use crate::step::Result;
 
@@ -125,6 +125,10 @@ pub fn make_weights(
 /// `mono step`: on a GPU unless `--cpu` or none is found, else the CPU reference step.
 pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     gpu.check()?;
+    // The model and the rows are checked before any device is opened, so that a wrong flag is
+    // the first thing said on every machine.
+    let (cfg, from) = step_config(args)?;
+    check_rows(args, &cfg)?;
     if gpu.cpu {
         return run_cpu_step(args, gpu);
     }
@@ -138,7 +142,6 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     };
     // The step's launches are built for the shapes the front half's kernel takes; a model it
     // does not take runs on the CPU, saying why.
-    let (cfg, from) = step_config(args)?;
     if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
         println!(
             "mono step: the GPU step does not take {from} ({e}); the CPU reference step instead \
