@@ -116,7 +116,10 @@ TABLES = [
      "directly, events between launches. Where the time goes and every idea tried: "
      "`crates/executor/PERF.md`; the per-CTA timeline of each launch kind's first launch at `b6cf52e`, 1 row "
      "(`mono trace`): [step-trace.svg](step-trace.svg). Targets: the step at most 1.5 x its floor "
-     "at 1 row, 1.6 x at 4 rows."),
+     "at 1 row, 1.6 x at 4 rows. Anchors, whole systems serving a token at TP8 with their "
+     "all-reduces (not measured here): vLLM on 8 x H200 at batch 1 about 19 ms a token, TileRT on "
+     "8 x B200 about 3.3 ms, AMD's sgl-amd-mono monokernel on 8 x MI355X 4.4 ms; a rank's step "
+     "here leaves out the two all-reduces a layer that theirs include."),
 ]
 
 INTRO = """# Benchmarks
