@@ -53,6 +53,13 @@ fn flags_the_gpu_step_cannot_run_with_are_refused() {
         // Refused before a device was looked for: nothing is said of one.
         assert!(!text(&o).contains("GPU"), "{flags:?}: {}", text(&o));
     }
+    let empty = std::env::temp_dir().join(format!("mono-step-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = mono_step(&["--weights", empty.to_str().unwrap()]);
+    std::fs::remove_dir_all(&empty).unwrap();
+    assert!(!o.status.success(), "ran: {}", text(&o));
+    assert!(text(&o).contains("holds no checkpoint"), "{}", text(&o));
+    assert!(!text(&o).contains("GPU"), "{}", text(&o));
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::time::Instant;
 use clap::Args;
 use device::{Device, DeviceError};
 use mailbox::gpu::Variant;
+use model::weights::Checkpoint;
 use model::{ModelConfig, WeightFormat};
 
 use super::{checkpoint_weights, gpu_weights, scene_requests, with_step};
@@ -125,10 +126,13 @@ pub fn make_weights(
 /// `mono step`: on a GPU unless `--cpu` or none is found, else the CPU reference step.
 pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     gpu.check()?;
-    // The model and the rows are checked before any device is opened, so that a wrong flag is
-    // the first thing said on every machine.
+    // The model, the rows and the checkpoint folder are checked before any device is opened, so
+    // that a wrong flag is the first thing said on every machine.
     let (cfg, from) = step_config(args)?;
     check_rows(args, &cfg)?;
+    if let Some(dir) = &args.weights {
+        Checkpoint::open(dir).map_err(|e| e.to_string())?;
+    }
     if gpu.cpu {
         return run_cpu_step(args, gpu);
     }
