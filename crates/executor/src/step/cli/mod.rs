@@ -94,7 +94,7 @@ pub fn gpu_weights(
     bind_weights(dev, cfg, device)
 }
 
-/// Rank `rank` of `tp`'s weights from the checkpoint folder `dir` (`Checkpoint::open`): each
+/// Rank `rank` of `tp`'s weights from an opened checkpoint folder (`Checkpoint::open`): each
 /// tensor's shard cut from the whole tensor, quantised or packed on the host and uploaded, with
 /// progress on stderr, then bound. A tensor missing or of the wrong shape is refused by name
 /// before the arena is uploaded. The weight format is `asked`, or FP8 where the checkpoint stores
@@ -105,12 +105,11 @@ pub fn checkpoint_weights(
     tp: usize,
     rank: usize,
     asked: WeightFormat,
-    dir: &std::path::Path,
+    source: &model::weights::Checkpoint,
 ) -> Result<(GpuWeights, WeightFormat)> {
-    let source = model::weights::Checkpoint::open(dir)?;
-    let format = checkpoint_format(&source, asked);
+    let format = checkpoint_format(source, asked);
     let plan = WeightPlan::new(cfg, tp, rank, format)?;
-    let device = DeviceWeights::from_source(dev, plan, &source, 0, &mut step::print_progress)?;
+    let device = DeviceWeights::from_source(dev, plan, source, 0, &mut step::print_progress)?;
     Ok((bind_weights(dev, cfg, device)?, format))
 }
 

@@ -1,5 +1,6 @@
 //! `mono step` on a GPU: the rank's weights made there, then the step replayed.
 
+use std::path::Path;
 use std::time::Instant;
 
 use clap::Args;
@@ -130,9 +131,13 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     // that a wrong flag is the first thing said on every machine.
     let (cfg, from) = step_config(args)?;
     check_rows(args, &cfg)?;
-    if let Some(dir) = &args.weights {
-        Checkpoint::open(dir).map_err(|e| e.to_string())?;
-    }
+    let checkpoint = match &args.weights {
+        Some(dir) => Some((
+            dir.as_path(),
+            Checkpoint::open(dir).map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
     if gpu.cpu {
         return run_cpu_step(args, gpu);
     }
@@ -153,7 +158,7 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
         );
         return run_cpu_step(args, gpu);
     }
-    run_gpu_step(&dev, args, gpu, &cfg, &from).map_err(|e| e.to_string())
+    run_gpu_step(&dev, args, gpu, &cfg, &from, checkpoint).map_err(|e| e.to_string())
 }
 
 fn run_gpu_step(
@@ -162,6 +167,7 @@ fn run_gpu_step(
     gpu: &GpuArgs,
     cfg: &ModelConfig,
     from: &str,
+    checkpoint: Option<(&Path, Checkpoint)>,
 ) -> Result<()> {
     let info = dev.info();
     println!(
@@ -169,10 +175,10 @@ fn run_gpu_step(
         info.name, info.arch, gpu.requests, args.rows, args.context
     );
     let started = Instant::now();
-    let (weights, format, made) = match &args.weights {
-        Some(dir) => {
+    let (weights, format, made) = match checkpoint {
+        Some((dir, source)) => {
             let (weights, format) =
-                checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, args.weight_format(), dir)?;
+                checkpoint_weights(dev, cfg, gpu.tp, gpu.rank, args.weight_format(), &source)?;
             let made = format!("loaded from checkpoint {}", dir.display());
             (weights, format, made)
         }
