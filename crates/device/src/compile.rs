@@ -82,6 +82,9 @@ impl Compiler for Nvrtc {
             format!("--gpu-architecture={}", self.target),
             "-std=c++17".to_string(),
             "--ptxas-options=-v".to_string(),
+            // Line tables only: the same instructions (SASS compared kernel by kernel), and a
+            // disassembler or profiler can name the source line of each.
+            "--generate-line-info".to_string(),
         ];
         options.extend(source.defines().iter().map(|(k, v)| format!("-D{k}={v}")));
 
@@ -198,6 +201,8 @@ impl Compiler for Clang {
             // into LDS, changing occupancy (and the persistent grid) behind the kernel's back.
             .args(["-mllvm", "-disable-promote-alloca-to-lds"])
             .arg("-Rpass-analysis=kernel-resource-usage")
+            // As NVRTC's line info: the same instructions, each with its source line.
+            .arg("-gline-tables-only")
             .args(source.defines().iter().map(|(k, v)| format!("-D{k}={v}")))
             .arg("-o")
             .arg(&output)

@@ -3,6 +3,7 @@
 
 use device::{compiler_for, KernelResources, KernelSource};
 use std::fmt::Write;
+use std::path::{Path, PathBuf};
 
 /// A kernel source and the workspace path of its `.hip` file.
 pub struct RegisteredSource {
@@ -129,10 +130,53 @@ pub struct BuildTable {
     pub skipped: Vec<String>,
 }
 
+/// Which kernels to build and what to keep of them.
+#[derive(Default)]
+pub struct BuildChoice {
+    /// Build only the sources whose workspace path contains one of these (all when empty).
+    pub only: Vec<String>,
+    /// Write each image here, as `DIR/<target>/<path, '/' as '-', without .hip>.<cubin|hsaco>`,
+    /// for a disassembler (`cuobjdump -sass`, `llvm-objdump -d`).
+    pub images: Option<PathBuf>,
+}
+
+impl BuildChoice {
+    fn takes(&self, path: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|part| path.contains(part.as_str()))
+    }
+
+    fn image_path(dir: &Path, target: &str, source_path: &str) -> PathBuf {
+        let stem = source_path.trim_end_matches(".hip").replace('/', "-");
+        let extension = if target.starts_with("sm_") {
+            "cubin"
+        } else {
+            "hsaco"
+        };
+        dir.join(target).join(format!("{stem}.{extension}"))
+    }
+}
+
 /// Builds every registered source for each target. A missing compiler is a failure when
 /// `require_compilers` is set, else the target is skipped with the reason.
 pub fn build_all(targets: &[&str], require_compilers: bool) -> BuildTable {
+    build(targets, require_compilers, &BuildChoice::default())
+}
+
+/// Builds the chosen sources for each target, writing their images where `choice` says. A
+/// choice that matches no source is a failure, not an empty table.
+pub fn build(targets: &[&str], require_compilers: bool, choice: &BuildChoice) -> BuildTable {
     let mut table = BuildTable::default();
+    let entries: Vec<RegisteredSource> = registry()
+        .into_iter()
+        .filter(|e| choice.takes(&e.path))
+        .collect();
+    if entries.is_empty() {
+        table.failures.push(format!(
+            "no kernel source's path contains any of {:?}",
+            choice.only
+        ));
+        return table;
+    }
     for target in targets {
         let compiler = match compiler_for(target) {
             Ok(c) => c,
@@ -146,9 +190,21 @@ pub fn build_all(targets: &[&str], require_compilers: bool) -> BuildTable {
                 continue;
             }
         };
-        for entry in registry() {
+        for entry in &entries {
             match compiler.compile(&entry.source) {
                 Ok(compiled) => {
+                    if let Some(dir) = &choice.images {
+                        let path = BuildChoice::image_path(dir, target, &entry.path);
+                        let written = path
+                            .parent()
+                            .map_or(Ok(()), std::fs::create_dir_all)
+                            .and_then(|()| std::fs::write(&path, &compiled.image));
+                        if let Err(e) = written {
+                            table
+                                .failures
+                                .push(format!("writing {}: {e}", path.display()));
+                        }
+                    }
                     table
                         .rows
                         .extend(compiled.resources.into_iter().map(|resources| BuiltKernel {

@@ -94,6 +94,13 @@ enum Command {
         /// Targets to build for.
         #[arg(long, default_values_t = kernels::TARGETS.map(String::from))]
         target: Vec<String>,
+        /// Build only the sources whose path contains this (repeatable), e.g. fused_layer_moe_shared.
+        #[arg(long)]
+        only: Vec<String>,
+        /// Write each built image to `DIR/<target>/` (sm_90a: .cubin for `nvdisasm -gi`; gfx950:
+        /// .hsaco for `llvm-objdump -d`).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
         /// Fail when a compiler is missing instead of skipping its target.
         #[arg(long)]
         require_compilers: bool,
@@ -167,12 +174,15 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Trace(args) => executor::step::cli::run_trace(&args),
         Command::Kernels {
             target,
+            only,
+            out,
             require_compilers,
         } => {
             let require = require_compilers
                 || std::env::var("MONO_REQUIRE_COMPILERS").is_ok_and(|v| v == "1");
             let targets: Vec<&str> = target.iter().map(String::as_str).collect();
-            let table = kernels::build_all(&targets, require);
+            let choice = kernels::BuildChoice { only, images: out };
+            let table = kernels::build(&targets, require, &choice);
             print!("{}", table.render());
             if table.failures.is_empty() {
                 Ok(())
