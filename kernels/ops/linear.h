@@ -139,7 +139,9 @@ struct lin_acc {
     for (u32 i = 0; i < RT; ++i)
       for (u32 j = 0; j < 4; ++j) c[i][j] = 0.f;
 #else
+#pragma unroll
     for (u32 h = 0; h < 2; ++h)
+#pragma unroll
       for (u32 r = 0; r < 8 * RT; ++r) v[h][r] = 0.f;
 #endif
   }
@@ -195,31 +197,39 @@ MONO_DEV void lin_multiply(lin_acc<RT>& acc, const mono_u32x4* w, const u16* xs,
     }
   }
 #else
-  float tmp[2][8 * RT];
-  for (u32 h = 0; h < 2; ++h)
-    for (u32 r = 0; r < 8 * RT; ++r) tmp[h][r] = 0.f;
+  // A row at a time, every loop unrolled, so that the sums are indexed by constants and stay in
+  // registers (an index known only at run time puts them in scratch memory: a load and a store
+  // around every FMA on gfx950). Each (half, row) sum still adds its products in (load, element)
+  // order.
   constexpr u32 E = FP8 ? 16u : 8u;
-  for (u32 j = 0; j < L; ++j) {
+  float wv[L][E];
+#pragma unroll
+  for (u32 j = 0; j < L; ++j)
+#pragma unroll
     for (u32 i = 0; i < E; ++i) {
       const u32 word = lin_word(w[j], FP8 ? i / 4 : i / 2);
-      const float wv = FP8 ? mono_e4m3_to_f32((u8)(word >> (8 * (i % 4))))
-                           : mono_bf16_to_f32((u16)(word >> (16 * (i % 2))));
-      const u32 s = i / 8, reg = (i % 8) / 2, e = i % 2;
-      const u32 h = reg & 1u, k = k_base + j * KL + 16 * s + 2 * t + 8 * (reg >> 1) + e;
-      for (u32 r = 0; r < 8 * RT && r < rows; ++r) {
-        const float p = wv * mono_bf16_to_f32(xs[r * xstride + k]);
-        if (FP8)
-          tmp[h][r] += p;
-        else
-          acc.v[h][r] += p;
+      wv[j][i] = FP8 ? mono_e4m3_to_f32((u8)(word >> (8 * (i % 4)))) : mono_bf16_to_f32((u16)(word >> (16 * (i % 2))));
+    }
+#pragma unroll
+  for (u32 r = 0; r < 8 * RT; ++r) {
+    if (r >= rows) continue;
+    float sum[2] = {FP8 ? 0.f : acc.v[0][r], FP8 ? 0.f : acc.v[1][r]};
+    const u16* xr = xs + r * xstride + k_base + 2 * t;
+#pragma unroll
+    for (u32 j = 0; j < L; ++j)
+#pragma unroll
+      for (u32 i = 0; i < E; ++i) {
+        const u32 s = i / 8, reg = (i % 8) / 2, e = i % 2;
+        sum[reg & 1u] += wv[j][i] * mono_bf16_to_f32(xr[j * KL + 16 * s + 8 * (reg >> 1) + e]);
       }
+    if (FP8) {
+      acc.v[0][r] += s0 * sum[0];
+      acc.v[1][r] += s1 * sum[1];
+    } else {
+      acc.v[0][r] = sum[0];
+      acc.v[1][r] = sum[1];
     }
   }
-  if (FP8)
-    for (u32 r = 0; r < 8 * RT; ++r) {
-      acc.v[0][r] += s0 * tmp[0][r];
-      acc.v[1][r] += s1 * tmp[1][r];
-    }
 #endif
 }
 
@@ -237,7 +247,9 @@ MONO_DEV void lin_flush(lin_acc<RT>& acc, float* part, u32 lane) {
     part[(g + 8) * 8 * RT + r + 1] = acc.c[rt][3];
   }
 #else
+#pragma unroll
   for (u32 h = 0; h < 2; ++h)
+#pragma unroll
     for (u32 r = 0; r < 8 * RT; ++r) {
       float v = acc.v[h][r];
       v += mono_shfl_xor_f32(v, 1);
