@@ -614,11 +614,15 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
     const u32 sp_begin = g * per_group, sp_end = sp_begin + per_group < n_splits ? sp_begin + per_group : n_splits;
     // Every slot of the batch written each time (zeros past the group's splits, which the sums
     // skip): a slot kept from the batch before would be live across the loop, and the fused
-    // kernels kept such a batch in local memory, each store waiting for its load to land.
+    // kernels kept such a batch in local memory, each store waiting for its load to land. Zeros
+    // first and then the load, not a select of the two: the select cost gfx950 a scratch slot.
     const mla_f32x4 none = {0.f, 0.f, 0.f, 0.f};
     mla_f32x4 v[batch];
 #pragma unroll
-    for (u32 b = 0; b < batch; ++b) v[b] = mine && sp_begin + b < sp_end ? part[(sp_begin + b) * split_step] : none;
+    for (u32 b = 0; b < batch; ++b) {
+      v[b] = none;
+      if (mine && sp_begin + b < sp_end) v[b] = part[(sp_begin + b) * split_step];
+    }
     if (p0 == 0) {
       for (u32 wq = team.wave(); wq < nq; wq += Team::waves) {
         const u32 wquery = q0 + wq;
@@ -649,7 +653,10 @@ MONO_DEV bool mla_combine_task(const Team& team, const mbx_task& task, mbx_ctx& 
     for (u32 sp0 = sp_begin; mine && sp0 < sp_end; sp0 += batch) {
       if (sp0 != sp_begin) {
 #pragma unroll
-        for (u32 b = 0; b < batch; ++b) v[b] = sp0 + b < sp_end ? part[(sp0 + b) * split_step] : none;
+        for (u32 b = 0; b < batch; ++b) {
+          v[b] = none;
+          if (sp0 + b < sp_end) v[b] = part[(sp0 + b) * split_step];
+        }
       }
 #pragma unroll
       for (u32 b = 0; b < batch; ++b) {
