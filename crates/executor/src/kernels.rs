@@ -136,7 +136,7 @@ pub struct BuildChoice {
     /// Build only the sources whose workspace path contains one of these (all when empty).
     pub only: Vec<String>,
     /// Write each image here, as `DIR/<target>/<path, '/' as '-', without .hip>.<cubin|hsaco>`,
-    /// for a disassembler (`cuobjdump -sass`, `llvm-objdump -d`).
+    /// with line tables for a disassembler (`nvdisasm -gi`, `llvm-objdump -d -l`).
     pub images: Option<PathBuf>,
 }
 
@@ -147,10 +147,11 @@ impl BuildChoice {
 
     fn image_path(dir: &Path, target: &str, source_path: &str) -> PathBuf {
         let stem = source_path.trim_end_matches(".hip").replace('/', "-");
-        let extension = if target.starts_with("sm_") {
-            "cubin"
-        } else {
+        // The same rule as `device::compiler_for`: gfx targets go to clang, the rest to NVRTC.
+        let extension = if target.starts_with("gfx") {
             "hsaco"
+        } else {
+            "cubin"
         };
         dir.join(target).join(format!("{stem}.{extension}"))
     }

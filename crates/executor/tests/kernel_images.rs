@@ -71,8 +71,8 @@ fn images_of_the_chosen_source_are_written_with_line_tables() {
         );
         written += 1;
     }
-    // The negative control of the line-table check: the same search in an image's bytes without
-    // the section's name finds nothing.
+    // The search can fail: bytes without the section's name give nothing. (The check itself
+    // fails on the sm_90a image when NVRTC builds without --generate-line-info.)
     assert!(!contains(b"\x7fELF .text .symtab", b".debug_line"));
     let _ = std::fs::remove_dir_all(&dir);
     if require {
