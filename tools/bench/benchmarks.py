@@ -103,8 +103,16 @@ TABLES = [
      "grid-wide count with the next link's first loads issued before its wait; beside it the same "
      "bytes as one link, links with no bytes (the hand-offs and the launch alone), and the four links "
      "of the linear bench's chain. Direct launches, event-timed, L2 flushed before each, median of "
-     "20, so the launch's own ~4.6 us is in every figure, as in the step table's launch kinds. What "
+     "20, so the launch's own ~4.6 us is in every figure, as in the step table's launch kinds. "
+     "\"The TLBs swept first\": a load every 64 KB of a 32 GB region before each launch "
+     "(`device::pages::PageSweep`), so that every link finds its pages' translations gone. What "
      "it says of the step is in `crates/executor/PERF.md`."),
+    ("address translation", "How many pages the TLBs keep and what a page past them costs (`cargo "
+     "bench -p device --bench pages`, `device::pages::PageChase`): one thread walks n elements a "
+     "stride apart, each load waiting on the one before (device scope: from L2 or memory), in an "
+     "order no prefetcher follows; the walk is warmed once, then timed. While its pages fit the "
+     "TLBs a load costs an L2 hit; past each level's reach it adds that level's miss. A GLM-5.2 TP8 "
+     "rank's step reads about 7 GB at 1 row from a ~93 GB arena."),
     ("step", "The whole decode step of one GLM-5.2 TP8 rank on one GPU (`mono bench`): the epoch node, "
      "one fused launch a layer (78) and the tail, and the greedy feed, captured as one graph; "
      "synthetic FP8 weights made on the device, hashed FP8 caches holding the context. The cross-rank "

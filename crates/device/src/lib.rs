@@ -12,6 +12,7 @@ mod error;
 #[cfg(feature = "hip")]
 mod hip;
 pub mod host;
+pub mod pages;
 pub mod probes;
 pub mod report;
 mod resources;

@@ -18,7 +18,11 @@ pub fn copy_source() -> KernelSource {
 
 /// Every kernel source of this crate, for the build table.
 pub fn sources() -> Vec<KernelSource> {
-    vec![convert_source(), copy_source()]
+    vec![
+        convert_source(),
+        copy_source(),
+        crate::pages::pages_source(),
+    ]
 }
 
 /// The copy bandwidth of this device: `copy_16b` over `bytes` each way, event-timed, the median of

@@ -29,11 +29,14 @@ fn builds_every_probe(compiler: &dyn Compiler, expected: &[&str]) {
     assert_eq!(names, expected, "resource report for {}", compiler.target());
 }
 
-const PROBES: [&str; 7] = [
+const PROBES: [&str; 10] = [
     "bump",
     "copy_16b",
     "e4m3_all_codes",
     "encode_f32",
+    "page_chain_init",
+    "page_chase",
+    "page_sweep",
     "read_chain4",
     "read_chain8",
     "shared_sum",

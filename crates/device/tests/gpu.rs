@@ -426,3 +426,56 @@ fn a_read_chain_counts_every_cta_on_every_link() {
     assert!(err.contains("1 to 4"), "{err}");
     assert!(ReadChain::new(&dev, &[]).is_err());
 }
+
+/// The page chase (`device::pages::PageChase`) walks its chain to the element the chain says, at
+/// strides of 64 KB and 2 MB, and refuses chains it cannot write; the sweep runs and refuses a
+/// stride under 4 KB. Negative control: the same kernel walking a region where no chain was
+/// written stays on element 0, which the end check tells from the chain's.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_page_chase_ends_where_its_chain_says() {
+    use device::pages::{chain_end, pages_source, PageChase, PageSweep};
+    let dev = open();
+    let chase = PageChase::new(&dev, 32 << 20).unwrap();
+    for (stride, n) in [(64u64 << 10, 2u32), (64 << 10, 256), (2 << 20, 16)] {
+        let t = chase.walk(&dev, stride, n, 3 * n + 1).unwrap();
+        assert!(
+            t.ns_per_step.is_finite() && t.cycles_per_step > 0.0,
+            "{t:?}"
+        );
+    }
+    for (stride, n, what) in [
+        (64u64 << 10, 3u32, "power of two"),
+        (4 << 10, 2, "stride"),
+        (96 << 10, 2, "stride"),
+        (64 << 10, 1024, "do not fit"),
+    ] {
+        let err = chase.walk(&dev, stride, n, 1).unwrap_err().to_string();
+        assert!(err.contains(what), "{err}");
+    }
+    let module = dev.build(&pages_source()).unwrap();
+    let bare = dev.alloc_zeroed::<u8>(1 << 20).unwrap();
+    let out = dev.alloc_zeroed::<u64>(3).unwrap();
+    let args = Args::new().buf(&bare).u64(64 << 10).u32(3).buf(&out);
+    dev.stream()
+        .launch(
+            &module.kernel("page_chase").unwrap(),
+            Launch::new(1, 32),
+            &args,
+        )
+        .unwrap();
+    let end = out.download().unwrap()[2];
+    assert_eq!(end, 0, "a walk of zeros stays on element 0");
+    assert_ne!(
+        end,
+        u64::from(chain_end(16, 3)),
+        "the end check tells them apart"
+    );
+
+    let sweep = PageSweep::new(&dev, 8 << 20).unwrap();
+    let stream = dev.new_stream().unwrap();
+    sweep.enqueue(&dev, &stream, 64 << 10).unwrap();
+    stream.sync().unwrap();
+    let err = sweep.enqueue(&dev, &stream, 1024).unwrap_err().to_string();
+    assert!(err.contains("4 KB"), "{err}");
+}

@@ -6,10 +6,14 @@
 //! and the launch alone), the four links of the linear bench's chain, and the floor (bytes over
 //! the copy bandwidth); and the 1-row launch's bytes as one link with 2 and 4 CTAs an SM (what
 //! one CTA's streaming rate costs). Each case a direct launch, event-timed, the L2 flushed and the
-//! counts zeroed before it, median of 20. Figures also as `device::report` records. Prints
-//! "skipped" without a GPU.
+//! counts zeroed before it, median of 20; at 4 loads also with the TLBs swept before it
+//! (`device::pages::PageSweep`: a load every 64 KB of a region of `CHAIN_BENCH_SWEEP_GB`, default
+//! 32, or 30 % of the device's memory if less), so that every link finds its pages' translations
+//! gone, as a step's links may (the chain's own 84 MB otherwise keep theirs from one launch to the
+//! next). Figures also as `device::report` records. Prints "skipped" without a GPU.
 //! `cargo bench -p executor --bench chain`
 
+use device::pages::{PageSweep, SWEEP_STRIDE};
 use device::probes::ReadChain;
 use device::report::{Figure, Reporter};
 use device::Device;
@@ -82,16 +86,31 @@ fn main() -> Result<(), Error> {
     let cfg = ModelConfig::preset("glm-5.2")?;
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let sweep_gb = match std::env::var("CHAIN_BENCH_SWEEP_GB") {
+        Ok(v) => v
+            .parse::<usize>()
+            .map_err(|e| format!("CHAIN_BENCH_SWEEP_GB={v}: {e}"))?,
+        Err(_) => 32usize.min((dev.info().total_memory * 3 / 10) >> 30),
+    };
+    let sweep = PageSweep::new(&dev, sweep_gb << 30)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
-    // A chain's median time a launch and, per link, the median of when CTA 0 saw it complete.
-    let timed = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<(f64, Vec<f64>), Error> {
+    // A chain's median time a launch and, per link, the median of when CTA 0 saw it complete;
+    // `swept`: the TLBs swept before each launch.
+    let timed = |links: &[usize],
+                 depth: u32,
+                 ctas_per_sm: u32,
+                 swept: bool|
+     -> Result<(f64, Vec<f64>), Error> {
         let chain = ReadChain::new(&dev, links)?;
         let mut times = Vec::new();
         let mut ends: Vec<Vec<f64>> = vec![Vec::new(); links.len()];
         for i in 0..=TIMED {
             stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
             chain.reset(&stream)?;
+            if swept {
+                sweep.enqueue(&dev, &stream, SWEEP_STRIDE)?;
+            }
             t0.record(&stream)?;
             chain.launch(&dev, &stream, depth, ctas_per_sm)?;
             t1.record(&stream)?;
@@ -109,7 +128,7 @@ fn main() -> Result<(), Error> {
         Ok((median(times), ends.into_iter().map(median).collect()))
     };
     let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
-        Ok(timed(links, depth, ctas_per_sm)?.0)
+        Ok(timed(links, depth, ctas_per_sm, false)?.0)
     };
 
     let one_row = moe_launch_links(&cfg, 1, cfg.num_experts_per_tok);
@@ -125,7 +144,8 @@ fn main() -> Result<(), Error> {
         fp8(cfg.hidden_size, cfg.moe_intermediate_size / TP),
     ];
     println!(
-        "{}: copy bandwidth {:.2} TB/s; us a launch (direct, L2 flushed), one CTA an SM x {}",
+        "{}: copy bandwidth {:.2} TB/s; us a launch (direct, L2 flushed), one CTA an SM x {}; \
+         swept: the TLBs swept over {sweep_gb} GB first",
         dev.info().name,
         bandwidth / 1e12,
         device::probes::READ_CHAIN_THREADS
@@ -166,32 +186,34 @@ fn main() -> Result<(), Error> {
         ("q_a", "1 link", vec![fp8(cfg.q_lora_rank, cfg.hidden_size)]),
     ]);
     println!(
-        "{:<46} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8}",
-        "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor"
+        "{:<46} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9}",
+        "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor", "4, swept"
     );
     // Each link's end in the two MoE chains, to set beside the step's trace of the same launch.
     let mut moe_link_ends = Vec::new();
     for (case, what, links) in cases {
         let bytes: usize = links.iter().sum();
         let floor = bytes as f64 / bandwidth * 1e6;
-        let ((us4, ends), us8) = (timed(&links, 4, 1)?, time(&links, 8, 1)?);
+        let ((us4, ends), us8) = (timed(&links, 4, 1, false)?, time(&links, 8, 1)?);
+        let (swept, swept_ends) = timed(&links, 4, 1, true)?;
         if links.len() == one_row.len() && bytes > 0 {
-            moe_link_ends.push(ends);
+            moe_link_ends.push((ends, swept_ends));
         }
         let best = us4.min(us8);
         println!(
-            "{case:<46} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2}",
+            "{case:<46} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2} {swept:>9.2}",
             bytes as f64 / 1e6,
             if bytes > 0 { best / floor } else { f64::NAN }
         );
-        for (depth, us) in [(4, us4), (8, us8)] {
-            let mut figure = Figure::new(
-                TABLE,
-                &format!("{case}: {what}"),
-                &format!("one CTA an SM, {depth} loads a thread in flight"),
-                us,
-                "us",
-            );
+        for (how, us) in [
+            ("one CTA an SM, 4 loads a thread in flight", us4),
+            ("one CTA an SM, 8 loads a thread in flight", us8),
+            (
+                "one CTA an SM, 4 loads a thread in flight, the TLBs swept first",
+                swept,
+            ),
+        ] {
+            let mut figure = Figure::new(TABLE, &format!("{case}: {what}"), how, us, "us");
             if bytes > 0 {
                 figure = figure.floor(floor, "bytes over the copy bandwidth of the same run");
             }
@@ -233,13 +255,22 @@ fn main() -> Result<(), Error> {
             .note(&format!("1 link, {:.2} MB", whole as f64 / 1e6)),
         )?;
     }
-    println!("link ends, us after CTA 0's start (median of {TIMED}, one CTA an SM, 4 loads):");
-    println!("{:<30} {:>10} {:>10}", "link", "1 row", "4 rows");
-    let [ends_one, ends_four] = &moe_link_ends[..] else {
+    println!(
+        "link ends, us after CTA 0's start (median of {TIMED}, one CTA an SM, 4 loads; swept: the \
+         TLBs swept first):"
+    );
+    println!(
+        "{:<30} {:>10} {:>10} {:>10} {:>10}",
+        "link", "1 row", "swept", "4 rows", "swept"
+    );
+    let [(one, one_swept), (four, four_swept)] = &moe_link_ends[..] else {
         return Err("the two MoE chains' link ends".into());
     };
-    for (((name, _), one), four) in one_row.iter().zip(ends_one).zip(ends_four) {
-        println!("{name:<30} {one:>10.2} {four:>10.2}");
+    for (i, (name, _)) in one_row.iter().enumerate() {
+        println!(
+            "{name:<30} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+            one[i], one_swept[i], four[i], four_swept[i]
+        );
     }
     Ok(())
 }

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use device::pages::{PageSweep, SWEEP_STRIDE};
 use device::{Buffer, Device, DeviceError, Event, Graph, Stream};
 use mailbox::gpu::{EpochNode, Variant};
 use mailbox::layout::Tags;
@@ -320,17 +321,23 @@ impl<'a> StepGraph<'a> {
             .collect()
     }
 
-    /// Each launch's milliseconds in one step launched directly, events between launches (the
-    /// epoch node and the feed are not counted).
-    pub fn time_launches(&self, dev: &Device) -> Result<Vec<f64>> {
-        let events: Vec<Event> = (0..=self.launches.len())
-            .map(|_| dev.timer())
-            .collect::<Result<_, _>>()?;
+    /// Each launch's milliseconds in one step launched directly, an event before and after each
+    /// launch (the epoch node and the feed are not counted); with `sweep`, the TLBs swept before
+    /// each launch, outside its events, so that it finds none of its pages' translations kept.
+    pub fn time_launches(&self, dev: &Device, sweep: Option<&PageSweep>) -> Result<Vec<f64>> {
+        let events: Vec<(Event, Event)> = self
+            .launches
+            .iter()
+            .map(|_| Ok((dev.timer()?, dev.timer()?)))
+            .collect::<Result<_>>()?;
         self.enqueue_epoch()?;
-        events[0].record(&self.stream)?;
-        for (launch, e) in self.launches.iter().zip(&events[1..]) {
+        for (launch, (start, end)) in self.launches.iter().zip(&events) {
+            if let Some(sweep) = sweep {
+                sweep.enqueue(dev, &self.stream, SWEEP_STRIDE)?;
+            }
+            start.record(&self.stream)?;
             launch.enqueue(&self.stream)?;
-            e.record(&self.stream)?;
+            end.record(&self.stream)?;
         }
         if let Some(feed) = &self.feed {
             feed.enqueue(&self.stream)?;
@@ -338,8 +345,8 @@ impl<'a> StepGraph<'a> {
         self.stream.sync()?;
         self.check()?;
         events
-            .windows(2)
-            .map(|w| Ok(f64::from(w[0].elapsed_ms(&w[1])?)))
+            .iter()
+            .map(|(start, end)| Ok(f64::from(start.elapsed_ms(end)?)))
             .collect()
     }
 

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use clap::Args;
+use device::pages::PageSweep;
 use device::report::{Figure, Reporter};
 use model::traffic::{step_traffic, Formats, Load};
 use model::{CacheFormat, RankShapes, WeightFormat};
@@ -31,6 +32,11 @@ pub struct BenchArgs {
     /// Timed replays per case.
     #[arg(long, default_value_t = 50)]
     pub replays: u32,
+    /// Also time each launch kind with the TLBs swept before each launch (a load every 64 KB of
+    /// a region of this many GB; 0: not), beside its time as the step leaves them: how much of a
+    /// launch is its pages' translations.
+    #[arg(long, default_value_t = 0)]
+    pub sweep_tlb_gb: usize,
 }
 
 /// `mono bench`: per case the step's replay time beside its launches' floor and the whole
@@ -52,6 +58,10 @@ fn bench(args: &BenchArgs) -> Result<()> {
         copy / 1e12
     );
     let weights = gpu_weights(&dev, &cfg, args.tp, 0, WeightFormat::Fp8, args.seed)?;
+    let sweep = match args.sweep_tlb_gb {
+        0 => None,
+        gb => Some(PageSweep::new(&dev, gb << 30)?),
+    };
     for &context in &args.contexts {
         for &rows in &args.rows {
             let requests = scene_requests(1, rows, context)?;
@@ -69,7 +79,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 |graph, _| {
                     graph.run_eager()?;
                     graph.capture()?;
-                    time_step(&dev, graph, warmup, args.replays, direct)
+                    time_step(&dev, graph, warmup, args.replays, direct, sweep.as_ref())
                 },
             )?;
             let load = Load {
@@ -164,11 +174,27 @@ fn report_case(
             figure = figure.floor(ms(f), how);
         }
         println!(
-            "  {}: {:.3} ms each (median){}; {note}",
+            "  {}: {:.3} ms each (median){}{}; {note}",
             k.kind,
             k.ms,
+            k.swept_ms.map_or(String::new(), |s| format!(
+                ", {s:.3} with the TLBs swept before it"
+            )),
             floor.map_or(String::new(), |f| format!("; floor {:.4} ms", ms(f)))
         );
+        if let Some(swept) = k.swept_ms {
+            figures.push(
+                Figure::new(
+                    "step",
+                    &case,
+                    &format!("{}, the TLBs swept before each launch", k.kind),
+                    swept,
+                    "ms",
+                )
+                .baseline(k.ms, "the same launches as the step leaves the TLBs")
+                .note(&format!("{} a step, launched directly", k.count)),
+            );
+        }
         figures.push(figure);
     }
     for f in figures {
