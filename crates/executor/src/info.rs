@@ -1,5 +1,6 @@
 //! `mono info`: per-rank shapes, the bytes each launch kind must read, and the HBM floors.
 
+use crate::step::weights::WeightPlan;
 use model::traffic::{launch_traffic, step_traffic, Formats, LaunchTraffic, Load};
 use model::{LayerPlan, ModelConfig, RankShapes};
 use std::fmt::Write;
@@ -143,7 +144,31 @@ pub fn render(req: &InfoRequest) -> model::Result<String> {
         gb(step.total_bytes()),
         model::traffic::floor_us(step.total_bytes(), req.bandwidth)
     );
+    let _ = writeln!(out, "{}", pages_line(req, &shapes));
     Ok(out)
+}
+
+/// The 2 MB pages the step's weights lie in: what its links need translations for.
+fn pages_line(req: &InfoRequest, shapes: &RankShapes) -> String {
+    use crate::step::weights::pages::PAGE_BYTES;
+    let plan = match WeightPlan::new(&req.config, req.tp, 0, req.formats.weights) {
+        Ok(p) => p,
+        Err(e) => return format!("pages: not counted ({e})"),
+    };
+    let pages = plan.step_pages();
+    let experts = model::traffic::experts_touched(shapes, req.load.rows());
+    let total = pages.total(experts);
+    format!(
+        "pages of {} MB the step's weights lie in (rank 0's arena of {}): {} read whole, {:.1} a \
+         routed expert x {experts} experts x {} MoE layers at most; about {total:.0} pages, {:.1} GB \
+         of address space",
+        PAGE_BYTES >> 20,
+        gb(plan.bytes as u64),
+        pages.whole,
+        pages.per_expert,
+        pages.moe_layers,
+        total * PAGE_BYTES as f64 / 1e9
+    )
 }
 
 /// The `--gpu` part: the device, its SMs and memory, or why there is none.

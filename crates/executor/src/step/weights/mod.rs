@@ -1,8 +1,10 @@
 //! One rank's weights on the device: where each tensor lives ([`plan`]), synthetic values made
-//! there by a hash kernel ([`generate`]), and what they must equal by the CPU's rule ([`check`]).
+//! there by a hash kernel ([`generate`]), what they must equal by the CPU's rule ([`check`]), and
+//! the memory pages a step's weights lie in ([`pages`]).
 
 pub mod check;
 pub mod generate;
+pub mod pages;
 pub mod plan;
 
 pub use generate::{DeviceWeights, Progress, WeightKernels};
