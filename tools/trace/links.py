@@ -12,7 +12,12 @@ done (a task starts when the task before it on its CTA ends), how late the lates
 started, and the links they ran behind. For a link that waits on LINK, these are the tasks the
 placement held back.
 
-    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route']
+With --slots, a table per MoE launch kind of its launches grouped by how many expert slots the
+route filled: when the filled slots' last members end after the route (a member of a slot the
+rows left empty publishes at once; one that streams its expert ends tens of us later, so a slot
+counts as filled when a member ends more than FILLED_AFTER_US after the route).
+
+    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route'] [--slots]
 """
 import argparse
 import gzip
@@ -45,6 +50,49 @@ def launches(events):
             links[link_of(e["name"])].append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
             ctas[e["tid"]].append((e["ts"] - t0, e["ts"] + e["dur"] - t0, link_of(e["name"])))
         yield kind_of(names.get(pid, str(pid))), links, [sorted(c) for c in ctas.values()]
+
+
+# A slot whose member ends this long after the route streamed an expert.
+FILLED_AFTER_US = 10.0
+
+
+def filled_slots(events):
+    """Per launch of a kind with a route: (kind, filled slots, the median and the last of their
+    members' last ends, us after the route's end)."""
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    tasks = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X":
+            tasks[e["pid"]].append(e)
+    for pid, evs in tasks.items():
+        route = [e["ts"] + e["dur"] for e in evs if e["name"].startswith("moe route")]
+        if not route:
+            continue
+        slots = defaultdict(float)
+        for e in evs:
+            m = re.match(r"moe expert slot (\d+) ", e["name"])
+            if m:
+                slot = int(m.group(1))
+                slots[slot] = max(slots[slot], e["ts"] + e["dur"] - route[0])
+        ends = sorted(end for end in slots.values() if end > FILLED_AFTER_US)
+        if ends:
+            yield kind_of(names.get(pid, str(pid))), len(ends), statistics.median(ends), ends[-1]
+
+
+def print_slots(events, only):
+    groups = defaultdict(list)
+    for kind, filled, median, last in filled_slots(events):
+        if not only or kind == only:
+            groups[(kind, filled)].append((median, last))
+    for kind in sorted({k for k, _ in groups}):
+        print(f"\n{kind}: expert slots the route filled, and when their members end (us after the route)\n")
+        print("| filled slots | launches | median slot's end | last slot's end |")
+        print("|---|---|---|---|")
+        for (k, filled), runs in sorted(groups.items()):
+            if k == kind:
+                median = statistics.median(m for m, _ in runs)
+                last = statistics.median(l for _, l in runs)
+                print(f"| {filled} | {len(runs)} | {median:.1f} | {last:.1f} |")
 
 
 def held_back(runs, producer):
@@ -81,10 +129,14 @@ def main():
     ap.add_argument("trace", help="mono trace's step.json, or it gzipped (.gz)")
     ap.add_argument("--kind", help="only this launch kind")
     ap.add_argument("--behind", help="a link: the tasks that started after its last end")
+    ap.add_argument("--slots", action="store_true", help="the MoE launches by expert slots filled")
     args = ap.parse_args()
     opener = gzip.open if args.trace.endswith(".gz") else open
     with opener(args.trace, "rt") as f:
         events = json.load(f)["traceEvents"]
+    if args.slots:
+        print_slots(events, args.kind)
+        return
     kinds = defaultdict(list)
     for kind, links, ctas in launches(events):
         kinds[kind].append((links, ctas))
