@@ -16,6 +16,12 @@ A site is the source line of the instruction and the lines it was inlined at (nv
 gives the innermost line only), innermost first, `--depth` of them. The loop is the shortest range
 from a backward branch's target to the branch that holds the instruction, in instructions; "-" when
 no loop holds it. Rows come hottest first: the smallest loop, then the most instructions.
+
+With --mix SITE (a `file:line`, e.g. `linear.h:513`): instead, for each smallest loop holding an
+instruction of that line (innermost), its length and its opcodes by count, so that a hot loop's
+work reads at a glance (an FP8 batch of the linear tile: its conversions beside its HMMA).
+
+    nvdisasm -gi /tmp/k/sm_90a/*.cubin | python3 tools/sass/spills.py --mix linear.h:513
 """
 import argparse
 import re
@@ -117,6 +123,39 @@ def report(lines, depth):
     )
 
 
+def opcode(text):
+    """An instruction's opcode without its predicate and modifiers (HMMA.16816.F32 -> HMMA)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def mix(lines, site):
+    """(first, last, instructions, Counter of opcodes) of each smallest loop around `site`."""
+    text = list(lines)
+    nvidia = any(NV_MARK.search(line) or NV_INST.search(line) for line in text)
+    insts, loops, _ = (parse_nvidia if nvidia else parse_amd)(text)
+    chosen = set()
+    for address, _, where in insts:
+        if where and where[0] == site:
+            around = [(e - s, s, e) for s, e in loops if s <= address <= e]
+            if around:
+                chosen.add(min(around)[1:])
+    out = []
+    for first, last in sorted(chosen):
+        body = [t for a, t, _ in insts if first <= a <= last]
+        out.append((first, last, len(body), Counter(opcode(t) for t in body)))
+    return out
+
+
+def render_mix(loops, site):
+    if not loops:
+        return f"no loop holds an instruction of {site}"
+    rows = []
+    for first, last, n, ops in loops:
+        rows.append(f"loop {first:#x}-{last:#x}: {n} instructions")
+        rows.append("  " + ", ".join(f"{op} {c}" for op, c in ops.most_common()))
+    return "\n".join(rows)
+
+
 def render(rows):
     out = [f"{'loop':>6} {'loads':>5} {'stores':>6}  site"]
     for loop, loads, stores, site in rows:
@@ -162,7 +201,11 @@ def self_test():
     # Negative control: with the backward branch taken out, nothing is in a loop any more.
     flat = report(NV_SAMPLE.replace("@P0 BRA `(.L_x_1)", "NOP").splitlines(), 2)
     assert all(loop is None for loop, *_ in flat), flat
-    print("spills.py self-test: 3 passed, 0 failed")
+    loops = mix(NV_SAMPLE.splitlines(), "linear.h:501")
+    assert [(n, dict(ops)) for _, _, n, ops in loops] == [(3, {"LDL": 1, "FFMA": 1, "BRA": 1})], loops
+    # Negative control: a line with no instruction in a loop has no mix.
+    assert mix(NV_SAMPLE.splitlines(), "mla_attn.h:618") == []
+    print("spills.py self-test: 5 passed, 0 failed")
 
 
 def main():
@@ -170,13 +213,17 @@ def main():
     parser.add_argument("disassembly", nargs="?", help="a file (default: standard input)")
     parser.add_argument("--depth", type=int, default=3, help="source lines a site names (default 3)")
     parser.add_argument("--self-test", action="store_true", help="check the parser on built-in samples")
+    parser.add_argument("--mix", metavar="SITE", help="the opcodes of the loops around a file:line instead")
     args = parser.parse_args()
     if args.self_test:
         self_test()
         return
     source = open(args.disassembly) if args.disassembly else sys.stdin
     with source:
-        print(render(report(source, args.depth)))
+        if args.mix:
+            print(render_mix(mix(source, args.mix), args.mix))
+        else:
+            print(render(report(source, args.depth)))
 
 
 if __name__ == "__main__":
