@@ -102,11 +102,16 @@ def parse_amd(lines):
     return insts, loops, spills
 
 
-def report(lines, depth):
-    """Rows (loop length or None, loads, stores, site), hottest first."""
+def parse(lines):
+    """Either disassembly's instructions, loops and local-memory accesses."""
     text = list(lines)
     nvidia = any(NV_MARK.search(line) or NV_INST.search(line) for line in text)
-    insts, loops, spills = (parse_nvidia if nvidia else parse_amd)(text)
+    return (parse_nvidia if nvidia else parse_amd)(text)
+
+
+def report(lines, depth):
+    """Rows (loop length or None, loads, stores, site), hottest first."""
+    insts, loops, spills = parse(lines)
     order = {address: i for i, (address, _, _) in enumerate(insts)}
     counts = Counter()
     for address, kind, site in spills:
@@ -130,9 +135,7 @@ def opcode(text):
 
 def mix(lines, site):
     """(first, last, instructions, Counter of opcodes) of each smallest loop around `site`."""
-    text = list(lines)
-    nvidia = any(NV_MARK.search(line) or NV_INST.search(line) for line in text)
-    insts, loops, _ = (parse_nvidia if nvidia else parse_amd)(text)
+    insts, loops, _ = parse(lines)
     chosen = set()
     for address, _, where in insts:
         if where and where[0] == site:

@@ -36,20 +36,26 @@ def kind_of(process):
     return re.sub(r"^layer \d+ \((.*)\)$", r"\1", process)
 
 
-def launches(events):
+def launch_events(events):
+    """Each launch's kind and its task events."""
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     tasks = defaultdict(list)
     for e in events:
         if e.get("ph") == "X":
             tasks[e["pid"]].append(e)
     for pid, evs in tasks.items():
+        yield kind_of(names.get(pid, str(pid))), evs
+
+
+def launches(events):
+    for kind, evs in launch_events(events):
         t0 = min(e["ts"] for e in evs)
         links = defaultdict(list)
         ctas = defaultdict(list)
         for e in evs:
             links[link_of(e["name"])].append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
             ctas[e["tid"]].append((e["ts"] - t0, e["ts"] + e["dur"] - t0, link_of(e["name"])))
-        yield kind_of(names.get(pid, str(pid))), links, [sorted(c) for c in ctas.values()]
+        yield kind, links, [sorted(c) for c in ctas.values()]
 
 
 # A slot whose member ends this long after the route streamed an expert.
@@ -59,12 +65,7 @@ FILLED_AFTER_US = 10.0
 def filled_slots(events):
     """Per launch of a kind with a route: (kind, filled slots, the median and the last of their
     members' last ends, us after the route's end)."""
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    tasks = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X":
-            tasks[e["pid"]].append(e)
-    for pid, evs in tasks.items():
+    for kind, evs in launch_events(events):
         route = [e["ts"] + e["dur"] for e in evs if e["name"].startswith("moe route")]
         if not route:
             continue
@@ -76,7 +77,7 @@ def filled_slots(events):
                 slots[slot] = max(slots[slot], e["ts"] + e["dur"] - route[0])
         ends = sorted(end for end in slots.values() if end > FILLED_AFTER_US)
         if ends:
-            yield kind_of(names.get(pid, str(pid))), len(ends), statistics.median(ends), ends[-1]
+            yield kind, len(ends), statistics.median(ends), ends[-1]
 
 
 def print_slots(events, only):
