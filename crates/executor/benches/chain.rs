@@ -6,7 +6,10 @@
 //! and the launch alone), the four links of the linear bench's chain, and the floor (bytes over
 //! the copy bandwidth); and the 1-row launch's bytes as one link with 2 and 4 CTAs an SM (what
 //! one CTA's streaming rate costs). Each case a direct launch, event-timed, the L2 flushed and the
-//! counts zeroed before it, median of 20; at 4 loads also with the TLBs swept before it
+//! counts zeroed before it, median of 20. The flush reads 256 MB of another buffer, so that the
+//! launch finds the L2 full of clean lines, as a step's launch finds it after launches that mostly
+//! read; at 4 loads also with the flush a 256 MB memset instead (the L2 left full of dirty lines,
+//! whose write-back the launch then pays), and with the TLBs swept after the flush
 //! (`device::pages::PageSweep`: a load every 64 KB of a region of `CHAIN_BENCH_SWEEP_GB`, default
 //! 32, or 30 % of the device's memory if less), so that every link finds its pages' translations
 //! gone, as a step's links may (the chain's own 84 MB otherwise keep theirs from one launch to the
@@ -24,6 +27,17 @@ const TP: usize = 8;
 const TABLE: &str = "dependent reads";
 
 type Error = Box<dyn std::error::Error>;
+
+/// What runs before each timed launch, after the chain's counts are zeroed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Before {
+    /// 256 MB of another buffer read: the L2 holds clean lines of it.
+    ReadFlush,
+    /// 256 MB written by a memset: the L2 holds dirty lines.
+    WriteFlush,
+    /// The read flush, then the TLBs swept.
+    ReadFlushSwept,
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -86,6 +100,7 @@ fn main() -> Result<(), Error> {
     let cfg = ModelConfig::preset("glm-5.2")?;
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let read_flush = ReadChain::new(&dev, &[256 << 20])?;
     let sweep_gb = match std::env::var("CHAIN_BENCH_SWEEP_GB") {
         Ok(v) => v
             .parse::<usize>()
@@ -95,20 +110,24 @@ fn main() -> Result<(), Error> {
     let sweep = PageSweep::new(&dev, sweep_gb << 30)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
-    // A chain's median time a launch and, per link, the median of when CTA 0 saw it complete;
-    // `swept`: the TLBs swept before each launch.
+    // A chain's median time a launch and, per link, the median of when CTA 0 saw it complete.
     let timed = |links: &[usize],
                  depth: u32,
                  ctas_per_sm: u32,
-                 swept: bool|
+                 before: Before|
      -> Result<(f64, Vec<f64>), Error> {
         let chain = ReadChain::new(&dev, links)?;
         let mut times = Vec::new();
         let mut ends: Vec<Vec<f64>> = vec![Vec::new(); links.len()];
         for i in 0..=TIMED {
-            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            if before == Before::WriteFlush {
+                stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            } else {
+                read_flush.reset(&stream)?;
+                read_flush.launch(&dev, &stream, 8, 1)?;
+            }
             chain.reset(&stream)?;
-            if swept {
+            if before == Before::ReadFlushSwept {
                 sweep.enqueue(&dev, &stream, SWEEP_STRIDE)?;
             }
             t0.record(&stream)?;
@@ -128,7 +147,7 @@ fn main() -> Result<(), Error> {
         Ok((median(times), ends.into_iter().map(median).collect()))
     };
     let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
-        Ok(timed(links, depth, ctas_per_sm, false)?.0)
+        Ok(timed(links, depth, ctas_per_sm, Before::ReadFlush)?.0)
     };
 
     let one_row = moe_launch_links(&cfg, 1, cfg.num_experts_per_tok);
@@ -145,7 +164,7 @@ fn main() -> Result<(), Error> {
     ];
     println!(
         "{}: copy bandwidth {:.2} TB/s; us a launch (direct, L2 flushed), one CTA an SM x {}; \
-         swept: the TLBs swept over {sweep_gb} GB first",
+         memset: the L2 flushed by a memset; swept: the TLBs swept over {sweep_gb} GB first",
         dev.info().name,
         bandwidth / 1e12,
         device::probes::READ_CHAIN_THREADS
@@ -186,28 +205,33 @@ fn main() -> Result<(), Error> {
         ("q_a", "1 link", vec![fp8(cfg.q_lora_rank, cfg.hidden_size)]),
     ]);
     println!(
-        "{:<46} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9}",
-        "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor", "4, swept"
+        "{:<46} {:<24} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}",
+        "case", "what", "MB", "floor", "4 loads", "8 loads", "x floor", "4, memset", "4, swept"
     );
     // Each link's end in the two MoE chains, to set beside the step's trace of the same launch.
     let mut moe_link_ends = Vec::new();
     for (case, what, links) in cases {
         let bytes: usize = links.iter().sum();
         let floor = bytes as f64 / bandwidth * 1e6;
-        let ((us4, ends), us8) = (timed(&links, 4, 1, false)?, time(&links, 8, 1)?);
-        let (swept, swept_ends) = timed(&links, 4, 1, true)?;
+        let ((us4, ends), us8) = (timed(&links, 4, 1, Before::ReadFlush)?, time(&links, 8, 1)?);
+        let (memset, _) = timed(&links, 4, 1, Before::WriteFlush)?;
+        let (swept, swept_ends) = timed(&links, 4, 1, Before::ReadFlushSwept)?;
         if links.len() == one_row.len() && bytes > 0 {
             moe_link_ends.push((ends, swept_ends));
         }
         let best = us4.min(us8);
         println!(
-            "{case:<46} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2} {swept:>9.2}",
+            "{case:<46} {what:<24} {:>8.2} {floor:>9.2} {us4:>9.2} {us8:>9.2} {:>8.2} {memset:>9.2} {swept:>9.2}",
             bytes as f64 / 1e6,
             if bytes > 0 { best / floor } else { f64::NAN }
         );
         for (how, us) in [
             ("one CTA an SM, 4 loads a thread in flight", us4),
             ("one CTA an SM, 8 loads a thread in flight", us8),
+            (
+                "one CTA an SM, 4 loads a thread in flight, the L2 flushed by a memset",
+                memset,
+            ),
             (
                 "one CTA an SM, 4 loads a thread in flight, the TLBs swept first",
                 swept,
