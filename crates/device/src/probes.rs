@@ -72,6 +72,31 @@ pub fn copy_bandwidth(dev: &Device, bytes: usize) -> Result<CopyBandwidth> {
     Ok(CopyBandwidth { bytes_per_s, tried })
 }
 
+/// Bytes an [`L2Flush`] reads: several times any L2 of the targets (50 MB on the H100 / H200).
+pub const L2_FLUSH_BYTES: usize = 256 << 20;
+
+/// Empties the L2 of a benchmark's data before a timed launch by reading [`L2_FLUSH_BYTES`] of a
+/// buffer of its own (a one-link [`ReadChain`]). Reads leave the L2 full of clean lines, as a
+/// step's launch finds it after launches that mostly read; a memset would leave dirty lines whose
+/// write-back the timed launch pays while it streams (9 to 10 us of an 84 MB launch on the H100).
+pub struct L2Flush {
+    reads: ReadChain,
+}
+
+impl L2Flush {
+    pub fn new(dev: &Device) -> Result<Self> {
+        Ok(L2Flush {
+            reads: ReadChain::new(dev, &[L2_FLUSH_BYTES])?,
+        })
+    }
+
+    /// Enqueues the flush on `stream` (outside any graph the timed launch replays).
+    pub fn enqueue(&self, dev: &Device, stream: &crate::Stream) -> Result<()> {
+        self.reads.reset(stream)?;
+        self.reads.launch(dev, stream, 8, 1)
+    }
+}
+
 /// Threads of a [`ReadChain`] CTA: the fused launches' 512 on sm_90a.
 pub const READ_CHAIN_THREADS: u32 = 512;
 

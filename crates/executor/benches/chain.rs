@@ -100,7 +100,7 @@ fn main() -> Result<(), Error> {
     let cfg = ModelConfig::preset("glm-5.2")?;
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
-    let read_flush = ReadChain::new(&dev, &[256 << 20])?;
+    let read_flush = device::probes::L2Flush::new(&dev)?;
     let sweep_gb = match std::env::var("CHAIN_BENCH_SWEEP_GB") {
         Ok(v) => v
             .parse::<usize>()
@@ -123,8 +123,7 @@ fn main() -> Result<(), Error> {
             if before == Before::WriteFlush {
                 stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
             } else {
-                read_flush.reset(&stream)?;
-                read_flush.launch(&dev, &stream, 8, 1)?;
+                read_flush.enqueue(&dev, &stream)?;
             }
             chain.reset(&stream)?;
             if before == Before::ReadFlushSwept {

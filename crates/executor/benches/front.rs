@@ -77,7 +77,7 @@ fn main() -> Result<(), Error> {
     let ghz = f64::from(dev.info().clock_khz) / 1e6;
     let epoch_node = EpochNode::build(dev, Variant::default())?;
     let bandwidth = device::probes::copy_bandwidth(dev, 1 << 30)?.bytes_per_s;
-    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let flush = device::probes::L2Flush::new(dev)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
     // The median us a step of `issue`'s graph over `replays` replays; `after(i)` runs after each.
@@ -91,7 +91,7 @@ fn main() -> Result<(), Error> {
         graph.upload(&stream)?;
         let mut times = Vec::new();
         for i in 0..=replays {
-            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            flush.enqueue(dev, &stream)?;
             t0.record(&stream)?;
             graph.launch(&stream)?;
             t1.record(&stream)?;

@@ -1,7 +1,7 @@
 //! The attention half of a layer alone in one fused launch on the GPU, GLM-5 TP8 (8 heads,
 //! k = 2048, FP8 weights of q_a, kv_a, q_b and o_proj, bf16 W_UK / W_UV, FP8 cache records),
 //! 1 row and 4 verify rows at 8K: graph replays of the epoch node and the launch, L2 flushed before
-//! each (a 256 MB memset, untimed), median of 20. Beside it in the same run: the same kernel over
+//! each (256 MB read by `device::probes::L2Flush`, untimed), median of 20. Beside it in the same run: the same kernel over
 //! empty task lists (what the launch costs), a copy kernel (`copy_16b`) moving the same bytes as
 //! the half reads (half read, half written) in the same graph mode, and the floor (those bytes
 //! over the measured copy bandwidth). Then one traced launch (`MBX_TRACE`): each kind's task times
@@ -54,7 +54,7 @@ fn main() -> Result<(), Error> {
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
     let copy = copy_module.kernel("copy_16b")?;
-    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let flush = device::probes::L2Flush::new(&dev)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
     let graph_us = |issue: &dyn Fn() -> Result<(), Error>| -> Result<f64, Error> {
@@ -64,7 +64,7 @@ fn main() -> Result<(), Error> {
         graph.upload(&stream)?;
         let mut times = Vec::new();
         for i in 0..=TIMED {
-            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            flush.enqueue(&dev, &stream)?;
             t0.record(&stream)?;
             graph.launch(&stream)?;
             t1.record(&stream)?;

@@ -40,7 +40,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: Buffer<u8>,
+    flush: device::probes::L2Flush,
     kernel: HeadKernel,
     traced: HeadKernel,
     copy: device::Kernel,
@@ -74,7 +74,7 @@ impl Bench {
         let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
         let mut times = Vec::new();
         for i in 0..=TIMED {
-            s.memset(self.flush.device_ptr(), i as u8, self.flush.bytes())?;
+            self.flush.enqueue(&self.dev, s)?;
             t0.record(s)?;
             graph.launch(s)?;
             t1.record(s)?;
@@ -133,8 +133,7 @@ impl Bench {
 impl Bench {
     /// One traced launch, the L2 flushed before it: each phase's first start and last end.
     fn phases(&self, launch: &HeadLaunch) -> Result<(), Error> {
-        self.stream
-            .memset(self.flush.device_ptr(), 7, self.flush.bytes())?;
+        self.flush.enqueue(&self.dev, &self.stream)?;
         let trace = launch.trace(&self.dev, &self.traced, &self.stream)?;
         let tasks = launch.tasks();
         let t0 = trace.spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
@@ -205,7 +204,7 @@ fn main() -> Result<(), Error> {
     let copy_module = dev.build(&device::probes::copy_source())?;
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: dev.alloc_zeroed::<u8>(256 << 20)?,
+        flush: device::probes::L2Flush::new(&dev)?,
         kernel: HeadKernel::build(&dev, Variant::default(), None)?,
         traced: HeadKernel::build_traced(&dev, Variant::default())?,
         copy: copy_module.kernel("copy_16b")?,

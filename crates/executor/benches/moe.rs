@@ -1,7 +1,7 @@
 //! One MoE layer of a GLM-5.2 TP-8 rank (256 experts, FP8 slices 6144 -> 2 x 256 -> 6144, the bf16
 //! router, the shared expert) as one fused launch on the H200, at 1 and 4 rows: graph replays of
 //! 16 launches, the launches rotating over enough copies of the weights that every launch reads
-//! them cold from HBM (and a 256 MB memset before each replay, untimed), each graph starting with
+//! them cold from HBM (and 256 MB read by `device::probes::L2Flush` before each replay, untimed), each graph starting with
 //! the copies' epoch nodes; median of 10 replays per launch. Beside it, in the same run: a copy
 //! kernel (`copy_16b`, 4 CTAs of 512 a SM) moving the same bytes (half read, half written) as
 //! graph replays of 16 launches, and the floor (the bytes over the measured copy bandwidth). The
@@ -19,7 +19,7 @@
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
-use device::{Args, Buffer, Device, Launch, Stream};
+use device::{Args, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
 use linear::gpu::{stamp_milestones, STAMP_MILESTONES, STAMP_WORDS};
@@ -59,7 +59,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: Buffer<u8>,
+    flush: device::probes::L2Flush,
     copy: device::Kernel,
     _copy_module: device::Module,
 }
@@ -77,7 +77,7 @@ impl Bench {
         let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
         let mut times = Vec::new();
         for i in 0..=TIMED {
-            s.memset(self.flush.device_ptr(), i as u8, self.flush.bytes())?;
+            self.flush.enqueue(&self.dev, s)?;
             t0.record(s)?;
             graph.launch(s)?;
             t1.record(s)?;
@@ -140,7 +140,7 @@ fn main() -> Result<(), Error> {
     };
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: dev.alloc_zeroed::<u8>(256 << 20)?,
+        flush: device::probes::L2Flush::new(&dev)?,
         copy: copy_module.kernel("copy_16b")?,
         _copy_module: copy_module,
         dev,
@@ -198,9 +198,7 @@ fn main() -> Result<(), Error> {
             let lds = k.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
             let d = DeviceMoe::new(&bench.dev, k, &p, &mem, &g.plan, lds)?;
             // Its weights cold too, as the timed launches' are (the upload leaves some in L2).
-            bench
-                .stream
-                .memset(bench.flush.device_ptr(), 0, bench.flush.bytes())?;
+            bench.flush.enqueue(&bench.dev, &bench.stream)?;
             d.launch(&bench.stream, k, Tags::new(1)?, 0)?;
             bench.stream.sync()?;
             let words = buf.download()?;

@@ -6,7 +6,7 @@
 //! path: bf16 queries, keys widened to f16 in LDS) and wgmma (FP8 queries, keys copied into an LDS
 //! ring by the copy engine); wgmma-pdl is wgmma with each scoring launch overlapping the kernel
 //! before it (programmatic dependent launch; the launch waits for that kernel before its first
-//! task), which only the graph figure can show: a single launch follows a memset. Beside the floor, "copy us" is the copy kernel moving the same
+//! task), which only the graph figure can show: a single launch follows the L2 flush's kernel, which does not release it early. Beside the floor, "copy us" is the copy kernel moving the same
 //! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
 //! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
 //! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
@@ -116,7 +116,7 @@ fn main() -> Result<(), Error> {
         (METHODS[2], stage_of(wgmma, true)?),
     ];
     let dev = &stages[0].1.dev;
-    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let flush = device::probes::L2Flush::new(dev)?;
     let stream = dev.new_stream()?;
     let (t0, t1) = (dev.timer()?, dev.timer()?);
     let copy_module = dev.build(&device::probes::copy_source())?;
@@ -133,7 +133,7 @@ fn main() -> Result<(), Error> {
             graph.upload(stream)?;
             let mut times = Vec::new();
             for i in 0..=TIMED {
-                stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                flush.enqueue(dev, stream)?;
                 t0.record(stream)?;
                 graph.launch(stream)?;
                 t1.record(stream)?;
@@ -151,7 +151,7 @@ fn main() -> Result<(), Error> {
         let args = Args::new().buf(&copy_src).buf(&copy_dst).u64(words);
         let mut times = Vec::new();
         for i in 0..=TIMED {
-            stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+            flush.enqueue(dev, &stream)?;
             t0.record(&stream)?;
             stream.launch(&copy, copy_launch, &args)?;
             t1.record(&stream)?;
@@ -218,7 +218,7 @@ fn main() -> Result<(), Error> {
                     stream.sync()?;
                     let mut times = Vec::new();
                     for i in 0..=TIMED {
-                        stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                        flush.enqueue(dev, &stream)?;
                         t0.record(&stream)?;
                         stage.kernels.score(&stream, &args)?;
                         t1.record(&stream)?;
@@ -341,7 +341,7 @@ fn main() -> Result<(), Error> {
                 figure("indexer scoring", "wgmma, in a graph", graph)
                     .baseline(copy_graph, graph_copy),
             ],
-            // A single launch follows a memset, so only the graph shows the overlap.
+            // A single launch follows the flush's kernel, so only the graph shows the overlap.
             "wgmma-pdl" => vec![figure(
                 "indexer scoring",
                 "wgmma-pdl, overlapped, in a graph",
@@ -376,7 +376,7 @@ fn main() -> Result<(), Error> {
 fn trace(
     stage: &Stage,
     stream: &device::Stream,
-    flush: &device::Buffer<u8>,
+    flush: &device::probes::L2Flush,
     buffers: &LaunchBuffers,
     caches: &[device::Buffer<u8>],
     nominal_mhz: f64,
@@ -395,8 +395,8 @@ fn trace(
     }
     let graph = stream.end_capture()?;
     graph.upload(stream)?;
-    for i in 0..2u8 {
-        stream.memset(flush.device_ptr(), i, flush.bytes())?;
+    for _ in 0..2 {
+        flush.enqueue(&stage.dev, stream)?;
         graph.launch(stream)?;
     }
     stream.sync()?;

@@ -5,7 +5,7 @@
 //! gate/up) with the router as one persistent launch. Tasks are placed by
 //! `layout::place_weighted`, and each CTA gets all the shared memory the device allows
 //! (`LinearKernel::lds_budget`). Graph replays of 16 launches, the weights rotated among enough
-//! copies to exceed 128 MB (cold in L2; a 256 MB memset before each replay, untimed), median of
+//! copies to exceed 128 MB (cold in L2; 256 MB read by `device::probes::L2Flush` before each replay, untimed), median of
 //! 10 replays per launch; beside each, in the same run: a copy kernel (`copy_16b`, 4 CTAs of 512
 //! a SM) moving the same bytes (half read, half written) as graph replays of 16 launches, and the
 //! floor (bytes over the measured copy bandwidth). A chain's graph starts with the mailbox's epoch
@@ -68,7 +68,7 @@ struct Build {
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: Buffer<u8>,
+    flush: device::probes::L2Flush,
     builds: Vec<Build>,
     /// `LIN_STAMP_BUF` of the traced builds: LIN_STAMP_WORDS a task, at its first box's record.
     stamps: Buffer<u64>,
@@ -93,7 +93,7 @@ impl Bench {
         let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
         let mut times = Vec::new();
         for i in 0..=TIMED {
-            s.memset(self.flush.device_ptr(), i as u8, self.flush.bytes())?;
+            self.flush.enqueue(&self.dev, s)?;
             t0.record(s)?;
             graph.launch(s)?;
             t1.record(s)?;
@@ -218,8 +218,7 @@ impl Bench {
         for _ in 0..2 {
             self.epoch
                 .enqueue(&self.stream, &on_device.epoch, &on_device.scratch, tags)?;
-            self.stream
-                .memset(self.flush.device_ptr(), 1, self.flush.bytes())?;
+            self.flush.enqueue(&self.dev, &self.stream)?;
             self.stream
                 .memset(self.stamps.device_ptr(), 0, self.stamps.bytes())?;
             on_device.launch_traced(&self.stream, traced, tags, 0, &buffer)?;
@@ -495,7 +494,7 @@ fn main() -> Result<(), Error> {
     }
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: dev.alloc_zeroed::<u8>(256 << 20)?,
+        flush: device::probes::L2Flush::new(&dev)?,
         builds,
         stamps: stamps_buf,
         lds,

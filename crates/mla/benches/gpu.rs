@@ -1,6 +1,6 @@
 //! Sparse MLA attention on the GPU at GLM-5 TP8 shapes (8 heads, k = 2048, FP8 records): 1 row
 //! and 4 verify rows of one request, at 8K and 128K contexts. Each figure is the median of 30
-//! graph replays, the L2 flushed (a 256 MB memset) before each: "step us" is a graph of the epoch
+//! graph replays, the L2 flushed (256 MB read by `device::probes::L2Flush`) before each: "step us" is a graph of the epoch
 //! node, the slot stand-in and the attention launch; "attention us" is that minus the same graph
 //! without the attention launch. Beside it the floor (the distinct selected records' bytes over the
 //! copy bandwidth measured in the same run) and "copy us", a graph of one copy kernel moving those
@@ -64,7 +64,7 @@ fn main() -> Result<(), support::Error> {
     let report = Reporter::from_env(&dev.info().name);
     let bw = probes::copy_bandwidth(&dev, 256 << 20)?;
     println!("copy bandwidth {:.0} GB/s", bw.bytes_per_s / 1e9);
-    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
+    let flush = device::probes::L2Flush::new(&dev)?;
     let copy_module = dev.build(&probes::copy_source())?;
     let copy = copy_module.kernel("copy_16b")?;
     let stream = dev.new_stream()?;
@@ -73,7 +73,7 @@ fn main() -> Result<(), support::Error> {
         graph.upload(&stream)?;
         let mut us = Vec::new();
         for _ in 0..TIMED + 3 {
-            stream.memset(flush.device_ptr(), 1, flush.len())?;
+            flush.enqueue(&dev, &stream)?;
             t0.record(&stream)?;
             graph.launch(&stream)?;
             t1.record(&stream)?;
@@ -127,7 +127,7 @@ fn main() -> Result<(), support::Error> {
             traced.upload(&stream)?;
             let (mut spans, mut timeline) = (Vec::new(), None);
             for _ in 0..TIMED {
-                stream.memset(flush.device_ptr(), 1, flush.len())?;
+                flush.enqueue(&dev, &stream)?;
                 traced.launch(&stream)?;
                 stream.sync()?;
                 let tl = Timeline::parse(&t.trace.as_ref().expect("traced").download()?);
