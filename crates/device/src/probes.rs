@@ -79,21 +79,41 @@ pub const L2_FLUSH_BYTES: usize = 256 << 20;
 /// buffer of its own (a one-link [`ReadChain`]). Reads leave the L2 full of clean lines, as a
 /// step's launch finds it after launches that mostly read; a memset would leave dirty lines whose
 /// write-back the timed launch pays while it streams (9 to 10 us of an 84 MB launch on the H100).
+/// `MONO_L2_FLUSH=memset` flushes by that memset instead, to measure what it costs a bench.
 pub struct L2Flush {
-    reads: ReadChain,
+    how: FlushBy,
+}
+
+enum FlushBy {
+    Reads(Box<ReadChain>),
+    Memset(crate::Buffer<u8>),
 }
 
 impl L2Flush {
     pub fn new(dev: &Device) -> Result<Self> {
-        Ok(L2Flush {
-            reads: ReadChain::new(dev, &[L2_FLUSH_BYTES])?,
-        })
+        let how = match std::env::var("MONO_L2_FLUSH").as_deref() {
+            Err(_) | Ok("reads") => {
+                FlushBy::Reads(Box::new(ReadChain::new(dev, &[L2_FLUSH_BYTES])?))
+            }
+            Ok("memset") => FlushBy::Memset(dev.alloc_zeroed(L2_FLUSH_BYTES)?),
+            Ok(other) => {
+                return Err(DeviceError::Size {
+                    message: format!("MONO_L2_FLUSH={other}: `reads` (the default) or `memset`"),
+                })
+            }
+        };
+        Ok(L2Flush { how })
     }
 
     /// Enqueues the flush on `stream` (outside any graph the timed launch replays).
     pub fn enqueue(&self, dev: &Device, stream: &crate::Stream) -> Result<()> {
-        self.reads.reset(stream)?;
-        self.reads.launch(dev, stream, 8, 1)
+        match &self.how {
+            FlushBy::Reads(reads) => {
+                reads.reset(stream)?;
+                reads.launch(dev, stream, 8, 1)
+            }
+            FlushBy::Memset(buffer) => stream.memset(buffer.device_ptr(), 0x5a, buffer.bytes()),
+        }
     }
 }
 
