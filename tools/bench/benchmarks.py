@@ -161,6 +161,10 @@ python3 tools/bench/select_torch.py; python3 tools/bench/indexer_torch.py
 python3 tools/bench/linear_torch.py; python3 tools/bench/moe_torch.py; python3 tools/bench/mla_torch.py
 ```
 
+A bench that flushes the L2 before a timed launch reads 256 MB of a buffer of its own
+(`device::probes::L2Flush`); `MONO_L2_FLUSH=memset` flushes by a memset instead, which leaves dirty
+lines that the timed launch writes back (`crates/executor/PERF.md` has what that costs each bench).
+
 Then, back in the repository: `python3 tools/bench/benchmarks.py --take run.jsonl` merges the run's
 records into `tools/bench/results/` (each replaces the record of the same table, case and what) and
 rewrites this page; `--check` fails when the page is not what the records give.
