@@ -72,7 +72,8 @@ pub fn copy_bandwidth(dev: &Device, bytes: usize) -> Result<CopyBandwidth> {
     Ok(CopyBandwidth { bytes_per_s, tried })
 }
 
-/// Bytes an [`L2Flush`] reads: several times any L2 of the targets (50 MB on the H100 / H200).
+/// Bytes an [`L2Flush`] reads: five times the H100's 50 MB L2. (The MI355X's 256 MB Infinity Cache
+/// behind its L2 would need more, should its benches be timed.)
 pub const L2_FLUSH_BYTES: usize = 256 << 20;
 
 /// Empties the L2 of a benchmark's data before a timed launch by reading [`L2_FLUSH_BYTES`] of a
