@@ -91,19 +91,29 @@ enum FlushBy {
 }
 
 impl L2Flush {
+    /// The flush `MONO_L2_FLUSH` names: `reads` (the default, [`L2Flush::reads`]) or `memset`.
     pub fn new(dev: &Device) -> Result<Self> {
-        let how = match std::env::var("MONO_L2_FLUSH").as_deref() {
-            Err(_) | Ok("reads") => {
-                FlushBy::Reads(Box::new(ReadChain::new(dev, &[L2_FLUSH_BYTES])?))
-            }
-            Ok("memset") => FlushBy::Memset(dev.alloc_zeroed(L2_FLUSH_BYTES)?),
-            Ok(other) => {
-                return Err(DeviceError::Size {
-                    message: format!("MONO_L2_FLUSH={other}: `reads` (the default) or `memset`"),
-                })
-            }
-        };
-        Ok(L2Flush { how })
+        match std::env::var("MONO_L2_FLUSH").as_deref() {
+            Err(_) | Ok("reads") => Self::reads(dev),
+            Ok("memset") => Self::memset(dev),
+            Ok(other) => Err(DeviceError::Size {
+                message: format!("MONO_L2_FLUSH={other}: `reads` (the default) or `memset`"),
+            }),
+        }
+    }
+
+    /// The flush by reads, whatever the environment says.
+    pub fn reads(dev: &Device) -> Result<Self> {
+        Ok(L2Flush {
+            how: FlushBy::Reads(Box::new(ReadChain::new(dev, &[L2_FLUSH_BYTES])?)),
+        })
+    }
+
+    /// The flush by a memset, which leaves the L2 full of dirty lines.
+    pub fn memset(dev: &Device) -> Result<Self> {
+        Ok(L2Flush {
+            how: FlushBy::Memset(dev.alloc_zeroed(L2_FLUSH_BYTES)?),
+        })
     }
 
     /// Enqueues the flush on `stream` (outside any graph the timed launch replays).

@@ -99,8 +99,9 @@ fn main() -> Result<(), Error> {
     let reporter = Reporter::from_env(&dev.info().name);
     let cfg = ModelConfig::preset("glm-5.2")?;
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
-    let flush = dev.alloc_zeroed::<u8>(256 << 20)?;
-    let read_flush = device::probes::L2Flush::new(&dev)?;
+    // Both flushes in one run, whatever MONO_L2_FLUSH says.
+    let read_flush = device::probes::L2Flush::reads(&dev)?;
+    let write_flush = device::probes::L2Flush::memset(&dev)?;
     let sweep_gb = match std::env::var("CHAIN_BENCH_SWEEP_GB") {
         Ok(v) => v
             .parse::<usize>()
@@ -121,7 +122,7 @@ fn main() -> Result<(), Error> {
         let mut ends: Vec<Vec<f64>> = vec![Vec::new(); links.len()];
         for i in 0..=TIMED {
             if before == Before::WriteFlush {
-                stream.memset(flush.device_ptr(), i as u8, flush.bytes())?;
+                write_flush.enqueue(&dev, &stream)?;
             } else {
                 read_flush.enqueue(&dev, &stream)?;
             }
