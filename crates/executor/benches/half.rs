@@ -1,12 +1,12 @@
 //! The attention half of a layer alone in one fused launch on the GPU, GLM-5 TP8 (8 heads,
 //! k = 2048, FP8 weights of q_a, kv_a, q_b and o_proj, bf16 W_UK / W_UV, FP8 cache records),
 //! 1 row and 4 verify rows at 8K: graph replays of the epoch node and the launch, L2 flushed before
-//! each (256 MB read by `device::probes::L2Flush`, untimed), median of 20. Beside it in the same run: the same kernel over
-//! empty task lists (what the launch costs), a copy kernel (`copy_16b`) moving the same bytes as
-//! the half reads (half read, half written) in the same graph mode, and the floor (those bytes
-//! over the measured copy bandwidth). Then one traced launch (`MBX_TRACE`): each kind's task times
-//! from the in-kernel timeline, and when the last of each kind ends. Figures also as
-//! `device::report` records. Prints "skipped" without a GPU.
+//! each (256 MB read by `device::probes::L2Flush`, untimed), median of 20. Beside it in the same
+//! run: the same kernel over empty task lists (what the launch costs), a copy kernel (`copy_16b`)
+//! moving the same bytes as the half reads (half read, half written) in the same graph mode, and
+//! the floor (those bytes over the measured copy bandwidth). Then one traced launch (`MBX_TRACE`):
+//! each kind's task times from the in-kernel timeline, and when the last of each kind ends. Figures
+//! also as `device::report` records. Prints "skipped" without a GPU.
 //! `cargo bench -p executor --bench half`
 
 #[path = "../tests/support/mod.rs"]

@@ -1,21 +1,20 @@
 //! One MoE layer of a GLM-5.2 TP-8 rank (256 experts, FP8 slices 6144 -> 2 x 256 -> 6144, the bf16
-//! router, the shared expert) as one fused launch on the H200, at 1 and 4 rows: graph replays of
-//! 16 launches, the launches rotating over enough copies of the weights that every launch reads
-//! them cold from HBM (and 256 MB read by `device::probes::L2Flush` before each replay, untimed), each graph starting with
-//! the copies' epoch nodes; median of 10 replays per launch. Beside it, in the same run: a copy
-//! kernel (`copy_16b`, 4 CTAs of 512 a SM) moving the same bytes (half read, half written) as
-//! graph replays of 16 launches, and the floor (the bytes over the measured copy bandwidth). The
-//! bytes are the weights one step must read: the router, the shared expert and the distinct
-//! experts the step's rows chose (their count is printed), scales included. Figures also go to
-//! device::report records. Prints "skipped" without a GPU. With `MOE_BENCH_STAMPS=1`, each case
-//! also runs one launch of a build with the tile's clock stamps (`LIN_STAMPS`,
+//! router, the shared expert) as one fused launch on the H200, at 1 and 4 rows: graph replays of 16
+//! launches, the launches rotating over enough copies of the weights that every launch reads them
+//! cold from HBM (and 256 MB read by `device::probes::L2Flush` before each replay, untimed), each
+//! graph starting with the copies' epoch nodes; median of 10 replays per launch. Beside it, in the
+//! same run: a copy kernel (`copy_16b`, 4 CTAs of 512 a SM) moving the same bytes (half read, half
+//! written) as graph replays of 16 launches, and the floor (the bytes over the measured copy
+//! bandwidth). The bytes are the weights one step must read: the router, the shared expert and the
+//! distinct experts the step's rows chose (their count is printed), scales included. Figures also
+//! go to device::report records. Prints "skipped" without a GPU. With `MOE_BENCH_STAMPS=1`, each
+//! case also runs one launch of a build with the tile's clock stamps (`LIN_STAMPS`,
 //! `kernels/ops/linear.h`) after its timing, and prints a line for the slots' gate/ups and one for
 //! their downs (the pair tasks of used slots): each milestone's median and longest, us after the
 //! tile's start (a gate/up's tile starts once the route has named its expert, a down's once its
-//! gate/up has published). `MOE_BENCH_DEFINES=NAME=VALUE,...` builds the kernels with those
-//! defines (the tile's and the tasks' knobs), for builds compared in one call;
-//! `MOE_BENCH_COLD_MB` caps the megabytes of weight copies the launches rotate over (unset: a copy
-//! a launch).
+//! gate/up has published). `MOE_BENCH_DEFINES=NAME=VALUE,...` builds the kernels with those defines
+//! (the tile's and the tasks' knobs), for builds compared in one call; `MOE_BENCH_COLD_MB` caps the
+//! megabytes of weight copies the launches rotate over (unset: a copy a launch).
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};

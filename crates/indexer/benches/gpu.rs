@@ -6,12 +6,13 @@
 //! path: bf16 queries, keys widened to f16 in LDS) and wgmma (FP8 queries, keys copied into an LDS
 //! ring by the copy engine); wgmma-pdl is wgmma with each scoring launch overlapping the kernel
 //! before it (programmatic dependent launch; the launch waits for that kernel before its first
-//! task), which only the graph figure can show: a single launch follows the L2 flush's kernel, which does not release it early. Beside the floor, "copy us" is the copy kernel moving the same
+//! task), which only the graph figure can show: a single launch follows the L2 flush's kernel,
+//! which does not release it early. Beside the floor, "copy us" is the copy kernel moving the same
 //! bytes (half read, half written) timed the same way: what one launch that only moves the floor's
 //! bytes costs here, launch included. "graph us" and "copy graph us" take the launch mostly out:
 //! one graph of COPIES launches back to back, each on its own copy of the cache (or of the copied
-//! bytes), the L2 flushed before the graph, the time divided by COPIES: what a launch costs when
-//! it follows another, as a stage does inside a captured step.
+//! bytes), the L2 flushed before the graph, the time divided by COPIES: what a launch costs when it
+//! follows another, as a stage does inside a captured step.
 //!
 //! `cargo bench -p indexer --bench gpu` on a GPU machine; prints "skipped" without one. To time
 //! fewer cases (e.g. under a profiler), set comma lists: `INDEXER_BENCH_METHODS=wgmma`,

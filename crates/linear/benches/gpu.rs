@@ -1,15 +1,15 @@
 //! The linear task on the GPU at a GLM-5.2 TP-8 rank's matrices (`linear::shapes`), 1, 4 and 16
-//! rows (lm_head 1 and 4): each alone over every SM; q_a, o_proj, an expert's gate/up and its
-//! down as one chain (each waiting on the one before it); and the nine expert slices of one MoE
-//! layer (8 routed + the shared one: nine gate/up matrices, then nine downs each waiting on its
-//! gate/up) with the router as one persistent launch. Tasks are placed by
-//! `layout::place_weighted`, and each CTA gets all the shared memory the device allows
-//! (`LinearKernel::lds_budget`). Graph replays of 16 launches, the weights rotated among enough
-//! copies to exceed 128 MB (cold in L2; 256 MB read by `device::probes::L2Flush` before each replay, untimed), median of
-//! 10 replays per launch; beside each, in the same run: a copy kernel (`copy_16b`, 4 CTAs of 512
-//! a SM) moving the same bytes (half read, half written) as graph replays of 16 launches, and the
-//! floor (bytes over the measured copy bandwidth). A chain's graph starts with the mailbox's epoch
-//! node (its tasks wait on boxes, which need a new tag each replay); the single matrices' do not.
+//! rows (lm_head 1 and 4): each alone over every SM; q_a, o_proj, an expert's gate/up and its down
+//! as one chain (each waiting on the one before it); and the nine expert slices of one MoE layer (8
+//! routed + the shared one: nine gate/up matrices, then nine downs each waiting on its gate/up)
+//! with the router as one persistent launch. Tasks are placed by `layout::place_weighted`, and each
+//! CTA gets all the shared memory the device allows (`LinearKernel::lds_budget`). Graph replays of
+//! 16 launches, the weights rotated among enough copies to exceed 128 MB (cold in L2; 256 MB read
+//! by `device::probes::L2Flush` before each replay, untimed), median of 10 replays per launch;
+//! beside each, in the same run: a copy kernel (`copy_16b`, 4 CTAs of 512 a SM) moving the same
+//! bytes (half read, half written) as graph replays of 16 launches, and the floor (bytes over the
+//! measured copy bandwidth). A chain's graph starts with the mailbox's epoch node (its tasks wait
+//! on boxes, which need a new tag each replay); the single matrices' do not.
 //!
 //! Then the timeline of one launch of each case from a kernel built with the mailbox trace: the
 //! in-launch span (first task start to last end), the tasks' median and longest run, and when

@@ -1,14 +1,14 @@
-//! Sparse MLA attention on the GPU at GLM-5 TP8 shapes (8 heads, k = 2048, FP8 records): 1 row
-//! and 4 verify rows of one request, at 8K and 128K contexts. Each figure is the median of 30
-//! graph replays, the L2 flushed (256 MB read by `device::probes::L2Flush`) before each: "step us" is a graph of the epoch
-//! node, the slot stand-in and the attention launch; "attention us" is that minus the same graph
-//! without the attention launch. Beside it the floor (the distinct selected records' bytes over the
-//! copy bandwidth measured in the same run) and "copy us", a graph of one copy kernel moving those
-//! bytes (read and written once), timed the same way. "launch us" is the attention kernel over
-//! task lists with no tasks on as many CTAs (the same threads and shared memory), timed as
-//! "attention us" is: what a launch costs before any task runs. "in-launch us" is the median over
-//! replays of a trace build's span, the global timer from the first task's start to the last
-//! one's end (a tick is about 1 us); after each case, the trace build's per-phase table.
+//! Sparse MLA attention on the GPU at GLM-5 TP8 shapes (8 heads, k = 2048, FP8 records): 1 row and
+//! 4 verify rows of one request, at 8K and 128K contexts. Each figure is the median of 30 graph
+//! replays, the L2 flushed (256 MB read by `device::probes::L2Flush`) before each: "step us" is a
+//! graph of the epoch node, the slot stand-in and the attention launch; "attention us" is that
+//! minus the same graph without the attention launch. Beside it the floor (the distinct selected
+//! records' bytes over the copy bandwidth measured in the same run) and "copy us", a graph of one
+//! copy kernel moving those bytes (read and written once), timed the same way. "launch us" is the
+//! attention kernel over task lists with no tasks on as many CTAs (the same threads and shared
+//! memory), timed as "attention us" is: what a launch costs before any task runs. "in-launch us" is
+//! the median over replays of a trace build's span, the global timer from the first task's start to
+//! the last one's end (a tick is about 1 us); after each case, the trace build's per-phase table.
 //! With `MONO_BENCH_JSON` set, each case's attention figure is also a record (`device::report`;
 //! table "mla attention", the floor and the copy beside it, the launch and in-launch times in its
 //! note) for BENCHMARKS.md.
