@@ -99,3 +99,126 @@ pub fn check_lists(plan: &LayerPlan, out: &FrontOutputs) -> Result<Option<ListMi
             want: want[i],
         }))
 }
+
+/// Where the NaN scores of launch `plan` lie, as its arena holds them after the launch: for each
+/// row with any, its token and position this step (from the step slices), how many of its scores
+/// are NaN and the first and last of their positions, so that a reader tells a NaN key below the
+/// row's position (a cache entry or a query gone bad) from one in the masked range past it (a
+/// mask that did not reach it). `None` when the launch runs no indexer or no score is NaN.
+pub fn nan_report(plan: &LayerPlan, arena: &Buffer<u8>) -> Result<Option<String>> {
+    let (Some(out), Some(ix)) = (read_front(plan, arena)?, &plan.index) else {
+        return Ok(None);
+    };
+    let step_words = |slice: crate::fused::ArenaSlice| -> Result<Vec<u32>> {
+        let s = plan.slices.rows_of(slice, plan.rows);
+        Ok(words(&arena.download_range(
+            s.offset as usize..(s.offset + s.bytes) as usize,
+        )?))
+    };
+    let positions = step_words(plan.slices.positions)?;
+    let tokens = step_words(plan.slices.tokens)?;
+    Ok(describe_nans(
+        &out.scores,
+        ix.front.plan.stride as usize,
+        &tokens,
+        &positions,
+    ))
+}
+
+/// [`nan_report`]'s text for `[rows][stride]` scores and each row's token and position.
+pub fn describe_nans(
+    scores: &[f32],
+    stride: usize,
+    tokens: &[u32],
+    positions: &[u32],
+) -> Option<String> {
+    let word = |w: &[u32], row: usize| w.get(row).map_or("unknown".into(), |p| p.to_string());
+    let lines: Vec<String> = scores
+        .chunks(stride.max(1))
+        .enumerate()
+        .filter_map(|(row, scores)| {
+            let nan: Vec<usize> = (0..scores.len()).filter(|&i| scores[i].is_nan()).collect();
+            let (first, last) = (nan.first()?, nan.last()?);
+            Some(format!(
+                "row {row} (token {}) at position {}: {} NaN scores of {}, positions {first}..={last}",
+                word(tokens, row),
+                word(positions, row),
+                nan.len(),
+                scores.len()
+            ))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
+/// The first non-finite value of the rows launch `plan` hands on (a layer's output rows, bf16),
+/// as its arena holds them after the launch. `None` for the tail (it hands on token ids) and for
+/// finite rows.
+pub fn non_finite_output(plan: &LayerPlan, arena: &Buffer<u8>) -> Result<Option<String>> {
+    if plan.tail.is_some() {
+        return Ok(None);
+    }
+    let s = plan.slices.rows_of(plan.out.data, plan.rows);
+    let bytes = arena.download_range(s.offset as usize..(s.offset + s.bytes) as usize)?;
+    Ok(first_non_finite(&bytes, plan.rows as usize))
+}
+
+/// In `rows` equal rows of bf16 `bytes`: the row, the column and how many of the row's values
+/// are not finite, at the first row that has any.
+pub fn first_non_finite(bytes: &[u8], rows: usize) -> Option<String> {
+    // A bf16 is the upper half of an f32.
+    let values: Vec<f32> = bytes
+        .chunks_exact(2)
+        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        .collect();
+    let width = (values.len() / rows.max(1)).max(1);
+    values.chunks(width).enumerate().find_map(|(row, v)| {
+        let bad: Vec<usize> = (0..v.len()).filter(|&i| !v[i].is_finite()).collect();
+        let first = *bad.first()?;
+        Some(format!(
+            "output row {row}: {} of {} values not finite, the first at column {first} ({})",
+            bad.len(),
+            v.len(),
+            v[first]
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16_bytes(values: &[f32]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn finite_rows_pass_and_the_first_bad_value_is_named() {
+        let mut v = vec![1.5f32; 2 * 6];
+        assert_eq!(first_non_finite(&bf16_bytes(&v), 2), None);
+        v[6 + 4] = f32::NAN;
+        v[6 + 5] = f32::INFINITY;
+        let got = first_non_finite(&bf16_bytes(&v), 2).expect("a NaN and an inf");
+        assert!(
+            got.starts_with("output row 1: 2 of 6 values not finite, the first at column 4"),
+            "{got}"
+        );
+    }
+
+    #[test]
+    fn nan_scores_are_placed_by_row_and_position() {
+        let mut scores = vec![0.25f32; 2 * 8];
+        scores[5] = f32::NEG_INFINITY;
+        assert_eq!(describe_nans(&scores, 8, &[3, 3], &[4, 5]), None);
+        scores[8 + 1] = f32::NAN;
+        scores[8 + 6] = f32::NAN;
+        let got = describe_nans(&scores, 8, &[3, 9], &[4, 5]).expect("two NaNs");
+        assert_eq!(
+            got,
+            "row 1 (token 9) at position 5: 2 NaN scores of 8, positions 1..=6"
+        );
+    }
+}

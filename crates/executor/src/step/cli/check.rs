@@ -12,9 +12,11 @@ use mailbox::gpu::{DebugBound, Variant};
 use model::weights::{checkpoint_tensors, Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
-use super::{gpu_weights, scene_requests, with_step_of, KernelChoice};
+use super::{gpu_weights, scene_requests, with_step_of, BuiltStep, KernelChoice};
 use crate::reference::cli::MAX_REFERENCE_PARAMETERS;
-use crate::step::check::lists::{check_lists, read_front, FrontOutputs};
+use crate::step::check::lists::{
+    check_lists, nan_report, non_finite_output, read_front, FrontOutputs,
+};
 use crate::step::check::{compare_with_reference, run_launches, CheckScene};
 use crate::step::scene::SceneRequest;
 use crate::step::weights::{DeviceWeights, WeightPlan};
@@ -46,7 +48,8 @@ pub struct CheckArgs {
     pub context: Option<u32>,
     /// Instead of the reference: run --replays steps of the preset's step (one rank of --tp,
     /// synthetic FP8 weights made on the GPU), and check every full-indexer launch's selected
-    /// slots against the reference radix select of that launch's own scores.
+    /// slots against the reference radix select of that launch's own scores, and every launch's
+    /// output rows for values that are not finite.
     #[arg(long)]
     pub select: bool,
     /// Steps of --select.
@@ -59,6 +62,27 @@ pub struct CheckArgs {
     /// With --select: tensor-parallel size of the weights; the GPU holds rank 0's.
     #[arg(long, default_value_t = 8, requires = "select")]
     pub tp: usize,
+}
+
+/// `e`, a failure of step `step` run launch by launch, with where the failing launch's NaN
+/// scores lie when it is a full-indexer launch that left any in the arena (select flags a NaN
+/// without saying which key holds it); `names` are the launches' names, in the plans' order.
+fn with_nan_report(e: StepError, step: u32, built: &BuiltStep, names: &[String]) -> StepError {
+    let StepError::Launch { launch, message } = e else {
+        return e;
+    };
+    let plan = names
+        .iter()
+        .position(|name| *name == launch)
+        .and_then(|i| built.plans.get(i));
+    let report = plan.and_then(|p| nan_report(p, &built.arena.arena).ok().flatten());
+    StepError::Launch {
+        launch,
+        message: match report {
+            Some(r) => format!("step {step}: {message} ({r})"),
+            None => format!("step {step}: {message}"),
+        },
+    }
 }
 
 /// `mono check`; an error when the steps differ beyond the tolerance.
@@ -274,6 +298,7 @@ fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -
             );
             graph.run_eager()?;
             graph.capture()?;
+            let names: Vec<String> = graph.launches().iter().map(|l| l.name()).collect();
             let started = Instant::now();
             let (mut checked, mut replayed, mut lists) = (0u32, 0u32, 0u64);
             let mut control = false;
@@ -283,8 +308,14 @@ fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -
                     replayed += 1;
                     continue;
                 }
-                graph.run_inspected(&mut |i, launch| {
+                let run = graph.run_inspected(&mut |i, launch| {
                     let plan = &built.plans[i];
+                    if let Some(bad) = non_finite_output(plan, &built.arena.arena)? {
+                        return Err(StepError::Invalid(format!(
+                            "step {step}, {}: {bad}",
+                            launch.name()
+                        )));
+                    }
                     let Some(out) = read_front(plan, &built.arena.arena)? else {
                         return Ok(());
                     };
@@ -300,7 +331,10 @@ fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -
                     }
                     lists += u64::from(plan.rows);
                     Ok(())
-                })?;
+                });
+                if let Err(e) = run {
+                    return Err(with_nan_report(e, step, built, &names));
+                }
                 checked += 1;
                 if checked % 100 == 0 {
                     println!(
