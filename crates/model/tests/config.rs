@@ -368,3 +368,17 @@ fn format_and_kernel_rules_name_the_option_that_asked() {
         cfg.check_index_hadamard("a test").unwrap();
     }
 }
+
+#[test]
+fn first_layers_keep_the_layer_kinds_and_refuse_none_or_too_many() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let eight = cfg.first_layers(8).unwrap();
+    assert_eq!(eight.num_hidden_layers, 8);
+    assert_eq!(
+        eight.layer_plan().unwrap(),
+        cfg.layer_plan().unwrap()[..8].to_vec()
+    );
+    assert_eq!(full_layers(&eight), vec![0, 1, 2, 6]);
+    assert_eq!(invalid_field(cfg.first_layers(0)), "num_hidden_layers");
+    assert_eq!(invalid_field(cfg.first_layers(79)), "num_hidden_layers");
+}

@@ -93,6 +93,27 @@ impl ModelConfig {
         Ok(name.parse::<Preset>()?.config())
     }
 
+    /// The model's first `layers` layers and its head: the same shapes and layer kinds in a
+    /// fraction of the memory (a whole GLM-5 TP8 rank's weights do not fit an 80 GB GPU).
+    pub fn first_layers(&self, layers: usize) -> Result<Self> {
+        if layers == 0 || layers > self.num_hidden_layers {
+            return Err(crate::error::invalid(
+                "num_hidden_layers",
+                format!(
+                    "{layers} layers asked of a model of {}",
+                    self.num_hidden_layers
+                ),
+            ));
+        }
+        let mut cfg = self.clone();
+        cfg.num_hidden_layers = layers;
+        if let Some(types) = cfg.indexer_types.as_mut() {
+            types.truncate(layers);
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// A `config.json` that both this crate and transformers' `GlmMoeDsaConfig` load.
     pub fn to_json(&self) -> Result<String> {
         Ok(serde_json::to_string_pretty(&json::HfConfig::from_model(

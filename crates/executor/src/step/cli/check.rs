@@ -62,6 +62,11 @@ pub struct CheckArgs {
     /// With --select: tensor-parallel size of the weights; the GPU holds rank 0's.
     #[arg(long, default_value_t = 8, requires = "select")]
     pub tp: usize,
+    /// With --select: only the model's first this many layers and its head (every launch kind
+    /// in a fraction of the memory: a glm-5.2 TP8 rank takes about 97 GB, its first 8 layers
+    /// about 9).
+    #[arg(long, requires = "select")]
+    pub layers: Option<usize>,
 }
 
 /// `e`, a failure of step `step` run launch by launch, with where the failing launch's NaN
@@ -125,19 +130,26 @@ fn variant() -> Variant {
     }
 }
 
-/// The config: beside the checkpoint, else the preset.
+/// The config: beside the checkpoint, else the preset; its first `--layers` layers where asked.
 fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
     let beside = args
         .weights
         .as_ref()
         .map(|dir| dir.join("config.json"))
         .filter(|p| p.is_file());
-    Ok(match (beside, &args.preset) {
+    let (cfg, from) = match (beside, &args.preset) {
         (Some(path), _) => (ModelConfig::from_file(&path)?, path.display().to_string()),
         (None, preset) => {
             let name = preset.as_deref().unwrap_or(default);
             (ModelConfig::preset(name)?, format!("preset {name}"))
         }
+    };
+    Ok(match args.layers {
+        Some(n) => (
+            cfg.first_layers(n)?,
+            format!("{from}, its first {n} layers"),
+        ),
+        None => (cfg, from),
     })
 }
 
