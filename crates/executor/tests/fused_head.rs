@@ -225,7 +225,9 @@ struct Tail {
     bound: Bound,
 }
 
-fn tail(format: WeightFormat, swap_scales: bool) -> Tail {
+/// The tail of rank `shard` of `shards` (its pick reads its own pairs only: the other shards'
+/// slots keep the arena's poison, which beats every pair).
+fn tail(format: WeightFormat, swap_scales: bool, (shard, shards): (u32, u32)) -> Tail {
     let mut g = LaunchGraph::new(CTAS).unwrap();
     let mut lists = HeadLists::default();
     let x = g.arena("tail_x", u64::from(ROWS * HIDDEN) * 2).unwrap();
@@ -233,8 +235,8 @@ fn tail(format: WeightFormat, swap_scales: bool) -> Tail {
         rows: ROWS,
         hidden: HIDDEN,
         vocab_rows: VOCAB_ROWS,
-        shard: 0,
-        shards: 1,
+        shard,
+        shards,
         eps: 1e-5,
         format,
     };
@@ -275,7 +277,7 @@ fn check_tail(t: &Tail, out: &HostImage) -> Result<(), String> {
     let m = t.case.check(
         &read::<u16>(out, at(p.z), rows * HIDDEN as usize),
         &read::<u16>(out, at(p.logits), rows * VOCAB_ROWS as usize),
-        &read::<u64>(out, at(p.pairs), rows),
+        &read::<u64>(out, at(p.pairs), rows * p.shape.shards as usize),
         &read::<u32>(out, at(p.tokens.data), rows),
     )?;
     eprintln!(
@@ -298,14 +300,16 @@ fn fused_head_parts_on_cpu_threads_match_the_references() {
     let l0 = layer0();
     check_layer0(&l0, &l0.bound.run(&exe).unwrap()).unwrap();
     for format in [WeightFormat::Bf16, WeightFormat::Fp8] {
-        let t = tail(format, false);
+        let t = tail(format, false, (0, 1));
         check_tail(&t, &t.bound.run(&exe).unwrap()).unwrap();
     }
+    let t = tail(WeightFormat::Bf16, false, (3, 8));
+    check_tail(&t, &t.bound.run(&exe).unwrap()).unwrap();
 
-    let t = tail(WeightFormat::Fp8, true);
+    let t = tail(WeightFormat::Fp8, true, (0, 1));
     let err = check_tail(&t, &t.bound.run(&exe).unwrap()).expect_err("swapped scales passed");
     eprintln!("swapped lm_head scales: {err}");
-    let t = tail(WeightFormat::Bf16, false);
+    let t = tail(WeightFormat::Bf16, false, (0, 1));
     let out = t.bound.run(&kernel(FAULT_TIES_HIGH)).unwrap();
     let err = check_tail(&t, &out).expect_err("ties to the higher id passed");
     eprintln!("ties to the higher id: {err}");

@@ -68,10 +68,14 @@ struct head_argmax {
 };
 
 // tokens[r] = the token of the largest of pairs[r, 0..shards).
+// The pick reads the pairs of shards first .. first + count only: a launch holds those its own
+// argmaxes wrote (one, its rank's) or an exchange brought; the others are whatever the arena held.
 struct head_pick {
   const u64* pairs;  // [rows, shards]
   u32* tokens;       // [rows]
-  u32 shards;
+  u32 shards;        // the pairs' row length
+  u32 first;
+  u32 count;
   u32 pad;
 };
 
@@ -196,7 +200,7 @@ template <class Team>
 MONO_DEV void head_pick_rows(const Team& team, const head_pick& p, u32 first, u32 count) {
   for (u32 r = first + team.thread(); r < first + count; r += Team::size) {
     u64 best = 0;
-    for (u32 s = 0; s < p.shards; ++s) best = head_max_u64(best, p.pairs[(u64)r * p.shards + s]);
+    for (u32 s = p.first; s < p.first + p.count; ++s) best = head_max_u64(best, p.pairs[(u64)r * p.shards + s]);
     p.tokens[r] = head_pair_id(best);
   }
 }

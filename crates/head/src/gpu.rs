@@ -65,7 +65,11 @@ pub struct HeadArgmax {
 pub struct HeadPick {
     pub pairs: u64,
     pub tokens: u64,
+    /// The pairs' row length.
     pub shards: u32,
+    /// The shards picked over, `first .. first + count`: those whose pairs the launch holds.
+    pub first: u32,
+    pub count: u32,
     pub pad: u32,
 }
 
@@ -86,7 +90,7 @@ pub struct HeadArgs {
 const _: () = assert!(std::mem::size_of::<HeadEmbed>() == 40);
 const _: () = assert!(std::mem::size_of::<HeadNorm>() == 40);
 const _: () = assert!(std::mem::size_of::<HeadArgmax>() == 40);
-const _: () = assert!(std::mem::size_of::<HeadPick>() == 24);
+const _: () = assert!(std::mem::size_of::<HeadPick>() == 32);
 const _: () = assert!(std::mem::size_of::<HeadArgs>() == 48);
 
 /// `head.hip` for CTAs of `threads`.

@@ -236,6 +236,8 @@ fn build(x: &Inputs) -> Launch {
             pairs,
             tokens: tokens_out,
             shards: 2,
+            first: 0,
+            count: 2,
             pad: 0,
         }],
         arena,

@@ -12,8 +12,8 @@
 //!   over the grid (bf16 logits, as the reference step stores them), the argmax of each row over
 //!   the shard as a (logit, token) pair (a task a row, waiting on every lm_head line), and the
 //!   pick of each row's token over the shards' pairs. One GPU holds one rank, so the pick reads
-//!   this shard's pairs; a cross-rank argmax adds an exchange of the pairs `[rows, shards]`
-//!   before it and changes nothing else.
+//!   this shard's pairs alone (the other shards' slots are never written here); a cross-rank
+//!   argmax adds an exchange of the pairs `[rows, shards]` before it and picks over all of them.
 //!
 //! A part reserves its entries of the launch's linear matrix list ([`LaunchGraph::matrix`]) and of
 //! the head stage's descriptor lists ([`HeadLists`]); once buffers exist, the plan it returns
@@ -695,10 +695,14 @@ impl TailPlan {
             shards: s.shards,
             pad: 0,
         };
+        // One GPU holds one rank: its pairs are the only ones written. The other shards' slots
+        // hold whatever the shared arena held, until an exchange of the pairs fills them.
         d.picks[self.pick as usize] = HeadPick {
             pairs,
             tokens: arena + self.tokens.data.offset,
             shards: s.shards,
+            first: s.shard,
+            count: 1,
             pad: 0,
         };
     }

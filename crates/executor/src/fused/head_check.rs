@@ -264,7 +264,7 @@ impl TailCase {
             .copied()
             .collect();
         check_pairs(&values(logits), n, first_id, &mine)?;
-        // One GPU holds one shard: its pick sees this shard's pairs (the others' are 0).
+        // One GPU holds one shard: its pick reads this shard's pairs alone.
         let local: Vec<u32> = tokens.iter().map(|&t| t.wrapping_sub(first_id)).collect();
         let tokens_m = check_tokens(&reference.logits, n, &local)?;
         if let Some(&first) = self.tied.first() {

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   read_bytes(f, h, sizeof h);
   const u32 ctas = h[0], n_tasks = h[1], scratch_boxes = h[6], arena_bytes = h[7];
   static_assert(sizeof(head_embed) == 40 && sizeof(head_norm) == 40 && sizeof(head_argmax) == 40 &&
-                    sizeof(head_pick) == 24 && sizeof(head_args) == 48,
+                    sizeof(head_pick) == 32 && sizeof(head_args) == 48,
                 "the head's descriptors must match src/gpu.rs");
   auto* tasks = read_list<mbx_task>(f, n_tasks);
   auto* offsets = read_list<u32>(f, ctas + 1);
