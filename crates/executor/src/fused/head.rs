@@ -555,8 +555,8 @@ pub struct TailPlan {
     /// `[rows, vocab_rows]` bf16: the shard's logits.
     pub logits: ArenaSlice,
     /// `[rows, shards]` u64: the shards' pairs (this rank's at `shard`). The pick takes the
-    /// largest of a row's slots, so the other shards' slots must hold their ranks' pairs (the
-    /// exchange to come) or 0, the smallest pair (a zeroed arena).
+    /// largest of this rank's slot alone: the others hold whatever the shared arena held until
+    /// an exchange brings their ranks' pairs.
     pub pairs: ArenaSlice,
     /// `[rows]` u32 token ids.
     pub tokens: Handoff,
