@@ -12,9 +12,8 @@ use model::ModelConfig;
 use moe::reference::{choose, Routing};
 use select::{select_row, TopK};
 
-use super::lists::{check_lists, read_front, ListMismatch};
+use super::lists::{check_lists, read_front, slice_words, ListMismatch};
 use crate::fused::layer::LayerPlan;
-use crate::fused::ArenaSlice;
 use crate::reference::{Choices, Row};
 use crate::step::{Result, StepError};
 
@@ -36,15 +35,6 @@ pub struct RouteLook {
     pub scores: Vec<f32>,
     /// `[rows][top_k]`: the experts it routed each row to, in rank order.
     pub experts: Vec<u32>,
-}
-
-fn words(arena: &Buffer<u8>, slice: ArenaSlice) -> Result<Vec<u32>> {
-    let at = slice.offset as usize;
-    Ok(arena
-        .download_range(at..at + slice.bytes as usize)?
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
 }
 
 /// The front half launch `plan` left in `arena`, its lists checked against the reference select
@@ -73,14 +63,14 @@ pub fn read_route(
         return Ok(None);
     };
     let experts = cfg.n_routed_experts;
-    let partial = words(arena, m.slices.logits)?;
+    let partial = slice_words::<u32>(arena, m.slices.logits)?;
     let mut logits = vec![0f32; rows * experts];
     for split in partial.chunks_exact(rows * experts) {
         for (acc, &v) in logits.iter_mut().zip(split) {
             *acc += f32::from_bits(v);
         }
     }
-    let chosen = words(arena, m.slices.row_experts)?;
+    let chosen = slice_words::<u32>(arena, m.slices.row_experts)?;
     let top = rows * cfg.num_experts_per_tok;
     if chosen.len() < top {
         return Err(StepError::Invalid(format!(

@@ -6,6 +6,9 @@ use device::Buffer;
 use select::reference::{select_rows, RowPages, Rows};
 
 use crate::fused::layer::LayerPlan;
+use crate::fused::ArenaSlice;
+use crate::step::graph::DeviceBytes;
+use crate::step::layer::launch::ArenaView;
 use crate::step::{Result, StepError};
 
 /// What a full-indexer launch left in the arena: `[rows][stride]` scores and `[rows][k]` lists.
@@ -15,11 +18,20 @@ pub struct FrontOutputs {
     pub lists: Vec<i32>,
 }
 
-fn words<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
-    bytes
+/// `slice`'s bytes as `arena` holds them now.
+fn slice_bytes(arena: &Buffer<u8>, slice: ArenaSlice) -> Result<Vec<u8>> {
+    Ok(ArenaView { arena, slice }.bytes()?)
+}
+
+/// `slice` as `arena` holds it now, in 4-byte words.
+pub(super) fn slice_words<T: bytemuck::Pod>(
+    arena: &Buffer<u8>,
+    slice: ArenaSlice,
+) -> Result<Vec<T>> {
+    Ok(slice_bytes(arena, slice)?
         .chunks_exact(4)
-        .map(|b| bytemuck::pod_read_unaligned(b))
-        .collect()
+        .map(bytemuck::pod_read_unaligned)
+        .collect())
 }
 
 /// The scores and slot lists launch `plan` wrote to `arena`; `None` when it runs no indexer.
@@ -28,10 +40,9 @@ pub fn read_front(plan: &LayerPlan, arena: &Buffer<u8>) -> Result<Option<FrontOu
         return Ok(None);
     };
     let lists = plan.slices.rows_of(plan.slices.slot_lists, plan.rows);
-    let range = |s: crate::fused::ArenaSlice| s.offset as usize..(s.offset + s.bytes) as usize;
     Ok(Some(FrontOutputs {
-        scores: words(&arena.download_range(range(ix.scores))?),
-        lists: words(&arena.download_range(range(lists))?),
+        scores: slice_words(arena, ix.scores)?,
+        lists: slice_words(arena, lists)?,
     }))
 }
 
@@ -109,12 +120,7 @@ pub fn nan_report(plan: &LayerPlan, arena: &Buffer<u8>) -> Result<Option<String>
     let (Some(out), Some(ix)) = (read_front(plan, arena)?, &plan.index) else {
         return Ok(None);
     };
-    let step_words = |slice: crate::fused::ArenaSlice| -> Result<Vec<u32>> {
-        let s = plan.slices.rows_of(slice, plan.rows);
-        Ok(words(&arena.download_range(
-            s.offset as usize..(s.offset + s.bytes) as usize,
-        )?))
-    };
+    let step_words = |slice| slice_words::<u32>(arena, plan.slices.rows_of(slice, plan.rows));
     let positions = step_words(plan.slices.positions)?;
     let tokens = step_words(plan.slices.tokens)?;
     Ok(describe_nans(
@@ -158,8 +164,7 @@ pub fn non_finite_output(plan: &LayerPlan, arena: &Buffer<u8>) -> Result<Option<
     if plan.tail.is_some() {
         return Ok(None);
     }
-    let s = plan.slices.rows_of(plan.out.data, plan.rows);
-    let bytes = arena.download_range(s.offset as usize..(s.offset + s.bytes) as usize)?;
+    let bytes = slice_bytes(arena, plan.slices.rows_of(plan.out.data, plan.rows))?;
     Ok(first_non_finite(&bytes, plan.rows as usize))
 }
 
