@@ -47,7 +47,7 @@ struct lin_matrix {
   void* y;                 // [rows, y_stride] bf16 or fp32
   const u16* residual;     // [rows, y_stride] bf16 (LIN_RESIDUAL)
   const float* row_scale;  // [rows] (LIN_ROW_SCALE)
-  const u16* norm_w;       // [norm_n] bf16, 16-byte aligned: the norm's weight of the whole row (LIN_RMSNORM)
+  const u16* norm_w;       // [row_len] bf16, 16-byte aligned: the norm's weight of the whole row (LIN_RMSNORM)
   u32 k;                   // multiple of 128
   u32 n;                   // output columns
   u32 tiles;
@@ -55,8 +55,10 @@ struct lin_matrix {
   u32 x_stride;            // elements, multiple of 8
   u32 y_stride;            // elements
   u32 flags;
-  u32 norm_n;              // elements of a source row, all of which its RMS is taken over (LIN_RMSNORM)
-  u32 norm_k0;             // the element of the source row x points at (a multiple of 8; LIN_RMSNORM)
+  // x points at element row_at of source rows of row_len elements (0: the rows are the k-range).
+  // Columns past a row's end stage as zeros (lin_stage_x); LIN_RMSNORM takes the RMS over all.
+  u32 row_len;
+  u32 row_at;              // a multiple of 8
   float norm_eps;          // (LIN_RMSNORM)
 };
 
@@ -326,16 +328,22 @@ MONO_DEV void lin_load(mono_u32x4* dst, const lin_matrix& m, u32 units, u32 tile
 
 // The matrix's x rows to LDS (no others: lin_multiply reads none). A thread's loads go out four
 // at a time before their stores, so it waits on one round trip per four chunks, not per chunk.
+// Columns past the source rows' end (row_len) stage as zeros: a matrix padded with zero weight
+// columns to whole k-blocks (W_UK's nope) then multiplies them by zeros, never by the bytes that
+// follow its rows in the arena, which may be anything (0 x NaN is NaN).
 template <class Team>
 MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xstride) {
   constexpr u32 B = 4;
   const u32 chunks = m.k / 8, total = m.rows * chunks;
+  const u32 held = m.row_len == 0 ? chunks : (m.row_len - m.row_at) / 8;
   for (u32 base = team.thread(); base < total; base += B * Team::size) {
     mono_u32x4 v[B];
 #pragma unroll
     for (u32 b = 0; b < B; ++b) {
       const u32 i = base + b * Team::size;
-      if (i < total) v[b] = *(const mono_u32x4*)(m.x + (u64)(i / chunks) * m.x_stride + 8 * (i % chunks));
+      v[b] = mono_u32x4{0u, 0u, 0u, 0u};
+      if (i < total && i % chunks < held)
+        v[b] = *(const mono_u32x4*)(m.x + (u64)(i / chunks) * m.x_stride + 8 * (i % chunks));
     }
 #pragma unroll
     for (u32 b = 0; b < B; ++b) {
@@ -346,8 +354,8 @@ MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xs
 }
 
 // x = RMSNorm(the source rows) to LDS (LIN_RMSNORM), the link of a norm task taken out of the
-// step's chain: each row's inverse RMS over its whole source row (norm_n elements, also when the
-// matrix reads only the k-range from norm_k0, as the router's k-splits do), then the matrix's
+// step's chain: each row's inverse RMS over its whole source row (row_len elements, also when the
+// matrix reads only the k-range from row_at, as the router's k-splits do), then the matrix's
 // k-range of bf16(x * inv_rms * w). The pieces are the norm task's (ops/rows.h: mono_row_squares,
 // mono_team_sum, mono_inv_rms, mono_rmsnorm_value), so a team of the norm task's size stages the
 // very bits that task would have written (tests/host_emulation.rs and tests/gpu.rs compare them
@@ -370,7 +378,7 @@ MONO_DEV mono_u32x4 lin_norm_chunk(mono_u32x4 x, float inv_rms, mono_u32x4 w) {
 template <class Team>
 MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
   float* inv = scratch + MONO_ROWS_SCRATCH_FLOATS;
-  if (m.norm_k0 == 0 && m.k == m.norm_n) {
+  if (m.row_at == 0 && m.k == m.row_len) {
     // The matrix reads whole rows: staged as they are (one pass over global memory), then normed
     // in place from LDS, the sums over the same elements in the same order.
     lin_stage_x(team, m, xs, xstride);
@@ -392,12 +400,12 @@ MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs,
     return;
   }
   for (u32 r = 0; r < m.rows; ++r) {
-    const u16* row = m.x - m.norm_k0 + (u64)r * m.x_stride;
-    const float total = mono_team_sum(team, mono_row_squares(team, row, m.norm_n), scratch);
-    if (team.leader()) inv[r] = mono_inv_rms(total, m.norm_n, m.norm_eps);
+    const u16* row = m.x - m.row_at + (u64)r * m.x_stride;
+    const float total = mono_team_sum(team, mono_row_squares(team, row, m.row_len), scratch);
+    if (team.leader()) inv[r] = mono_inv_rms(total, m.row_len, m.norm_eps);
   }
   team.sync();
-  const u16* w = m.norm_w + m.norm_k0;
+  const u16* w = m.norm_w + m.row_at;
   const u32 chunks = m.k / 8, total = m.rows * chunks;
   for (u32 i = team.thread(); i < total; i += Team::size) {
     const u32 r = i / chunks, c = i % chunks;

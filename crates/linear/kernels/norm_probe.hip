@@ -1,6 +1,6 @@
 // The tests' probe of the tile's RMSNorm prologue (tests/host_emulation.rs, tests/gpu.rs). One CTA
-// norms the source rows of `m` (LIN_RMSNORM set: m.x at element m.norm_k0 of rows of m.norm_n)
-// whole by mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][norm_n]);
+// norms the source rows of `m` (LIN_RMSNORM set: m.x at element m.row_at of rows of m.row_len)
+// whole by mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][row_len]);
 // then stages m's x by the tile's own staging (lin_stage, the prologue when the flag is set) and
 // copies the staged k-range out to `staged` ([rows][k]). The two must agree bit for bit.
 // LDS: 256 bytes of scratch, then the staged rows (lin_x_stride(k) elements each).
@@ -12,8 +12,8 @@ extern __shared__ __attribute__((aligned(16))) u8 probe_lds[];
 MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) lin_norm_probe(lin_matrix m, u16* normed, u16* staged) {
   const auto team = mono_cta_team<MONO_CTA_THREADS>();
   float* scratch = (float*)probe_lds;
-  const u16* rows = m.x - m.norm_k0;
-  mono_rmsnorm_rows(team, rows, m.x_stride, m.norm_w, m.norm_n, m.rows, m.norm_eps, normed, m.norm_n, scratch);
+  const u16* rows = m.x - m.row_at;
+  mono_rmsnorm_rows(team, rows, m.x_stride, m.norm_w, m.row_len, m.rows, m.norm_eps, normed, m.row_len, scratch);
   team.sync();
   u16* xs = (u16*)(probe_lds + 256);
   const u32 xstride = lin_x_stride(m.k);

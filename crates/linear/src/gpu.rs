@@ -82,10 +82,12 @@ pub struct LinMatrix {
     pub x_stride: u32,
     pub y_stride: u32,
     pub flags: u32,
-    /// [`FLAG_RMSNORM`]: elements of a source row (the RMS is over all of them).
-    pub norm_n: u32,
-    /// [`FLAG_RMSNORM`]: the element of the source row that `x` points at.
-    pub norm_k0: u32,
+    /// Elements of x's source rows, of which `x` points at element `row_at` (0: the rows are the
+    /// k-range itself). The tile stages zeros for the columns past a row's end; [`FLAG_RMSNORM`]
+    /// takes each row's RMS over all of its elements.
+    pub row_len: u32,
+    /// The element of the source row that `x` points at (a multiple of 8).
+    pub row_at: u32,
     pub norm_eps: f32,
 }
 
@@ -93,8 +95,8 @@ const _: () = assert!(std::mem::size_of::<LinMatrix>() == 96);
 
 /// Bad [`LinMatrix::with_rmsnorm`] arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("RMSNorm prologue: {0}")]
-pub struct NormError(String);
+#[error("x rows: {0}")]
+pub struct RowsError(String);
 
 impl LinMatrix {
     /// The same matrix with x = RMSNorm(the source rows): `x` (already set, with its `x_stride`)
@@ -107,7 +109,7 @@ impl LinMatrix {
         n: u32,
         k0: u32,
         eps: f32,
-    ) -> Result<Self, NormError> {
+    ) -> Result<Self, RowsError> {
         let why = if k0 % 8 != 0 || weight % 16 != 0 {
             Some(format!(
                 "element {k0} and weight address {weight:#x}: the tile reads 16-byte pieces"
@@ -120,13 +122,32 @@ impl LinMatrix {
             None
         };
         if let Some(why) = why {
-            return Err(NormError(why));
+            return Err(RowsError(format!("RMSNorm prologue: {why}")));
         }
         self.flags |= FLAG_RMSNORM;
         self.norm_w = weight;
-        self.norm_n = n;
-        self.norm_k0 = k0;
+        self.row_len = n;
+        self.row_at = k0;
         self.norm_eps = eps;
+        Ok(self)
+    }
+
+    /// The same matrix over x rows that hold only their first `len` elements (`len < k`, a
+    /// multiple of 8; the rest of the k-range belongs to other data or to nothing): the tile
+    /// stages zeros past them. For a matrix padded with zero weight columns to whole k-blocks,
+    /// whose padding must meet zeros whatever follows x's rows in memory.
+    pub fn with_short_rows(mut self, len: u32) -> Result<Self, RowsError> {
+        if len % 8 != 0 || len == 0 || len >= self.k {
+            return Err(RowsError(format!(
+                "{len} elements of a k-range of {}: a multiple of 8 from 8 to k - 8",
+                self.k
+            )));
+        }
+        if self.flags & FLAG_RMSNORM != 0 {
+            return Err(RowsError("short rows of a normed x".into()));
+        }
+        self.row_len = len;
+        self.row_at = 0;
         Ok(self)
     }
 }

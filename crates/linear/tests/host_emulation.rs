@@ -8,7 +8,9 @@
 //! (`FLAG_RMSNORM`): a probe kernel (`kernels/norm_probe.hip`) stages x by it beside the
 //! norm task's function, which must agree bit for bit (and the function with the f64 reference to
 //! a bf16 unit), and a matrix staged so is checked against the reference on those bits; without
-//! the flag both checks must fail. This runs the
+//! the flag both checks must fail. Short rows (`LinMatrix::with_short_rows`): x rows shorter than
+//! k with NaN after them give the reference's outputs for zeros there, and NaN read as whole rows
+//! (the control). This runs the
 //! portable path of the tile (the lanes' own FMAs), not the mma.sync path the H200 runs
 //! (tests/gpu.rs), but the same layout, partition, sums over groups, epilogues and hand-offs.
 //! Needs g++ with C++20, so ignored:
@@ -273,6 +275,12 @@ fn kernel_source_on_cpu_threads_matches_the_reference() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The launch of one matrix over the CTAs.
+fn alone(w: &PackedWeight) -> LaunchPlan {
+    let tiles = w.layout.tiles() as u32;
+    place(&[MatrixPlan { tiles, after: None }], CTAS).unwrap()
+}
+
 fn mats_of(placed: &[Placed]) -> Vec<LinMatrix> {
     placed.iter().map(|m| m.matrix).collect()
 }
@@ -351,14 +359,7 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits_on_cpu_threads() {
         .flat_map(|r| normed[r * s.n + s.k0..r * s.n + s.k0 + s.k].to_vec())
         .collect();
     let w = p.packed().unwrap();
-    let plan = place(
-        &[MatrixPlan {
-            tiles: w.layout.tiles() as u32,
-            after: None,
-        }],
-        CTAS,
-    )
-    .unwrap();
+    let plan = alone(&w);
     let run_normed = |prologue: bool| {
         let mut arena = Arena::default();
         let rows = arena.put(&as_bytes(&s.x));
@@ -382,5 +383,63 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits_on_cpu_threads() {
     // Negative control: the same matrix without the prologue reads the rows un-normed.
     let e = run_normed(false).unwrap_err();
     eprintln!("prologue off: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "slow; needs g++ with C++20"]
+fn short_rows_stage_zeros_past_their_end_on_cpu_threads() {
+    let dir = std::env::temp_dir().join(format!("linear-short-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile(&dir);
+    // W_UK's shape at GLM-5 width: rows of 192 elements in a k-range of 256, the rest of each row
+    // (and the bytes after the last) NaN in the arena. The reference's x is zero there.
+    let (len, k, rows) = (192, 256, 4);
+    let mut p = Problem::new(
+        Pattern::Random,
+        WeightFormat::Bf16,
+        Pairing::Plain,
+        72,
+        k,
+        rows,
+        Finish::Rounded,
+        25,
+    )
+    .unwrap();
+    let nan = 0xffffu16;
+    let device_x: Vec<u16> = (0..rows * k)
+        .map(|i| if i % k < len { p.x[i] } else { nan })
+        .collect();
+    for (i, v) in p.x.iter_mut().enumerate() {
+        if i % k >= len {
+            *v = 0;
+        }
+    }
+    let w = p.packed().unwrap();
+    let plan = alone(&w);
+    let run_short = |short: bool| {
+        let mut arena = Arena::default();
+        let x = arena.put(&as_bytes(&device_x));
+        let mut m = put_matrix(&mut arena, &p, &w, Some(x));
+        if short {
+            m = m.with_short_rows(len as u32).unwrap();
+        }
+        let out = run(&exe, &plan, &[m], &arena).unwrap();
+        let at = m.y as usize;
+        check(&p, &decode_y(&out[at..at + p.rows * p.n * 2], false))
+    };
+    let v = run_short(true).unwrap();
+    eprintln!(
+        "short rows {}: {} outputs, {} off the reference's rounding",
+        p.name, v.outputs, v.off_reference
+    );
+    // Negative control: read as whole rows, the NaN past them reaches every output.
+    let e = run_short(false).unwrap_err();
+    eprintln!("whole rows: {e}");
+    let m = LinMatrix {
+        k: k as u32,
+        ..LinMatrix::default()
+    };
+    assert!(m.with_short_rows(100).is_err() && m.with_short_rows(256).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }

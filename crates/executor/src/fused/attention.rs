@@ -10,10 +10,10 @@
 //! W_UK\[h\] is `[nope, latent]`; its absorption `q_abs = W_UK[h]ᵀ q_nope` is a linear of
 //! K = nope (192 at GLM-5 width, 48 in the tiny preset), which the linear tile takes in whole
 //! 128-element blocks. It runs as the linear of W_UK\[h\]ᵀ padded with zero columns to
-//! [`HalfDims::uk_k`] over the head's q_b output from its nope part on: the padding's products are
-//! zeros times the head's rope part (GLM-5: exactly nope ‖ rope = 256) or, past the row's last
-//! head, times the slack [`HalfArena`] keeps after q (zeros). At GLM-5 TP8 that streams 2 MB of
-//! bf16 W_UK instead of 1.5 MB.
+//! [`HalfDims::uk_k`] over the head's q_b output, its x rows the head's nope part only: the tile
+//! stages zeros past them (`LinMatrix::with_short_rows`), so the padding's products are zeros
+//! whatever follows (the head's rope part, the next head, or past the last row bytes of other
+//! launches). At GLM-5 TP8 that streams 2 MB of bf16 W_UK instead of 1.5 MB.
 //!
 //! The two norms stay out of the dependent chain: a linear task computes its rows' inverse RMS
 //! itself (the bits the norm task would write), so q_a and kv_a wait on the input rows and q_b on
@@ -239,7 +239,6 @@ impl HalfArena {
         inputs: Option<HalfInputs>,
     ) -> Result<Self, GraphError> {
         let parts = plan.partial_queries().max(1) as u64;
-        let q_slack = d.uk_k().saturating_sub(d.qk()) as u64;
         let (heads, latent, rope) = (d.heads as u64, d.latent as u64, d.rope as u64);
         let mut take = |name: &str, bytes: u64| -> Result<u64, GraphError> {
             Ok(g.arena(&format!("{prefix}_{name}"), bytes)?.offset)
@@ -262,7 +261,7 @@ impl HalfArena {
             hidden_normed: take("hidden_normed", rows * d.hidden as u64 * 2)?,
             q_a: take("q_a", rows * d.q_lora as u64 * 2)?,
             kv_a: take("kv_a", rows * (latent + rope) * 2)?,
-            q: take("q", (rows * heads * d.qk() as u64 + q_slack) * 2)?,
+            q: take("q", rows * heads * d.qk() as u64 * 2)?,
             q_pe: take("q_pe", rows * heads * rope * 2)?,
             q_abs: take("q_abs", rows * heads * latent * 2)?,
             new_latent: take("new_latent", rows * latent * 2)?,
@@ -918,12 +917,16 @@ impl HalfPlan {
                     HalfMatrix::QB => Some((w.q_a_norm, d.q_lora, d.latent_eps)),
                     _ => None,
                 };
-                match normed {
-                    Some((weight, n, eps)) => matrix
-                        .with_rmsnorm(weight, n as u32, 0, eps as f32)
-                        .map_err(|e| HalfError::Shape(e.to_string())),
-                    None => Ok(matrix),
-                }
+                let shaped = match (normed, m) {
+                    (Some((weight, n, eps)), _) => {
+                        matrix.with_rmsnorm(weight, n as u32, 0, eps as f32)
+                    }
+                    (None, HalfMatrix::Uk(_)) if d.nope < k => {
+                        matrix.with_short_rows(d.nope as u32)
+                    }
+                    (None, _) => Ok(matrix),
+                };
+                shaped.map_err(|e| HalfError::Shape(e.to_string()))
             })
             .collect()
     }

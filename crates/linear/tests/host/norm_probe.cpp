@@ -1,9 +1,9 @@
 // Runs the RMSNorm prologue probe (kernels/norm_probe.hip) on CPU threads, one CTA
 // (tests/host_emulation.rs).
 //   driver <input> <output>
-// input (little-endian): u32 rows, norm_n, k0, k, flags (LIN_RMSNORM, or 0: the negative
-// control); f32 eps; then the source rows [rows][norm_n]
-// and the weight [norm_n], bf16. output: normed [rows][norm_n], then staged [rows][k], bf16.
+// input (little-endian): u32 rows, row_len, k0, k, flags (LIN_RMSNORM, or 0: the negative
+// control); f32 eps; then the source rows [rows][row_len]
+// and the weight [row_len], bf16. output: normed [rows][row_len], then staged [rows][k], bf16.
 #include <cstdio>
 #include <vector>
 
@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   m.rows = rows;
   m.x_stride = n;
   m.flags = h[4];
-  m.norm_n = n;
-  m.norm_k0 = k0;
+  m.row_len = n;
+  m.row_at = k0;
   m.norm_eps = eps;
   const int status = emu_launch(1, MONO_CTA_THREADS, [&] { lin_norm_probe(m, normed, staged); });
   FILE* o = fopen(argv[2], "wb");

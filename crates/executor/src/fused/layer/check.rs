@@ -53,8 +53,8 @@ fn bf16_rows(base: u64, first: u32, n: u32, cols: u64) -> Range<u64> {
     start..start + u64::from(n) * cols * 2
 }
 
-/// The bytes a matrix's linear tasks read (x, or with the RMSNorm prologue the whole source rows
-/// it norms; the residual) and write (y).
+/// The bytes a matrix's linear tasks read (x, as far as its rows go where they are shorter than
+/// k, or with the RMSNorm prologue the whole source rows it norms; the residual) and write (y).
 fn matrix_access(m: &LinMatrix) -> Access {
     let rows = u64::from(m.rows.max(1));
     let out = if m.flags & FLAG_OUT_F32 != 0 { 4 } else { 2 };
@@ -62,8 +62,10 @@ fn matrix_access(m: &LinMatrix) -> Access {
         base..base + ((rows - 1) * u64::from(stride) + u64::from(width)) * bytes
     };
     let x = if m.flags & FLAG_RMSNORM != 0 {
-        let row = m.x.saturating_sub(2 * u64::from(m.norm_k0));
-        span(row, m.x_stride, m.norm_n, 2)
+        let row = m.x.saturating_sub(2 * u64::from(m.row_at));
+        span(row, m.x_stride, m.row_len, 2)
+    } else if m.row_len != 0 {
+        span(m.x, m.x_stride, m.row_len - m.row_at, 2)
     } else {
         span(m.x, m.x_stride, m.k, 2)
     };
