@@ -165,6 +165,8 @@ pub struct StepGraph<'a> {
     feed: Option<Feed<'a>>,
     stream: Stream,
     graph: Option<Graph>,
+    /// Device bytes [`StepGraph::run_inspected`] fills with 0xff before each launch.
+    poison: Option<(u64, usize)>,
 }
 
 impl<'a> StepGraph<'a> {
@@ -196,7 +198,16 @@ impl<'a> StepGraph<'a> {
             feed,
             stream: dev.new_stream()?,
             graph: None,
+            poison: None,
         })
+    }
+
+    /// Has [`StepGraph::run_inspected`] fill `bytes` bytes from `ptr` with 0xff before each
+    /// launch (never the captured graph): bytes a launch reads there without writing them first
+    /// then read as NaN in bf16 and f32 and as -1 in integers, which the checks after the launch
+    /// see, where the bytes an earlier launch left would often pass.
+    pub fn poison_before_launches(&mut self, ptr: u64, bytes: usize) {
+        self.poison = (bytes > 0).then_some((ptr, bytes));
     }
 
     pub fn launches(&self) -> &[Box<dyn StepLaunch + 'a>] {
@@ -362,6 +373,9 @@ impl<'a> StepGraph<'a> {
                 launch: launch.name(),
                 message: e.to_string(),
             };
+            if let Some((ptr, bytes)) = self.poison {
+                self.stream.memset(ptr, 0xff, bytes)?;
+            }
             launch.enqueue(&self.stream)?;
             self.stream.sync().map_err(|e| named(&e))?;
             launch.check().map_err(|e| named(&e))?;

@@ -300,7 +300,8 @@ pub fn run_launches(
         variant,
     };
     let kept = plans.clone();
-    let graph = step_graph(dev, &pieces, plans)?;
+    let mut graph = step_graph(dev, &pieces, plans)?;
+    poison_scratch(&mut graph, &kept[0], &arena)?;
     let mut launches = Vec::new();
     let ran = graph.run_inspected(&mut |i, launch| {
         let tensors = launch
@@ -327,6 +328,25 @@ pub fn run_launches(
         fed,
         stopped,
     })
+}
+
+/// Has `graph`'s launches run launch by launch find the arena past the step slices (`plan`'s, as
+/// every launch's) filled with 0xff: each launch's own bytes there are its to write before it
+/// reads them, and a read of bytes it never wrote then shows as NaN or -1 in its outputs.
+pub fn poison_scratch(
+    graph: &mut crate::step::StepGraph,
+    plan: &LayerPlan,
+    arena: &StepArena,
+) -> Result<()> {
+    let end = plan.slices.end() as usize;
+    let bytes = arena.arena.bytes();
+    if end > bytes {
+        return Err(invalid(format!(
+            "the step slices end at byte {end} of an arena of {bytes}"
+        )));
+    }
+    graph.poison_before_launches(arena.arena.device_ptr() + end as u64, bytes - end);
+    Ok(())
 }
 
 /// The reference's inputs of launch `first` written into the arena.

@@ -17,7 +17,7 @@ use crate::reference::cli::MAX_REFERENCE_PARAMETERS;
 use crate::step::check::lists::{
     check_lists, nan_report, non_finite_output, read_front, FrontOutputs,
 };
-use crate::step::check::{compare_with_reference, run_launches, CheckScene};
+use crate::step::check::{compare_with_reference, poison_scratch, run_launches, CheckScene};
 use crate::step::scene::SceneRequest;
 use crate::step::weights::{DeviceWeights, WeightPlan};
 use crate::step::{Result, StepError};
@@ -310,6 +310,7 @@ fn check_select(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -
             );
             graph.run_eager()?;
             graph.capture()?;
+            poison_scratch(graph, &built.plans[0], built.arena)?;
             let names: Vec<String> = graph.launches().iter().map(|l| l.name()).collect();
             let started = Instant::now();
             let (mut checked, mut replayed, mut lists) = (0u32, 0u32, 0u64);
