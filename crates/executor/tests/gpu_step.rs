@@ -2,8 +2,8 @@
 //!
 //! * Synthetic weights made on the device equal the CPU's rule bit for bit (codes, scales, packed
 //!   layout): every tensor at the tiny preset (TP 1 FP8, and a bf16 rank of TP 2), and samples of
-//!   a whole glm-5.2 TP 8 rank made on one GPU; a rank that cannot fit is refused before anything
-//!   is allocated.
+//!   a whole glm-5.2 TP 8 rank made on one GPU (about 99 GB with the step: an H200); a rank that
+//!   cannot fit is refused before anything is allocated, and the test fails saying so.
 //! * The captured step (the epoch node, the front half of every full-indexer layer, a stand-in
 //!   tail that writes an argmax from the rows' tokens and positions, the greedy feed) replays bit
 //!   for bit: two runs give equal digests, replays give the eager step's front-half outputs, every
@@ -75,7 +75,7 @@ fn generate(
         reports += 1;
         assert!(p.bytes_done <= p.bytes && p.tensors_done <= p.tensors);
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         reports >= 2,
         "progress is reported at the start and the end"
