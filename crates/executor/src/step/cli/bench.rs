@@ -37,6 +37,11 @@ pub struct BenchArgs {
     /// launch is its pages' translations.
     #[arg(long, default_value_t = 0)]
     pub sweep_tlb_gb: usize,
+    /// Only the model's first this many layers and its head: a step of every launch kind on a GPU
+    /// that cannot hold the whole rank (a glm-5.2 TP8 rank takes about 97 GB; 40 layers fit 80 GB).
+    /// Not the whole step's figure: the report and the records name the layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
 }
 
 /// `mono bench`: per case the step's replay time beside its launches' floor and the whole
@@ -46,7 +51,14 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
-    let cfg = config(&args.preset)?;
+    let (cfg, label, part) = match args.layers {
+        Some(n) => (
+            config(&args.preset)?.first_layers(n)?,
+            format!("{}, its first {n} layers", args.preset),
+            format!(", {n} layers"),
+        ),
+        None => (config(&args.preset)?, args.preset.clone(), String::new()),
+    };
     let dev = open_device()?;
     let shapes = RankShapes::new(&cfg, args.tp)?;
     let plan = cfg.layer_plan()?;
@@ -92,7 +104,15 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 cache: CacheFormat::Fp8,
             };
             let whole = step_traffic(&shapes, &plan, formats, load).total_bytes();
-            report_case(&reporter, &args.preset, context, rows, copy, whole, &times)?;
+            report_case(
+                &reporter,
+                (&label, &part),
+                context,
+                rows,
+                copy,
+                whole,
+                &times,
+            )?;
         }
     }
     Ok(())
@@ -100,7 +120,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
 
 fn report_case(
     reporter: &Reporter,
-    preset: &str,
+    (preset, part): (&str, &str),
     context: u32,
     rows: u32,
     copy: f64,
@@ -108,7 +128,7 @@ fn report_case(
     times: &StepTimes,
 ) -> Result<()> {
     let case = format!(
-        "{} x {rows} row{}",
+        "{} x {rows} row{}{part}",
         device::report::keys_label(u64::from(context)),
         if rows > 1 { "s" } else { "" }
     );
