@@ -333,11 +333,12 @@ pub fn run_launches(
 /// Has `graph`'s launches run launch by launch find the arena past the step slices (`plan`'s, as
 /// every launch's) filled with 0xff: each launch's own bytes there are its to write before it
 /// reads them, and a read of bytes it never wrote then shows as NaN or -1 in its outputs.
+/// Returns how many bytes each launch finds so.
 pub fn poison_scratch(
     graph: &mut crate::step::StepGraph,
     plan: &LayerPlan,
     arena: &StepArena,
-) -> Result<()> {
+) -> Result<usize> {
     let end = plan.slices.end() as usize;
     let bytes = arena.arena.bytes();
     if end > bytes {
@@ -346,7 +347,7 @@ pub fn poison_scratch(
         )));
     }
     graph.poison_before_launches(arena.arena.device_ptr() + end as u64, bytes - end);
-    Ok(())
+    Ok(bytes - end)
 }
 
 /// The reference's inputs of launch `first` written into the arena.
