@@ -130,7 +130,11 @@ TABLES = [
      "at 1 row, 1.6 x at 4 rows. Anchors, whole systems serving a token at TP8 with their "
      "all-reduces (not measured here): vLLM on 8 x H200 at batch 1 about 19 ms a token, TileRT on "
      "8 x B200 about 3.3 ms, AMD's sgl-amd-mono monokernel on 8 x MI355X 4.4 ms; a rank's step "
-     "here leaves out the two all-reduces a layer that theirs include."),
+     "here leaves out the two all-reduces a layer that theirs include. Cases named \"40 layers\" "
+     "are the model's first 40 layers and its head (`--layers 40`) on an H100, which cannot hold "
+     "the whole rank: not the step's figure, their ratios over the H100's own copy bandwidth; they "
+     "time main's kernels where the H200 would not start, and their launch kinds compare with the "
+     "H200's rows above only loosely (another GPU)."),
 ]
 
 INTRO = """# Benchmarks
