@@ -93,7 +93,7 @@ pub struct LinMatrix {
 
 const _: () = assert!(std::mem::size_of::<LinMatrix>() == 96);
 
-/// Bad [`LinMatrix::with_rmsnorm`] arguments.
+/// Bad [`LinMatrix::with_rmsnorm`] or [`LinMatrix::with_short_rows`] arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("x rows: {0}")]
 pub struct RowsError(String);

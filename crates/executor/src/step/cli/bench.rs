@@ -51,13 +51,14 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
+    let model = config(&args.preset)?;
     let (cfg, label, part) = match args.layers {
         Some(n) => (
-            config(&args.preset)?.first_layers(n)?,
+            model.first_layers(n)?,
             format!("{}, its first {n} layers", args.preset),
             format!(", {n} layers"),
         ),
-        None => (config(&args.preset)?, args.preset.clone(), String::new()),
+        None => (model, args.preset.clone(), String::new()),
     };
     let dev = open_device()?;
     let shapes = RankShapes::new(&cfg, args.tp)?;
