@@ -132,9 +132,8 @@ TABLES = [
      "8 x B200 about 3.3 ms, AMD's sgl-amd-mono monokernel on 8 x MI355X 4.4 ms; a rank's step "
      "here leaves out the two all-reduces a layer that theirs include. Cases named \"40 layers\" "
      "are the model's first 40 layers and its head (`--layers 40`) on an H100, which cannot hold "
-     "the whole rank: not the step's figure, their ratios over the H100's own copy bandwidth; they "
-     "time main's kernels where the H200 would not start, and their launch kinds compare with the "
-     "H200's rows above only loosely (another GPU)."),
+     "the whole rank: not the step's figure, their ratios over the H100's own copy bandwidth, "
+     "their launch kinds comparable with the H200's rows above only loosely (another GPU)."),
 ]
 
 INTRO = """# Benchmarks
