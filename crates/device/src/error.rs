@@ -5,7 +5,8 @@ use std::path::PathBuf;
 pub enum DeviceError {
     #[error(
         "no GPU driver found: {detail}. Install the NVIDIA driver (libcuda.so) or ROCm (libamdhip64.so), \
-         or run without a GPU (`mono step` uses the CPU emulator)"
+         or run without one: MONO_BACKEND=host emulates a GPU on CPU threads (its kernels built with g++), \
+         and `mono step` runs the CPU reference step"
     )]
     NoDriver { detail: String },
 

@@ -17,7 +17,9 @@ fn open_without_a_driver_is_a_clear_error() {
         "{text}"
     );
     assert!(
-        text.contains("libcuda.so") && text.contains("CPU emulator"),
+        text.contains("libcuda.so")
+            && text.contains("MONO_BACKEND=host")
+            && text.contains("CPU reference step"),
         "{text}"
     );
 }
