@@ -1,6 +1,9 @@
 // Launches of kernels on CPU threads through the host prelude (prelude.h beside this file): each
-// CTA a forked process of the block's std::threads, device memory in shared mappings made before
-// the fork, so that the CTAs of a launch see each other's writes as a GPU's would. A stage's test
+// CTA a forked process whose one OS thread runs the block's threads as fibers, device memory in
+// shared mappings made before the fork, so that the CTAs of a launch see each other's writes as a
+// GPU's would. Fibers rather than an OS thread each: a launch's threads outnumber the cores a
+// hundredfold, and the kernel's barriers and shuffles, handed between OS threads, kept the
+// machine in the scheduler rather than in the kernels. A stage's test
 // driver includes this once (it defines the prelude's emulation state), allocates with
 // emu_device_alloc and runs launches with emu_launch.
 //
@@ -9,8 +12,8 @@
 // nothing while its CTAs spend `stall_seconds` of CPU time (threads spinning in polls that never
 // end), or while every thread of them sleeps for `stall_seconds` (threads parked at barriers that
 // never fill), is killed.
-// A thread that polls in the prelude's back-off (sleeping between polls of a box that stays empty)
-// counts as asleep, whatever state it is in when looked at. Neither counts the time a loaded
+// A CTA that backs off (its fibers all waited a round without progress, so it sleeps between
+// rounds) counts as asleep, whatever state it is in when looked at. Neither counts the time a loaded
 // machine leaves the threads waiting to run, so a busy machine slows a launch without failing it.
 // The first time a launch stalls so, the waits are told (emu_stalled): a debug build's bounded
 // waits give up and report what they waited on, and the CTAs end as they would on a GPU. A launch
@@ -18,30 +21,30 @@
 #pragma once
 #include "prelude.h"
 
-#include <barrier>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <dirent.h>
 #include <unordered_set>
-#include <mutex>
 #include <string>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <thread>
+#include <ucontext.h>
 #include <unistd.h>
 #include <vector>
 
-thread_local u32 emu_thread;
+u32 emu_thread;
 u32 emu_block, emu_block_dim, emu_grid_dim;
 u64 emu_exchange[64][64];
 u32 emu_agree[MONO_BARRIERS];
-thread_local u32 emu_idle_loads;
-// Shared with the launcher: a word a thread of the launch (1 while it backs off), and the stall flag.
+u64 emu_cta_progress;
+// Shared with the launcher: a word a thread of the launch (1 while its CTA backs off; the CTA's
+// thread 0 speaks for it), and the stall flag.
 u32* emu_backoff;
 u32* emu_stalled;
-// Shared: the kernel thread id of each thread of the launch, so the launcher knows which backs off.
+// Shared: the kernel thread id of each thread of the launch (its CTA's OS thread), so the
+// launcher knows which backs off.
 static pid_t* emu_tids;
 
 // Zeroed memory shared by every CTA process forked after the call.
@@ -58,33 +61,130 @@ T* emu_device_alloc(size_t n) {
 // Barriers passed in all CTAs of the running launch, block, wave and named (shared; the launcher
 // watches it).
 static u64* emu_progress;
-struct emu_tick {
-  void operator()() noexcept { __atomic_fetch_add(emu_progress, 1, __ATOMIC_RELAXED); }
-};
-static std::barrier<emu_tick>* emu_block_barrier;
-static std::barrier<emu_tick>* emu_wave_barrier[64];
-static std::barrier<emu_tick>* emu_named_barrier[MONO_BARRIERS];
-static std::mutex emu_named_lock;
 
-void emu_sync_block() {
-  emu_busy();
-  emu_block_barrier->arrive_and_wait();
-}
-void emu_sync_wave(u32 wave) {
-  emu_busy();
-  emu_wave_barrier[wave]->arrive_and_wait();
-}
-// Named barrier `id` of `threads` threads: made on first use, as the hardware's take their count
-// from the first arrival.
-void emu_sync_named(u32 id, u32 threads) {
-  emu_busy();
-  std::barrier<emu_tick>* b;
-  {
-    std::lock_guard<std::mutex> hold(emu_named_lock);
-    if (!emu_named_barrier[id]) emu_named_barrier[id] = new std::barrier<emu_tick>(threads);
-    b = emu_named_barrier[id];
+// The CTA's fibers, run in turn by its one OS thread.
+struct emu_fiber {
+  ucontext_t context;
+  bool done;
+};
+static emu_fiber* emu_fibers;
+static ucontext_t emu_cta_context;
+static u32 emu_live;
+// Rounds of the fibers with no progress, and the progress count when the round began.
+static u32 emu_idle_rounds;
+static u64 emu_round_start;
+// After EMU_YIELD_ROUNDS idle rounds the CTA sleeps between rounds, twice as long each time up to
+// EMU_SLEEP_MAX_NS: its polls wait on other CTAs, and the other CTA processes need the cores.
+#define EMU_YIELD_ROUNDS 4u
+#define EMU_SLEEP_MAX_NS 200000u
+
+static void emu_round_ended() {
+  u32* backoff = emu_backoff + (u64)emu_block * emu_block_dim;
+  if (emu_cta_progress != emu_round_start) {
+    if (emu_idle_rounds > EMU_YIELD_ROUNDS) __atomic_store_n(backoff, 0u, __ATOMIC_RELAXED);
+    emu_idle_rounds = 0;
+    emu_round_start = emu_cta_progress;
+    return;
   }
-  b->arrive_and_wait();
+  if (emu_idle_rounds < EMU_YIELD_ROUNDS) {
+    ++emu_idle_rounds;
+    sched_yield();
+    return;
+  }
+  if (emu_idle_rounds == EMU_YIELD_ROUNDS) __atomic_store_n(backoff, 1u, __ATOMIC_RELAXED);
+  const u32 doublings = emu_idle_rounds - EMU_YIELD_ROUNDS;
+  if (doublings < 8) ++emu_idle_rounds;
+  const u64 ns = 1000ull << doublings;
+  const timespec t{0, (long)(ns < EMU_SLEEP_MAX_NS ? ns : EMU_SLEEP_MAX_NS)};
+  nanosleep(&t, nullptr);
+}
+
+// The next live fiber after the running one, ending a round when the turn wraps past the last.
+static u32 emu_next_fiber() {
+  u32 next = emu_thread;
+  do {
+    next = next + 1 == emu_block_dim ? 0 : next + 1;
+    if (next == 0) emu_round_ended();
+  } while (emu_fibers[next].done);
+  return next;
+}
+
+void emu_yield() {
+  const u32 from = emu_thread, to = emu_next_fiber();
+  if (to == from) return;
+  emu_thread = to;
+  swapcontext(&emu_fibers[from].context, &emu_fibers[to].context);
+}
+
+// A fiber's body has returned: the next live fiber runs, or the CTA is done.
+static void emu_fiber_ended() {
+  emu_fibers[emu_thread].done = true;
+  if (--emu_live == 0) setcontext(&emu_cta_context);
+  emu_thread = emu_next_fiber();
+  setcontext(&emu_fibers[emu_thread].context);
+}
+
+template <class Body>
+static Body* emu_body;
+template <class Body>
+static void emu_fiber_main() {
+  (*emu_body<Body>)();
+  emu_fiber_ended();
+}
+
+// A barrier of `count` threads: the last to arrive passes at once, the others wait their turns
+// until it has.
+struct emu_barrier {
+  u32 count, arrived;
+  u64 generation;
+};
+static emu_barrier emu_block_barrier;
+static emu_barrier emu_wave_barrier[64];
+static emu_barrier emu_named_barrier[MONO_BARRIERS];
+
+static void emu_barrier_wait(emu_barrier& b) {
+  const u64 generation = b.generation;
+  if (++b.arrived == b.count) {
+    b.arrived = 0;
+    ++b.generation;
+    emu_busy();
+    __atomic_fetch_add(emu_progress, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  while (b.generation == generation) emu_yield();
+}
+
+void emu_sync_block() { emu_barrier_wait(emu_block_barrier); }
+void emu_sync_wave(u32 wave) { emu_barrier_wait(emu_wave_barrier[wave]); }
+// Named barrier `id` of `threads` threads: its count set on first use, as the hardware's take
+// theirs from the first arrival.
+void emu_sync_named(u32 id, u32 threads) {
+  emu_barrier& b = emu_named_barrier[id];
+  if (b.count == 0) b.count = threads;
+  emu_barrier_wait(b);
+}
+
+// Runs the CTA's `block` threads as fibers until every one has returned.
+template <class Body>
+static void emu_run_cta(u32 block, Body& body) {
+  // Kernel frames are small, but a fiber's stack is only touched as it grows.
+  const size_t stack_bytes = 1u << 20;
+  emu_fibers = new emu_fiber[block]();
+  emu_body<Body> = &body;
+  for (u32 t = 0; t < block; ++t) {
+    void* stack = mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) {
+      perror("mmap");
+      _exit(2);
+    }
+    getcontext(&emu_fibers[t].context);
+    emu_fibers[t].context.uc_stack = {stack, 0, stack_bytes};
+    emu_fibers[t].context.uc_link = nullptr;
+    makecontext(&emu_fibers[t].context, emu_fiber_main<Body>, 0);
+  }
+  emu_live = block;
+  emu_thread = 0;
+  swapcontext(&emu_cta_context, &emu_fibers[0].context);
 }
 
 // CPU time (clock ticks) of every thread of the live CTAs, and whether all of them sleep (or back
@@ -165,15 +265,10 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       emu_block = b;
       emu_grid_dim = grid;
       emu_block_dim = block;
-      emu_block_barrier = new std::barrier<emu_tick>(block);
-      for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w] = new std::barrier<emu_tick>(MONO_WAVE);
-      std::vector<std::thread> threads;
-      for (u32 t = 0; t < block; ++t) threads.emplace_back([t, b, block, &body] {
-          emu_thread = t;
-          __atomic_store_n(&emu_tids[(size_t)b * block + t], gettid(), __ATOMIC_RELAXED);
-          body();
-        });
-      for (auto& t : threads) t.join();
+      emu_block_barrier.count = block;
+      for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w].count = MONO_WAVE;
+      for (u32 t = 0; t < block; ++t) __atomic_store_n(&emu_tids[(size_t)b * block + t], gettid(), __ATOMIC_RELAXED);
+      emu_run_cta(block, body);
       _exit(0);
     }
     ctas.push_back(pid);

@@ -1,16 +1,16 @@
 // A host stand-in for kernels/prelude.h, so that a stage's kernels run from their own source on CPU
-// threads (select's tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA; its threads
-// are std::threads. Block barriers are std::barriers; a wave's ballots and shuffles go through an
-// exchange array between two wave barriers, so every lane must reach them together, as on a GPU.
-// Device memory is shared between the CTA processes by the launcher (launch.h beside this file, or a
-// stage's own driver).
+// threads (select's tests/host_emulation.rs). A CTA is a process, so `__shared__` statics are per CTA;
+// its threads are fibers that one OS thread runs in turn, each until it waits (a barrier, a poll,
+// a load another thread may be storing to). Block barriers are the launcher's fiber barriers; a
+// wave's ballots and shuffles go through an exchange array between two wave barriers, so every
+// lane must reach them together, as on a GPU. Device memory is shared between the CTA processes
+// by the launcher (launch.h beside this file).
 #pragma once
 #include <barrier>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <sched.h>
 
 #define MONO_AMD 0
 #define MONO_NVIDIA 0
@@ -39,12 +39,13 @@ struct alignas(16) mono_u32x4 {
 #define MONO_DEV inline
 #define MONO_KERNEL extern "C"
 
-extern thread_local u32 emu_thread;
+// The running fiber's thread id (the launcher sets it at every switch).
+extern u32 emu_thread;
 extern u32 emu_block, emu_block_dim, emu_grid_dim;
 extern u64 emu_exchange[64][64];
 void emu_sync_block();
 void emu_sync_wave(u32 wave);
-// Named barrier `id` of `threads` threads (the driver makes one std::barrier per id on first use).
+// Named barrier `id` of `threads` threads (its count set by the first arrival).
 void emu_sync_named(u32 id, u32 threads);
 
 MONO_DEV u32 mono_thread() { return emu_thread; }
@@ -106,36 +107,15 @@ MONO_DEV u64 mono_ballot(bool pred) {
 MONO_DEV u32 mono_popc64(u64 v) { return (u32)__builtin_popcountll(v); }
 MONO_DEV u32 mono_popc32(u32 v) { return (u32)__builtin_popcount(v); }
 
-// Waiting threads give the cores up: the CTAs' threads of a launch far outnumber the cores. A
-// thread's box loads since it last stored or passed a barrier (a poll that keeps finding its box
-// empty) yield for the first EMU_YIELD_LOADS, then sleep, twice as long each time up to
-// EMU_SLEEP_MAX_NS: hundreds of yielding pollers kept a 2-core machine's run queue full and
-// starved the threads that had work. A thread that sleeps so says it in emu_backoff (one word a
-// thread of the launch, shared), so that the launcher counts it as waiting, not running.
-#define EMU_YIELD_LOADS 256u
-#define EMU_SLEEP_MAX_NS 200000u
-extern thread_local u32 emu_idle_loads;
-extern u32* emu_backoff;
+// Waiting threads give the others their turn: a fiber runs until it waits, so every wait on
+// memory or a barrier switches to the CTA's next fiber (emu_yield, launch.h). A CTA whose fibers
+// all waited through a round with no store and no barrier passed gives its core up (launch.h).
+extern u64 emu_cta_progress;
 extern u32* emu_stalled;
-MONO_DEV u32* emu_backoff_word() { return emu_backoff + (u64)emu_block * emu_block_dim + emu_thread; }
-// The thread made progress (stored, or passed a barrier): its next wait starts from yields.
-MONO_DEV void emu_busy() {
-  if (emu_idle_loads > EMU_YIELD_LOADS && emu_backoff) __atomic_store_n(emu_backoff_word(), 0u, __ATOMIC_RELAXED);
-  emu_idle_loads = 0;
-}
-MONO_DEV void emu_poll_pause() {
-  if (emu_idle_loads < EMU_YIELD_LOADS) {
-    ++emu_idle_loads;
-    sched_yield();
-    return;
-  }
-  if (emu_idle_loads == EMU_YIELD_LOADS && emu_backoff) __atomic_store_n(emu_backoff_word(), 1u, __ATOMIC_RELAXED);
-  const u32 doublings = emu_idle_loads - EMU_YIELD_LOADS;
-  if (doublings < 8) ++emu_idle_loads;
-  const u64 ns = 1000ull << doublings;
-  const timespec t{0, (long)(ns < EMU_SLEEP_MAX_NS ? ns : EMU_SLEEP_MAX_NS)};
-  nanosleep(&t, nullptr);
-}
+void emu_yield();
+// The thread made progress (a store other threads may wait on, or a barrier passed).
+MONO_DEV void emu_busy() { ++emu_cta_progress; }
+MONO_DEV void emu_poll_pause() { emu_yield(); }
 // The launcher saw no progress for its stall time: a bounded wait (mailbox.h, MBX_DEBUG) that
 // has polled long enough gives up and reports, as it would on a GPU after MBX_POLL_LIMIT polls.
 MONO_DEV bool emu_launch_stalled() { return __atomic_load_n(emu_stalled, __ATOMIC_RELAXED) != 0; }
@@ -147,8 +127,16 @@ MONO_DEV u64 mono_ld_acquire_u64(const u64* p) {
   emu_poll_pause();
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
-MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-MONO_DEV u32 mono_ld_acquire_u32(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+// A u32 may be polled too (a counter every CTA adds to), by a thread whose CTA's other fibers
+// must run before it fills: these loads wait as the u64 ones do.
+MONO_DEV u32 mono_ld_relaxed_u32(const u32* p) {
+  emu_poll_pause();
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+MONO_DEV u32 mono_ld_acquire_u32(const u32* p) {
+  emu_poll_pause();
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
 MONO_DEV void mono_st_relaxed_u64(u64* p, u64 v) {
   emu_busy();
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
@@ -157,9 +145,18 @@ MONO_DEV void mono_st_release_u64(u64* p, u64 v) {
   emu_busy();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
-MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-MONO_DEV void mono_st_release_u32(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MONO_DEV void mono_st_relaxed_u32(u32* p, u32 v) {
+  emu_busy();
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+MONO_DEV void mono_st_release_u32(u32* p, u32 v) {
+  emu_busy();
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+MONO_DEV u32 mono_atomic_add_u32(u32* p, u32 v) {
+  emu_busy();
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 MONO_DEV void mono_atomic_add_lds_u32(u32* p, u32 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 MONO_DEV u32 mono_fetch_add_lds_u32(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 MONO_DEV void mono_count_lds_u32(u32* p) { (void)mono_fetch_add_lds_u32(p, 1u); }

@@ -1,6 +1,6 @@
 //! The host backend: a device emulated on CPU threads, so that the code that drives a GPU (its
 //! buffers, launches, graphs) runs unchanged on a machine without one, with the kernels' own
-//! source (`kernels/host/`: a CTA a forked process, its threads `std::thread`s).
+//! source (`kernels/host/`: a CTA a forked process, its threads fibers).
 //!
 //! Device memory is one image of bytes at [`HOST_BASE`], so pointers written into kernel
 //! arguments and task tables are real addresses in the driver process, which maps the image
@@ -14,6 +14,7 @@ use crate::compile::{Compiled, Compiler};
 use crate::error::{DeviceError, Result};
 use crate::resources::KernelResources;
 use crate::source::{KernelSource, HOST_LAUNCH, HOST_PRELUDE};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt::Write as _;
@@ -447,6 +448,18 @@ impl HostCompiler {
                 })
             }
         };
+        // The module cache keys a build by the kernel's source and this version: the prelude, the
+        // launcher and the driver's main are part of every module, so a change to them is too.
+        let mut hash = Sha256::new();
+        for part in [HOST_PRELUDE.1, HOST_LAUNCH.1, driver_main(&[]).as_str()] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part.as_bytes());
+        }
+        let digest: String = hash.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let version = format!("{version}; host prelude, launcher and driver {digest}");
         Ok(HostCompiler { version })
     }
 }

@@ -1,5 +1,5 @@
 //! Host emulation of a fused launch: the generated kernel's own source run on CPU threads
-//! (`kernels/host/`: a CTA a forked process, its threads `std::thread`s), so that a layer's parts
+//! (`kernels/host/`: a CTA a forked process, its threads fibers), so that a layer's parts
 //! and the step are checked in CI, without a GPU, by the code the GPU runs.
 //!
 //! Device memory is one [`HostImage`] mapped by the driver at a fixed address ([`HOST_BASE`]), so
