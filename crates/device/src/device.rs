@@ -136,6 +136,20 @@ impl Device {
         Ok(buffer)
     }
 
+    /// Compiles `sources` at once, a thread each, into the module cache, so that the builds
+    /// after it load them: several kernels then take about the longest one's compile rather than
+    /// their sum. A source that fails here fails again, with its error, when it is built.
+    pub fn prewarm(&self, sources: &[&KernelSource]) {
+        let compiler = self.backend.compiler();
+        std::thread::scope(|scope| {
+            for &source in sources {
+                scope.spawn(move || {
+                    let _ = self.cache.build(source, compiler);
+                });
+            }
+        });
+    }
+
     /// Compiles `source` for this device (or loads it from the cache) and loads the module.
     pub fn build(&self, source: &KernelSource) -> Result<Module> {
         let (compiled, report) = self.cache.build(source, self.backend.compiler())?;

@@ -471,9 +471,8 @@ fn main() -> Result<(), Error> {
         }
         sources.push((name, plain, traced));
     }
-    prewarm(
-        &dev,
-        sources
+    dev.prewarm(
+        &sources
             .iter()
             .flat_map(|(_, p, t)| [p, t])
             .collect::<Vec<_>>(),
@@ -568,26 +567,6 @@ fn main() -> Result<(), Error> {
         bench.line("9 experts + router, one launch", rows, &layer)?;
     }
     Ok(())
-}
-
-/// Compiles `sources` at once, a thread each, into the device's module cache (NVIDIA), so that
-/// the builds after it load them: several variants then take about one compile's time. A source
-/// that fails here fails again, with its error, when it is built.
-fn prewarm(dev: &Device, sources: Vec<&device::KernelSource>) {
-    if !dev.info().arch.starts_with("sm_") {
-        return;
-    }
-    let (cache, arch) = (dev.cache().clone(), dev.info().arch.clone());
-    std::thread::scope(|scope| {
-        for src in sources {
-            let (cache, arch) = (cache.clone(), arch.clone());
-            scope.spawn(move || {
-                if let Ok(compiler) = device::Nvrtc::new(&arch) {
-                    let _ = cache.build(src, &compiler);
-                }
-            });
-        }
-    });
 }
 
 /// Whether each matrix of a chain can read its x from the y before it: that y has at least k

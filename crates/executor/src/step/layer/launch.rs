@@ -8,7 +8,7 @@
 //! stage's descriptors; then checks every named matrix of the plan (`LayerPlan::matrices`) against
 //! the address bound for it, so a part that bound the wrong tensor is refused before anything runs.
 
-use device::{Args, Buffer, Device, Kernel, Launch, Module, Stream};
+use device::{Args, Buffer, Device, Kernel, KernelSource, Launch, Module, Stream};
 use head::gpu::HeadArgs;
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions};
@@ -92,6 +92,25 @@ impl LayerKernel {
         Self::build_as(dev, cfg, build, kind, variant, true, tile_boxes)
     }
 
+    /// The kernel's source for `kind`, with task records when `traced` (without the tiles'
+    /// milestone buffer, which [`LayerKernel::build_traced`] adds).
+    pub fn source(
+        dev: &Device,
+        cfg: &ModelConfig,
+        build: &LayerBuild,
+        kind: LaunchKind,
+        variant: Variant,
+        traced: bool,
+    ) -> Result<KernelSource> {
+        let source = layer_source(cfg, build, cta_shape(dev)?, kind, variant)
+            .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
+        Ok(if traced {
+            mailbox::trace::traced(source)
+        } else {
+            source
+        })
+    }
+
     fn build_as(
         dev: &Device,
         cfg: &ModelConfig,
@@ -102,13 +121,7 @@ impl LayerKernel {
         tile_boxes: Option<u32>,
     ) -> Result<Self> {
         let shape = cta_shape(dev)?;
-        let source = layer_source(cfg, build, shape, kind, variant)
-            .map_err(|e| invalid(format!("{} launch: {e}", kind.name())))?;
-        let source = if traced {
-            mailbox::trace::traced(source)
-        } else {
-            source
-        };
+        let source = Self::source(dev, cfg, build, kind, variant, traced)?;
         let tile_stamps = match tile_boxes {
             Some(boxes) => Some(TileStamps {
                 words: dev.alloc_zeroed((boxes.max(1) as usize) * linear::gpu::STAMP_WORDS)?,

@@ -154,6 +154,15 @@ impl StepKernels {
                 None => kinds.push((p.kind, boxes)),
             }
         }
+        // The kinds compile at once; a tile-stamped build's source names its buffer, made as it
+        // is built, so those compile one by one.
+        if !tiles {
+            let sources = kinds
+                .iter()
+                .map(|&(kind, _)| LayerKernel::source(dev, cfg, build, kind, variant, traced))
+                .collect::<Result<Vec<_>>>()?;
+            dev.prewarm(&sources.iter().collect::<Vec<_>>());
+        }
         let kernels = kinds
             .into_iter()
             .map(|(kind, boxes)| match traced {
