@@ -602,6 +602,35 @@ fn mono_check_follows_a_published_fp8_checkpoint() {
     }
 }
 
+/// `mono check` on the host backend beyond one row: four rows of one request (an MTP verify)
+/// and one row of each of three requests, on grids with a key and a query CTA for every row beside
+/// the scorers; each follows the reference. The control: twelve rows on a grid that takes seven
+/// are refused, naming the grid, before any launch runs.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_check_follows_the_reference_at_four_rows_and_at_three_requests() {
+    for flags in [["--rows", "4"], ["--requests", "3"]] {
+        let args: Vec<&std::ffi::OsStr> = std::iter::once("check")
+            .chain(flags)
+            .map(std::ffi::OsStr::new)
+            .collect();
+        let (passed, out) = mono(&args, 12);
+        eprint!("{out}");
+        assert!(passed, "mono check {flags:?} failed:\n{out}");
+        assert!(
+            out.contains("the device step follows the CPU reference step"),
+            "{flags:?}:\n{out}"
+        );
+    }
+    let args = ["check", "--requests", "3", "--rows", "4"].map(std::ffi::OsStr::new);
+    let (passed, refused) = mono(&args, 16);
+    assert!(!passed, "twelve rows on 16 CTAs ran:\n{refused}");
+    assert!(
+        refused.contains("a grid of 16 CTAs takes at most 7") && !refused.contains("tail:"),
+        "{refused}"
+    );
+}
+
 /// `mono step --weights DIR` on the host backend: the GPU step, replayed, over a checkpoint folder
 /// (`tiny_checkpoint`). Its tokens are those of the same step over seed 5's synthetic weights made
 /// instead of loaded (`--config` of the same file): the checkpoint's values reach the device bit
