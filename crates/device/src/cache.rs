@@ -101,14 +101,17 @@ impl ModuleCache {
         Ok((compiled, report))
     }
 
-    /// Write to a temporary name and rename, so a reader never sees half a file.
+    /// Write to a temporary name and rename, so a reader never sees half a file; the name is the
+    /// writer's own (process and call), as threads may store the same key at once.
     fn store(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let err = |source| DeviceError::Cache {
             path: path.to_path_buf(),
             source,
         };
         std::fs::create_dir_all(&self.dir).map_err(err)?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         std::fs::write(&tmp, bytes).map_err(err)?;
         std::fs::rename(&tmp, path).map_err(err)
     }

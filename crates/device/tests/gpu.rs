@@ -479,3 +479,22 @@ fn a_page_chase_ends_where_its_chain_says() {
     let err = sweep.enqueue(&dev, &stream, 1024).unwrap_err().to_string();
     assert!(err.contains("4 KB"), "{err}");
 }
+
+/// `Device::prewarm` compiles its sources into the module cache at once: the builds after it load
+/// them, and a source it was not given (the control) is compiled when built.
+#[test]
+#[ignore = "needs a GPU"]
+fn prewarmed_sources_build_from_the_cache() {
+    let mut dev = open();
+    let dir = std::env::temp_dir().join(format!("mono-prewarm-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dev.set_cache(device::ModuleCache::at(&dir));
+    let plain = device::probes::copy_source();
+    let [one, two, other] = [1, 2, 3].map(|n| plain.clone().define("MONO_PREWARM_PROBE", n));
+    dev.prewarm(&[&one, &two]);
+    for source in [&one, &two] {
+        assert!(dev.build(source).unwrap().build_report().cached);
+    }
+    assert!(!dev.build(&other).unwrap().build_report().cached);
+    let _ = std::fs::remove_dir_all(&dir);
+}
