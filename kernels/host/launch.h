@@ -62,13 +62,80 @@ T* emu_device_alloc(size_t n) {
 // watches it).
 static u64* emu_progress;
 
+// A fiber's saved context. On x86-64 a switch pushes the callee-saved registers and the FP
+// control words on the old stack and keeps its stack pointer: glibc's swapcontext also saves the
+// signal mask, a system call at every switch, and a kernel's shuffles switch fibers twice each.
+#if defined(__x86_64__)
+struct emu_context {
+  void* sp;
+};
+extern "C" void emu_switch_stack(void** save, void* load);
+asm(R"(
+  .text
+  .globl emu_switch_stack
+  .type emu_switch_stack, @function
+emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch_stack, .-emu_switch_stack
+)");
+static void emu_switch(emu_context* from, emu_context* to) { emu_switch_stack(&from->sp, to->sp); }
+static void emu_jump(emu_context* to) {
+  void* discarded;
+  emu_switch_stack(&discarded, to->sp);
+}
+// A context that starts `entry` on the stack [base, base + bytes): the frame a switch pops (six
+// zeroed registers, the default MXCSR and x87 control word), then `entry` as the return address
+// and a slot where a call would have left one, so that `entry` begins with its stack aligned as
+// the ABI has it after a call.
+static void emu_make(emu_context* c, void* base, size_t bytes, void (*entry)()) {
+  u64* top = (u64*)(((uintptr_t)base + bytes) & ~(uintptr_t)15);
+  *--top = 0;
+  *--top = (u64)(uintptr_t)entry;
+  for (int r = 0; r < 6; ++r) *--top = 0;
+  *--top = 0x1F80ull | (0x037Full << 32);
+  c->sp = top;
+}
+#else
+struct emu_context {
+  ucontext_t uc;
+};
+static void emu_switch(emu_context* from, emu_context* to) { swapcontext(&from->uc, &to->uc); }
+static void emu_jump(emu_context* to) { setcontext(&to->uc); }
+static void emu_make(emu_context* c, void* base, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack = {base, 0, bytes};
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
 // The CTA's fibers, run in turn by its one OS thread.
 struct emu_fiber {
-  ucontext_t context;
+  emu_context context;
   bool done;
 };
 static emu_fiber* emu_fibers;
-static ucontext_t emu_cta_context;
+static emu_context emu_cta_context;
 static u32 emu_live;
 // Rounds of the fibers with no progress, and the progress count when the round began.
 static u32 emu_idle_rounds;
@@ -113,15 +180,15 @@ void emu_yield() {
   const u32 from = emu_thread, to = emu_next_fiber();
   if (to == from) return;
   emu_thread = to;
-  swapcontext(&emu_fibers[from].context, &emu_fibers[to].context);
+  emu_switch(&emu_fibers[from].context, &emu_fibers[to].context);
 }
 
 // A fiber's body has returned: the next live fiber runs, or the CTA is done.
 static void emu_fiber_ended() {
   emu_fibers[emu_thread].done = true;
-  if (--emu_live == 0) setcontext(&emu_cta_context);
+  if (--emu_live == 0) emu_jump(&emu_cta_context);
   emu_thread = emu_next_fiber();
-  setcontext(&emu_fibers[emu_thread].context);
+  emu_jump(&emu_fibers[emu_thread].context);
 }
 
 template <class Body>
@@ -177,14 +244,11 @@ static void emu_run_cta(u32 block, Body& body) {
       perror("mmap");
       _exit(2);
     }
-    getcontext(&emu_fibers[t].context);
-    emu_fibers[t].context.uc_stack = {stack, 0, stack_bytes};
-    emu_fibers[t].context.uc_link = nullptr;
-    makecontext(&emu_fibers[t].context, emu_fiber_main<Body>, 0);
+    emu_make(&emu_fibers[t].context, stack, stack_bytes, emu_fiber_main<Body>);
   }
   emu_live = block;
   emu_thread = 0;
-  swapcontext(&emu_cta_context, &emu_fibers[0].context);
+  emu_switch(&emu_cta_context, &emu_fibers[0].context);
 }
 
 // CPU time (clock ticks) of every thread of the live CTAs, and whether all of them sleep (or back
