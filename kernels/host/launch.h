@@ -26,11 +26,11 @@
 #include <cstring>
 #include <ctime>
 #include <dirent.h>
+#include <sched.h>
 #include <unordered_set>
 #include <string>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <ucontext.h>
 #include <unistd.h>
 #include <vector>
 
@@ -116,6 +116,7 @@ static void emu_make(emu_context* c, void* base, size_t bytes, void (*entry)()) 
   c->sp = top;
 }
 #else
+#include <ucontext.h>
 struct emu_context {
   ucontext_t uc;
 };

@@ -6,7 +6,6 @@
 // lane must reach them together, as on a GPU. Device memory is shared between the CTA processes
 // by the launcher (launch.h beside this file).
 #pragma once
-#include <barrier>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
