@@ -46,7 +46,9 @@ impl Device {
         let backend: Arc<dyn Backend> = match choice {
             BackendChoice::Cuda => Arc::new(crate::cuda::Cuda::open(ordinal)?),
             BackendChoice::Hip => open_hip(ordinal)?,
-            BackendChoice::Host => Arc::new(crate::host::Host::open()?),
+            BackendChoice::Host => Arc::new(crate::host::Host::open(
+                crate::host::ctas_from_env().unwrap_or(4),
+            )?),
             BackendChoice::Auto => match crate::cuda::Cuda::open(ordinal) {
                 Ok(cuda) => Arc::new(cuda),
                 Err(DeviceError::NoDriver {
@@ -67,12 +69,22 @@ impl Device {
                 Err(e) => return Err(e),
             },
         };
+        Self::with_backend(backend)
+    }
+
+    fn with_backend(backend: Arc<dyn Backend>) -> Result<Device> {
         let stream = Stream::new(backend.clone())?;
         Ok(Device {
             backend,
             stream,
             cache: ModuleCache::default_location(),
         })
+    }
+
+    /// The CPU emulation of a device with `ctas` CTAs, whatever `MONO_BACKEND` and
+    /// `MONO_HOST_CTAS` say (a caller that sizes the grid for its work).
+    pub fn open_host(ctas: u32) -> Result<Device> {
+        Self::with_backend(Arc::new(crate::host::Host::open(ctas)?))
     }
 
     pub fn info(&self) -> &DeviceInfo {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 pub enum DeviceError {
     #[error(
         "no GPU driver found: {detail}. Install the NVIDIA driver (libcuda.so) or ROCm (libamdhip64.so), \
-         or run without one: MONO_BACKEND=host emulates a GPU on CPU threads (its kernels built with g++), \
-         and `mono step` runs the CPU reference step"
+         or run without one: MONO_BACKEND=host emulates a GPU on CPU threads (its kernels built with g++; \
+         `mono step` does so by itself where it finds no GPU, and `mono step --cpu` runs the CPU reference step)"
     )]
     NoDriver { detail: String },
 

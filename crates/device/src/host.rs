@@ -33,13 +33,16 @@ const SHARED_BYTES: u32 = 227 * 1024;
 /// A launch with no barrier passed in any CTA for this long is stopped.
 const STALL_SECONDS: u32 = 60;
 
-/// Emulated CTAs (the "multiprocessors"): `MONO_HOST_CTAS`, else 4.
-fn host_ctas() -> u32 {
+/// The most CTAs a host device emulates: each is a process of its own.
+pub const MAX_HOST_CTAS: u32 = 256;
+
+/// Emulated CTAs (the "multiprocessors") that `MONO_HOST_CTAS` asks for, if it is set to a
+/// count the host device takes.
+pub fn ctas_from_env() -> Option<u32> {
     std::env::var("MONO_HOST_CTAS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|&n| (1..=256).contains(&n))
-        .unwrap_or(4)
+        .filter(|&n| (1..=MAX_HOST_CTAS).contains(&n))
 }
 
 fn host_error(call: &'static str, message: impl Into<String>) -> DeviceError {
@@ -87,14 +90,20 @@ pub(crate) struct Host {
 }
 
 impl Host {
-    pub(crate) fn open() -> Result<Self> {
+    pub(crate) fn open(ctas: u32) -> Result<Self> {
+        if !(1..=MAX_HOST_CTAS).contains(&ctas) {
+            return Err(host_error(
+                "open",
+                format!("{ctas} CTAs asked for; a host device emulates 1 to {MAX_HOST_CTAS}"),
+            ));
+        }
         let compiler = HostCompiler::new()?;
         let info = DeviceInfo {
             backend: "host",
             name: "CPU threads (host emulation)".into(),
             arch: "host".into(),
             ordinal: 0,
-            multiprocessors: host_ctas(),
+            multiprocessors: ctas,
             total_memory: CAPACITY as usize,
             wave_size: 32,
             max_shared_per_block: SHARED_BYTES,

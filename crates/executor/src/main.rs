@@ -30,8 +30,9 @@ enum Command {
     /// the host backend, MONO_BACKEND=host, the same values made on the CPU and uploaded), or a
     /// checkpoint folder's (--weights) sharded for the rank and uploaded, then the step's launches
     /// captured as one graph and replayed, the time of each step.
-    /// Without a GPU, or with --cpu: one CPU reference step (tiny preset by default), with
-    /// per-layer progress and the argmax tokens.
+    /// Without a GPU: the same step's kernels on the host backend (CPU threads, a grid sized
+    /// for the rows; tiny preset by default), where g++ builds them. With --cpu (or without a
+    /// GPU and g++): one CPU reference step, with per-layer progress and the argmax tokens.
     Step {
         #[command(flatten)]
         args: executor::reference::cli::StepArgs,

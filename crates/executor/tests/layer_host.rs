@@ -686,3 +686,49 @@ fn mono_step_runs_a_checkpoint_folder() {
         "{refused}"
     );
 }
+
+/// `mono step` on a machine without a GPU runs the device step's kernels on the host backend by
+/// itself, its grid sized for the rows: three requests of four rows need 26 CTAs (a key and a
+/// query CTA a row, a scoring run a group of rows), and each replayed step prints every row's
+/// token. The control: the same rows on the 4 CTAs `MONO_HOST_CTAS` asks for are refused, naming
+/// the grid.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_step_without_a_gpu_sizes_the_emulated_grid_for_its_rows() {
+    if Device::open_with(0, BackendChoice::Auto).is_ok() {
+        eprintln!("a GPU is present here; this test is about machines without one");
+        return;
+    }
+    let step = |ctas: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mono"));
+        cmd.args(["step", "--requests", "3", "--rows", "4", "--steps", "1"])
+            .env_remove("MONO_BACKEND")
+            .env_remove("MONO_HOST_CTAS");
+        if let Some(n) = ctas {
+            cmd.env("MONO_HOST_CTAS", n);
+        }
+        let out = cmd.output().expect("mono runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (passed, out) = step(None);
+    eprint!("{out}");
+    assert!(passed, "{out}");
+    assert!(out.contains("on 26 emulated CTAs"), "{out}");
+    let tokens = out
+        .lines()
+        .find_map(|l| l.strip_prefix("step 0: ")?.split_once("tokens ["))
+        .map(|(_, t)| t.split(',').count());
+    assert_eq!(tokens, Some(12), "{out}");
+
+    let (passed, refused) = step(Some("4"));
+    assert!(!passed, "twelve rows ran on 4 CTAs:\n{refused}");
+    assert!(
+        refused.contains("a grid of 4 CTAs takes at most 1") && !refused.contains("step 0:"),
+        "{refused}"
+    );
+}

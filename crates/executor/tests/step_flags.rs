@@ -43,6 +43,10 @@ fn flags_the_gpu_step_cannot_run_with_are_refused() {
             "unknown preset `nope`; valid presets: glm-5, glm-5.2, tiny",
         ),
         (
+            &["--numerics", "transformers-fp32"][..],
+            "--numerics transformers-fp32 picks the CPU reference step's switches",
+        ),
+        (
             &["--context", "999999999"][..],
             "--context 999999999 + --rows 1 is past max_position_embeddings",
         ),
@@ -70,6 +74,13 @@ fn the_cpu_step_names_the_gpu_flags_it_does_not_use() {
         text(&o).contains("--steps 2, --tp 8, --rank 7 apply to the GPU step only"),
         "{}",
         text(&o)
+    );
+    let switched = mono_step(&["--cpu", "--numerics", "transformers-fp32"]);
+    assert!(switched.status.success(), "{}", text(&switched));
+    assert!(
+        text(&switched).contains("TransformersFp32"),
+        "{}",
+        text(&switched)
     );
     let plain = mono_step(&["--cpu"]);
     assert!(plain.status.success(), "{}", text(&plain));

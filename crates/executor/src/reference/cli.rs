@@ -56,6 +56,15 @@ pub struct StepArgs {
     pub numerics: Numerics,
 }
 
+/// The parameters of the whole model, which the CPU reference holds as f32.
+pub fn reference_parameters(cfg: &ModelConfig) -> Result<u64, String> {
+    Ok(checkpoint_tensors(cfg)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum())
+}
+
 /// An arbitrary but fixed token for position `i`.
 fn token(seed: u64, i: usize, vocab: usize) -> u32 {
     let mixed = (i as u64 + 1)
@@ -126,11 +135,7 @@ pub fn check_rows(args: &StepArgs, cfg: &ModelConfig) -> Result<(), String> {
 pub fn run(args: &StepArgs) -> Result<(), String> {
     let (cfg, config_from) = step_config(args)?;
     check_rows(args, &cfg)?;
-    let parameters: u64 = checkpoint_tensors(&cfg)
-        .map_err(|e| e.to_string())?
-        .iter()
-        .map(|t| t.shape.iter().product::<usize>() as u64)
-        .sum();
+    let parameters = reference_parameters(&cfg)?;
     if parameters > MAX_REFERENCE_PARAMETERS {
         return Err(format!(
             "this model has {parameters} parameters; the CPU reference holds them all as f32 and \

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use device::{Device, DeviceError};
 use mailbox::gpu::Variant;
 use model::weights::Checkpoint;
@@ -11,7 +11,9 @@ use model::{ModelConfig, WeightFormat};
 
 use super::{checkpoint_weights, gpu_weights, scene_requests, with_step};
 use crate::fused::front_gpu::FrontKernel;
-use crate::reference::cli::{check_rows, step_config, StepArgs};
+use crate::reference::cli::{
+    check_rows, reference_parameters, step_config, Numerics, StepArgs, MAX_REFERENCE_PARAMETERS,
+};
 use crate::step::weights::{DeviceWeights, Progress, WeightKernels, WeightPlan};
 use crate::step::Result;
 
@@ -124,13 +126,21 @@ pub fn make_weights(
     DeviceWeights::generate(dev, &kernels, plan, seed, &mut print_progress)
 }
 
-/// `mono step`: on a GPU unless `--cpu` or none is found, else the CPU reference step.
+/// `mono step`: on a GPU unless `--cpu`; without one, the same step on the CPU emulator where it
+/// can run, else the CPU reference step.
 pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     gpu.check()?;
     // The model, the rows and the checkpoint folder are checked before any device is opened, so
     // that a wrong flag is the first thing said on every machine.
     let (cfg, from) = step_config(args)?;
     check_rows(args, &cfg)?;
+    if !gpu.cpu && args.numerics != Numerics::Engines {
+        return Err(format!(
+            "--numerics {} picks the CPU reference step's switches; the device step computes as \
+             the engines do. Add --cpu for the CPU reference step",
+            numerics_name(args.numerics)
+        ));
+    }
     let checkpoint = match &args.weights {
         Some(dir) => Some((
             dir.as_path(),
@@ -143,22 +153,87 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     }
     let dev = match Device::open(0) {
         Ok(dev) => dev,
-        Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => {
-            println!("mono step: no GPU ({e}); the CPU reference step instead");
-            return run_cpu_step(args, gpu);
+        Err(DeviceError::NoDriver { detail }) => {
+            return run_without_gpu(args, gpu, &cfg, &from, checkpoint, &detail)
+        }
+        Err(e @ DeviceError::NoDevice { .. }) => {
+            return run_without_gpu(args, gpu, &cfg, &from, checkpoint, &e.to_string())
         }
         Err(e) => return Err(e.to_string()),
     };
+    run_device_step(&dev, args, gpu, &cfg, &from, checkpoint)
+}
+
+fn numerics_name(numerics: Numerics) -> String {
+    numerics
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_owned())
+}
+
+/// No GPU: the device step's own kernels on CPU threads (the host backend, its grid sized for
+/// the step's rows unless `MONO_HOST_CTAS` says otherwise), for a model the CPU can hold and
+/// where g++ builds the kernels; else the CPU reference step, which says what it takes.
+fn run_without_gpu(
+    args: &StepArgs,
+    gpu: &GpuArgs,
+    cfg: &ModelConfig,
+    from: &str,
+    checkpoint: Option<(&Path, Checkpoint)>,
+    no_gpu: &str,
+) -> Result<(), String> {
+    if reference_parameters(cfg)? > MAX_REFERENCE_PARAMETERS {
+        return run_cpu_step(args, gpu);
+    }
+    let ctas = device::host::ctas_from_env()
+        .unwrap_or_else(|| emulated_ctas(gpu.requests, args.rows as u32));
+    match Device::open_host(ctas) {
+        Ok(dev) => {
+            println!(
+                "mono step: no GPU ({no_gpu}); the device step's own kernels on {ctas} emulated \
+                 CTAs on CPU threads instead (seconds a step; --cpu: the CPU reference step)"
+            );
+            run_device_step(&dev, args, gpu, cfg, from, checkpoint)
+        }
+        Err(e) => {
+            println!(
+                "mono step: no GPU ({no_gpu}) and no CPU emulator ({e}); the CPU reference step \
+                 instead"
+            );
+            run_cpu_step(args, gpu)
+        }
+    }
+}
+
+/// The smallest emulated grid, at least 4 CTAs, that a step of `requests` x `rows` takes: the
+/// front half gives each row's key and query tasks a CTA of their own, and every group of a
+/// request's rows a scoring run at least.
+fn emulated_ctas(requests: u32, rows: u32) -> u32 {
+    let all_rows = requests.saturating_mul(rows);
+    let groups = requests.saturating_mul(rows.div_ceil(indexer::layout::MAX_GROUP_ROWS));
+    (4..device::host::MAX_HOST_CTAS)
+        .find(|&ctas| indexer::layout::max_runs(ctas, all_rows).is_some_and(|runs| runs >= groups))
+        .unwrap_or(device::host::MAX_HOST_CTAS)
+}
+
+/// The step on `dev` (a GPU or the host backend), for the shapes its launches take.
+fn run_device_step(
+    dev: &Device,
+    args: &StepArgs,
+    gpu: &GpuArgs,
+    cfg: &ModelConfig,
+    from: &str,
+    checkpoint: Option<(&Path, Checkpoint)>,
+) -> Result<(), String> {
     // The step's launches are built for the shapes the front half's kernel takes; a model it
     // does not take runs on the CPU, saying why.
-    if let Err(e) = FrontKernel::build(&dev, &cfg, Variant::default(), None) {
+    if let Err(e) = FrontKernel::build(dev, cfg, Variant::default(), None) {
         println!(
-            "mono step: the GPU step does not take {from} ({e}); the CPU reference step instead \
-             (--preset glm-5.2 for the GPU)"
+            "mono step: the device step does not take {from} ({e}); the CPU reference step \
+             instead (--preset glm-5.2 for the GPU)"
         );
         return run_cpu_step(args, gpu);
     }
-    run_gpu_step(&dev, args, gpu, &cfg, &from, checkpoint).map_err(|e| e.to_string())
+    run_gpu_step(dev, args, gpu, cfg, from, checkpoint).map_err(|e| e.to_string())
 }
 
 fn run_gpu_step(
