@@ -244,6 +244,11 @@ fn with_step_of<T>(
         caches.pages,
         started.elapsed().as_secs_f64()
     );
+    eprintln!(
+        "building the launch kinds' kernels (a cold build takes minutes; the module cache in {} \
+         keeps them, MONO_CACHE moves it)",
+        dev.cache().dir().display()
+    );
     let started = std::time::Instant::now();
     let kernels = if choice.traced {
         StepKernels::build_traced(dev, cfg, &build, &plans, choice.variant, choice.tiles)?

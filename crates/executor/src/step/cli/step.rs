@@ -245,9 +245,14 @@ fn run_gpu_step(
     checkpoint: Option<(&Path, Checkpoint)>,
 ) -> Result<()> {
     let info = dev.info();
+    let on = if info.backend == "host" {
+        info.name.clone()
+    } else {
+        format!("{} ({})", info.name, info.arch)
+    };
     println!(
-        "mono step on {} ({}): {from}, {} request(s) x {} row(s), context {}",
-        info.name, info.arch, gpu.requests, args.rows, args.context
+        "mono step on {on}: {from}, {} request(s) x {} row(s), context {}",
+        gpu.requests, args.rows, args.context
     );
     let started = Instant::now();
     let (weights, format, made) = match checkpoint {
