@@ -43,8 +43,8 @@ enum Command {
     Dump(executor::step::cli::DumpArgs),
     /// The device step against the CPU reference step on the same weights, caches and rows
     /// (tiny preset, or --weights DIR): each launch's largest error beside the tolerance, the
-    /// tokens of both; fails when they differ beyond it. Runs on a GPU, or on the CPU emulator with
-    /// MONO_BACKEND=host. With --select: a large preset's step replayed, every full-indexer
+    /// tokens of both; fails when they differ beyond it. Runs on a GPU; without one, on the CPU
+    /// emulator (its grid sized for the rows; MONO_BACKEND=host asks for it anywhere). With --select: a large preset's step replayed, every full-indexer
     /// launch's selected slots checked against the reference select of its own scores.
     Check(executor::step::cli::CheckArgs),
     /// Compare two dumps: equal, or the first launch and tensor that differ.
@@ -195,6 +195,13 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like ends the process quietly when the reader goes, as
+    // for any command-line tool, instead of a panic at the next line printed.
+    #[cfg(unix)]
+    // SAFETY: restores the default action of one signal before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
