@@ -687,21 +687,22 @@ fn mono_step_runs_a_checkpoint_folder() {
     );
 }
 
-/// `mono step` on a machine without a GPU runs the device step's kernels on the host backend by
-/// itself, its grid sized for the rows: three requests of four rows need 26 CTAs (a key and a
-/// query CTA a row, a scoring run a group of rows), and each replayed step prints every row's
-/// token. The control: the same rows on the 4 CTAs `MONO_HOST_CTAS` asks for are refused, naming
-/// the grid.
+/// `mono step` and `mono check` on a machine without a GPU run the device step's kernels on the
+/// host backend by themselves, the grid sized for the rows: three requests of four rows need 26
+/// CTAs (a key and a query CTA a row, a scoring run a group of rows); each replayed step prints
+/// every row's token, and the check follows the reference. The controls: the same rows on the 4
+/// CTAs `MONO_HOST_CTAS` asks for are refused, naming the grid; `mono check --select` (a large
+/// preset's step) says it needs a GPU.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
-fn mono_step_without_a_gpu_sizes_the_emulated_grid_for_its_rows() {
+fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
     if Device::open_with(0, BackendChoice::Auto).is_ok() {
         eprintln!("a GPU is present here; this test is about machines without one");
         return;
     }
-    let step = |ctas: Option<&str>| {
+    let run = |args: &[&str], ctas: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mono"));
-        cmd.args(["step", "--requests", "3", "--rows", "4", "--steps", "1"])
+        cmd.args(args)
             .env_remove("MONO_BACKEND")
             .env_remove("MONO_HOST_CTAS");
         if let Some(n) = ctas {
@@ -715,6 +716,23 @@ fn mono_step_without_a_gpu_sizes_the_emulated_grid_for_its_rows() {
         );
         (out.status.success(), text)
     };
+    let step = |ctas| {
+        run(
+            &["step", "--requests", "3", "--rows", "4", "--steps", "1"],
+            ctas,
+        )
+    };
+    let (passed, checked) = run(&["check", "--requests", "3", "--rows", "4"], None);
+    eprint!("{checked}");
+    assert!(passed, "{checked}");
+    assert!(
+        checked.contains("on 26 emulated CTAs")
+            && checked.contains("the device step follows the CPU reference step"),
+        "{checked}"
+    );
+    let (passed, refused) = run(&["check", "--select"], None);
+    assert!(!passed && refused.contains("needs one"), "{refused}");
+
     let (passed, out) = step(None);
     eprint!("{out}");
     assert!(passed, "{out}");

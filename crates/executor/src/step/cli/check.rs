@@ -9,11 +9,14 @@ use std::time::Instant;
 use clap::Args;
 use device::{Device, DeviceError};
 use mailbox::gpu::{DebugBound, Variant};
-use model::weights::{checkpoint_tensors, Checkpoint, Synthetic, WeightSource};
+use model::weights::{Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
-use super::{gpu_weights, scene_requests, with_step_of, BuiltStep, KernelChoice};
-use crate::reference::cli::MAX_REFERENCE_PARAMETERS;
+use super::{
+    emulated_instead, gpu_weights, open_emulator, scene_requests, with_step_of, BuiltStep,
+    KernelChoice,
+};
+use crate::reference::cli::{reference_parameters, MAX_REFERENCE_PARAMETERS};
 use crate::step::check::lists::{
     check_lists, nan_report, non_finite_output, read_front, FrontOutputs,
 };
@@ -103,19 +106,29 @@ pub fn run_check(args: &CheckArgs) -> Result<(), String> {
     outcome.map_err(|e| e.to_string())
 }
 
+/// A GPU; without one, the host backend for the step against the reference (a large preset's
+/// selections, `--select`, need a GPU).
 fn open(args: &CheckArgs) -> Result<Device, String> {
-    match Device::open(0) {
-        Ok(dev) => Ok(dev),
-        Err(e @ (DeviceError::NoDriver { .. } | DeviceError::NoDevice { .. })) => Err(format!(
-            "no GPU: {e}. `mono check` runs on a GPU, or on the CPU emulator of one with \
-             MONO_BACKEND=host (it compiles the kernels with g++){}",
-            if args.select {
-                ""
-            } else {
-                "; `mono step --cpu` runs the CPU reference step alone"
-            }
+    let no_gpu = match Device::open(0) {
+        Ok(dev) => return Ok(dev),
+        Err(DeviceError::NoDriver { detail }) => detail,
+        Err(e @ DeviceError::NoDevice { .. }) => e.to_string(),
+        Err(e) => return Err(e.to_string()),
+    };
+    if args.select {
+        return Err(format!(
+            "no GPU ({no_gpu}); `mono check --select` runs a large preset's step and needs one"
+        ));
+    }
+    match open_emulator(args.requests, args.rows) {
+        Ok(dev) => {
+            println!("{}", emulated_instead("check", &no_gpu, &dev));
+            Ok(dev)
+        }
+        Err(e) => Err(format!(
+            "no GPU ({no_gpu}) and no CPU emulator of one ({e}); `mono step --cpu` runs the CPU \
+             reference step alone"
         )),
-        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -154,10 +167,7 @@ fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
 }
 
 fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -> Result<()> {
-    let parameters: u64 = checkpoint_tensors(cfg)?
-        .iter()
-        .map(|t| t.shape.iter().product::<usize>() as u64)
-        .sum();
+    let parameters = reference_parameters(cfg).map_err(StepError::Invalid)?;
     if parameters > MAX_REFERENCE_PARAMETERS {
         return Err(StepError::Invalid(format!(
             "{from} has {parameters} parameters; the CPU reference holds them all as f32 and \
@@ -167,10 +177,11 @@ fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str
     }
     let context = args.context.unwrap_or(20);
     let requests = scene_requests(args.requests, args.rows, context)?;
-    let info = dev.info();
     println!(
-        "mono check on {} ({}): {from}, {} request(s) x {} row(s), context {context}",
-        info.name, info.arch, args.requests, args.rows
+        "mono check on {}: {from}, {} request(s) x {} row(s), context {context}",
+        super::device_name(dev),
+        args.requests,
+        args.rows
     );
     let started = Instant::now();
     let (source, format, weights_from): (Box<dyn WeightSource>, _, String) = match &args.weights {

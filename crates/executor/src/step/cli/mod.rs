@@ -65,6 +65,45 @@ fn open_device() -> Result<Device> {
     Ok(Device::open(0)?)
 }
 
+/// The host backend for a command that found no GPU, its grid sized for `requests` x `rows`
+/// unless `MONO_HOST_CTAS` asks for another.
+fn open_emulator(requests: u32, rows: u32) -> device::Result<Device> {
+    Device::open_host(
+        device::host::ctas_from_env().unwrap_or_else(|| emulated_ctas(requests, rows)),
+    )
+}
+
+/// The smallest emulated grid, at least 4 CTAs, that a step of `requests` x `rows` takes: the
+/// front half gives each row's key and query tasks a CTA of their own, and every group of a
+/// request's rows a scoring run at least.
+fn emulated_ctas(requests: u32, rows: u32) -> u32 {
+    let all_rows = requests.saturating_mul(rows);
+    let groups = requests.saturating_mul(rows.div_ceil(indexer::layout::MAX_GROUP_ROWS));
+    (4..device::host::MAX_HOST_CTAS)
+        .find(|&ctas| indexer::layout::max_runs(ctas, all_rows).is_some_and(|runs| runs >= groups))
+        .unwrap_or(device::host::MAX_HOST_CTAS)
+}
+
+/// The device as a command's first line names it: a GPU with its architecture, the host backend
+/// by its name alone.
+fn device_name(dev: &Device) -> String {
+    let info = dev.info();
+    if info.backend == "host" {
+        info.name.clone()
+    } else {
+        format!("{} ({})", info.name, info.arch)
+    }
+}
+
+/// What a command says when it runs on the host backend for want of a GPU.
+fn emulated_instead(command: &str, no_gpu: &str, dev: &Device) -> String {
+    format!(
+        "mono {command}: no GPU ({no_gpu}); the device step's own kernels on {} emulated CTAs on \
+         CPU threads instead (seconds a step)",
+        dev.info().multiprocessors
+    )
+}
+
 fn config(preset: &str) -> Result<ModelConfig> {
     Ok(ModelConfig::preset(preset)?)
 }

@@ -9,7 +9,9 @@ use mailbox::gpu::Variant;
 use model::weights::Checkpoint;
 use model::{ModelConfig, WeightFormat};
 
-use super::{checkpoint_weights, gpu_weights, scene_requests, with_step};
+use super::{
+    checkpoint_weights, emulated_instead, gpu_weights, open_emulator, scene_requests, with_step,
+};
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::{
     check_rows, reference_parameters, step_config, Numerics, StepArgs, MAX_REFERENCE_PARAMETERS,
@@ -184,13 +186,11 @@ fn run_without_gpu(
     if reference_parameters(cfg)? > MAX_REFERENCE_PARAMETERS {
         return run_cpu_step(args, gpu);
     }
-    let ctas = device::host::ctas_from_env()
-        .unwrap_or_else(|| emulated_ctas(gpu.requests, args.rows as u32));
-    match Device::open_host(ctas) {
+    match open_emulator(gpu.requests, args.rows as u32) {
         Ok(dev) => {
             println!(
-                "mono step: no GPU ({no_gpu}); the device step's own kernels on {ctas} emulated \
-                 CTAs on CPU threads instead (seconds a step; --cpu: the CPU reference step)"
+                "{}; --cpu runs the CPU reference step",
+                emulated_instead("step", no_gpu, &dev)
             );
             run_device_step(&dev, args, gpu, cfg, from, checkpoint)
         }
@@ -202,17 +202,6 @@ fn run_without_gpu(
             run_cpu_step(args, gpu)
         }
     }
-}
-
-/// The smallest emulated grid, at least 4 CTAs, that a step of `requests` x `rows` takes: the
-/// front half gives each row's key and query tasks a CTA of their own, and every group of a
-/// request's rows a scoring run at least.
-fn emulated_ctas(requests: u32, rows: u32) -> u32 {
-    let all_rows = requests.saturating_mul(rows);
-    let groups = requests.saturating_mul(rows.div_ceil(indexer::layout::MAX_GROUP_ROWS));
-    (4..device::host::MAX_HOST_CTAS)
-        .find(|&ctas| indexer::layout::max_runs(ctas, all_rows).is_some_and(|runs| runs >= groups))
-        .unwrap_or(device::host::MAX_HOST_CTAS)
 }
 
 /// The step on `dev` (a GPU or the host backend), for the shapes its launches take.
@@ -244,15 +233,12 @@ fn run_gpu_step(
     from: &str,
     checkpoint: Option<(&Path, Checkpoint)>,
 ) -> Result<()> {
-    let info = dev.info();
-    let on = if info.backend == "host" {
-        info.name.clone()
-    } else {
-        format!("{} ({})", info.name, info.arch)
-    };
     println!(
-        "mono step on {on}: {from}, {} request(s) x {} row(s), context {}",
-        gpu.requests, args.rows, args.context
+        "mono step on {}: {from}, {} request(s) x {} row(s), context {}",
+        super::device_name(dev),
+        gpu.requests,
+        args.rows,
+        args.context
     );
     let started = Instant::now();
     let (weights, format, made) = match checkpoint {
