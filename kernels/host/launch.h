@@ -39,12 +39,10 @@ u32 emu_block, emu_block_dim, emu_grid_dim;
 u64 emu_exchange[64][64];
 u32 emu_agree[MONO_BARRIERS];
 u64 emu_cta_progress;
-// Shared with the launcher: a word a thread of the launch (1 while its CTA backs off; the CTA's
-// thread 0 speaks for it), and the stall flag.
+// Shared with the launcher: a word a CTA (1 while it backs off), and the stall flag.
 u32* emu_backoff;
 u32* emu_stalled;
-// Shared: the kernel thread id of each thread of the launch (its CTA's OS thread), so the
-// launcher knows which backs off.
+// Shared: the kernel thread id of each CTA's one OS thread, so the launcher knows which backs off.
 static pid_t* emu_tids;
 
 // Zeroed memory shared by every CTA process forked after the call.
@@ -147,7 +145,7 @@ static u64 emu_round_start;
 #define EMU_SLEEP_MAX_NS 200000u
 
 static void emu_round_ended() {
-  u32* backoff = emu_backoff + (u64)emu_block * emu_block_dim;
+  u32* backoff = emu_backoff + emu_block;
   if (emu_cta_progress != emu_round_start) {
     if (emu_idle_rounds > EMU_YIELD_ROUNDS) __atomic_store_n(backoff, 0u, __ATOMIC_RELAXED);
     emu_idle_rounds = 0;
@@ -303,18 +301,17 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
   if (!emu_progress) emu_progress = emu_device_alloc<u64>(1);
   if (!emu_stalled) emu_stalled = emu_device_alloc<u32>(1);
   *emu_stalled = 0;
-  const size_t n_threads = (size_t)grid * block;
-  emu_backoff = emu_device_alloc<u32>(n_threads);
-  emu_tids = emu_device_alloc<pid_t>(n_threads);
+  emu_backoff = emu_device_alloc<u32>(grid);
+  emu_tids = emu_device_alloc<pid_t>(grid);
   const auto backing_off = [&] {
     std::unordered_set<pid_t> tids;
-    for (size_t i = 0; i < n_threads; ++i)
-      if (__atomic_load_n(&emu_backoff[i], __ATOMIC_RELAXED)) tids.insert(__atomic_load_n(&emu_tids[i], __ATOMIC_RELAXED));
+    for (u32 b = 0; b < grid; ++b)
+      if (__atomic_load_n(&emu_backoff[b], __ATOMIC_RELAXED)) tids.insert(__atomic_load_n(&emu_tids[b], __ATOMIC_RELAXED));
     return tids;
   };
   const auto release = [&] {
-    munmap(emu_backoff, n_threads * sizeof(u32) + 64);
-    munmap(emu_tids, n_threads * sizeof(pid_t) + 64);
+    munmap(emu_backoff, grid * sizeof(u32) + 64);
+    munmap(emu_tids, grid * sizeof(pid_t) + 64);
   };
   std::vector<pid_t> ctas;
   for (u32 b = 0; b < grid; ++b) {
@@ -332,7 +329,7 @@ int emu_launch(u32 grid, u32 block, Body body, u32 stall_seconds = 30) {
       emu_block_dim = block;
       emu_block_barrier.count = block;
       for (u32 w = 0; w < block / MONO_WAVE; ++w) emu_wave_barrier[w].count = MONO_WAVE;
-      for (u32 t = 0; t < block; ++t) __atomic_store_n(&emu_tids[(size_t)b * block + t], gettid(), __ATOMIC_RELAXED);
+      __atomic_store_n(&emu_tids[b], gettid(), __ATOMIC_RELAXED);
       emu_run_cta(block, body);
       _exit(0);
     }
