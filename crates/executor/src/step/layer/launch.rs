@@ -74,7 +74,8 @@ impl LayerKernel {
         kind: LaunchKind,
         variant: Variant,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, kind, variant, false, None)
+        let source = Self::source(dev, cfg, build, kind, variant, false)?;
+        Self::from_source(dev, build, kind, variant, (source, false), None)
     }
 
     /// The same kernel recording every task's start and end into its launch's trace buffer
@@ -89,7 +90,8 @@ impl LayerKernel {
         variant: Variant,
         tile_boxes: Option<u32>,
     ) -> Result<Self> {
-        Self::build_as(dev, cfg, build, kind, variant, true, tile_boxes)
+        let source = Self::source(dev, cfg, build, kind, variant, true)?;
+        Self::from_source(dev, build, kind, variant, (source, true), tile_boxes)
     }
 
     /// The kernel's source for `kind`, with task records when `traced` (without the tiles'
@@ -111,17 +113,17 @@ impl LayerKernel {
         })
     }
 
-    fn build_as(
+    /// The kernel of `kind` from its [`LayerKernel::source`] and whether that was traced, with
+    /// `tile_boxes` the milestones of its linear tiles too.
+    pub fn from_source(
         dev: &Device,
-        cfg: &ModelConfig,
         build: &LayerBuild,
         kind: LaunchKind,
         variant: Variant,
-        traced: bool,
+        (source, traced): (KernelSource, bool),
         tile_boxes: Option<u32>,
     ) -> Result<Self> {
         let shape = cta_shape(dev)?;
-        let source = Self::source(dev, cfg, build, kind, variant, traced)?;
         let tile_stamps = match tile_boxes {
             Some(boxes) => Some(TileStamps {
                 words: dev.alloc_zeroed((boxes.max(1) as usize) * linear::gpu::STAMP_WORDS)?,

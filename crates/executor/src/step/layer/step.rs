@@ -154,23 +154,21 @@ impl StepKernels {
                 None => kinds.push((p.kind, boxes)),
             }
         }
+        let sources = kinds
+            .iter()
+            .map(|&(kind, _)| LayerKernel::source(dev, cfg, build, kind, variant, traced))
+            .collect::<Result<Vec<_>>>()?;
         // The kinds compile at once; a tile-stamped build's source names its buffer, made as it
         // is built, so those compile one by one.
         if !tiles {
-            let sources = kinds
-                .iter()
-                .map(|&(kind, _)| LayerKernel::source(dev, cfg, build, kind, variant, traced))
-                .collect::<Result<Vec<_>>>()?;
             dev.prewarm(&sources.iter().collect::<Vec<_>>());
         }
         let kernels = kinds
             .into_iter()
-            .map(|(kind, boxes)| match traced {
-                true => {
-                    let tile_boxes = tiles.then_some(boxes);
-                    LayerKernel::build_traced(dev, cfg, build, kind, variant, tile_boxes)
-                }
-                false => LayerKernel::build(dev, cfg, build, kind, variant),
+            .zip(sources)
+            .map(|((kind, boxes), source)| {
+                let tile_boxes = tiles.then_some(boxes);
+                LayerKernel::from_source(dev, build, kind, variant, (source, traced), tile_boxes)
             })
             .collect::<Result<_>>()?;
         Ok(StepKernels { kernels })
