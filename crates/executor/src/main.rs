@@ -44,8 +44,9 @@ enum Command {
     /// The device step against the CPU reference step on the same weights, caches and rows
     /// (tiny preset, or --weights DIR): each launch's largest error beside the tolerance, the
     /// tokens of both; fails when they differ beyond it. Runs on a GPU; without one, on the CPU
-    /// emulator (its grid sized for the rows; MONO_BACKEND=host asks for it anywhere). With --select: a large preset's step replayed, every full-indexer
-    /// launch's selected slots checked against the reference select of its own scores.
+    /// emulator (its grid sized for the rows; MONO_BACKEND=host asks for it anywhere). With
+    /// --select: a large preset's step replayed, every full-indexer launch's selected slots
+    /// checked against the reference select of its own scores.
     Check(executor::step::cli::CheckArgs),
     /// Compare two dumps: equal, or the first launch and tensor that differ.
     Compare { first: PathBuf, second: PathBuf },

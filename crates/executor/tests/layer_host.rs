@@ -472,12 +472,16 @@ fn mono(args: &[&std::ffi::OsStr], ctas: u32) -> (bool, String) {
         Ok("cuda") => "cuda",
         _ => "host",
     };
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mono"))
-        .args(args)
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mono"));
+    cmd.args(args)
         .env("MONO_BACKEND", backend)
-        .env("MONO_HOST_CTAS", ctas.to_string())
-        .output()
-        .expect("mono runs");
+        .env("MONO_HOST_CTAS", ctas.to_string());
+    outcome(cmd)
+}
+
+/// Whether `cmd` (a `mono` command) succeeded, and its stdout and stderr together.
+fn outcome(mut cmd: std::process::Command) -> (bool, String) {
+    let out = cmd.output().expect("mono runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -708,13 +712,7 @@ fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
         if let Some(n) = ctas {
             cmd.env("MONO_HOST_CTAS", n);
         }
-        let out = cmd.output().expect("mono runs");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        outcome(cmd)
     };
     let step = |ctas| {
         run(

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use device::{Device, DeviceError};
+use device::Device;
 use mailbox::gpu::{DebugBound, Variant};
 use model::weights::{Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    emulated_instead, gpu_weights, open_emulator, scene_requests, with_step_of, BuiltStep,
+    emulated_instead, gpu_weights, no_gpu, open_emulator, scene_requests, with_step_of, BuiltStep,
     KernelChoice,
 };
 use crate::reference::cli::{reference_parameters, MAX_REFERENCE_PARAMETERS};
@@ -111,9 +111,7 @@ pub fn run_check(args: &CheckArgs) -> Result<(), String> {
 fn open(args: &CheckArgs) -> Result<Device, String> {
     let no_gpu = match Device::open(0) {
         Ok(dev) => return Ok(dev),
-        Err(DeviceError::NoDriver { detail }) => detail,
-        Err(e @ DeviceError::NoDevice { .. }) => e.to_string(),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => no_gpu(&e).ok_or_else(|| e.to_string())?,
     };
     if args.select {
         return Err(format!(

@@ -65,6 +65,16 @@ fn open_device() -> Result<Device> {
     Ok(Device::open(0)?)
 }
 
+/// Why a command found no GPU, when that is what `Device::open` failed with (no driver, or a
+/// driver that reports none): the command may then run on the host backend.
+fn no_gpu(e: &device::DeviceError) -> Option<String> {
+    match e {
+        device::DeviceError::NoDriver { detail } => Some(detail.clone()),
+        device::DeviceError::NoDevice { .. } => Some(e.to_string()),
+        _ => None,
+    }
+}
+
 /// The host backend for a command that found no GPU, its grid sized for `requests` x `rows`
 /// unless `MONO_HOST_CTAS` asks for another.
 fn open_emulator(requests: u32, rows: u32) -> device::Result<Device> {

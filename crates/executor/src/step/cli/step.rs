@@ -4,13 +4,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use device::{Device, DeviceError};
+use device::Device;
 use mailbox::gpu::Variant;
 use model::weights::Checkpoint;
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    checkpoint_weights, emulated_instead, gpu_weights, open_emulator, scene_requests, with_step,
+    checkpoint_weights, emulated_instead, gpu_weights, no_gpu, open_emulator, scene_requests,
+    with_step,
 };
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::{
@@ -155,13 +156,10 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     }
     let dev = match Device::open(0) {
         Ok(dev) => dev,
-        Err(DeviceError::NoDriver { detail }) => {
-            return run_without_gpu(args, gpu, &cfg, &from, checkpoint, &detail)
+        Err(e) => {
+            let why = no_gpu(&e).ok_or_else(|| e.to_string())?;
+            return run_without_gpu(args, gpu, &cfg, &from, checkpoint, &why);
         }
-        Err(e @ DeviceError::NoDevice { .. }) => {
-            return run_without_gpu(args, gpu, &cfg, &from, checkpoint, &e.to_string())
-        }
-        Err(e) => return Err(e.to_string()),
     };
     run_device_step(&dev, args, gpu, &cfg, &from, checkpoint)
 }

@@ -75,7 +75,7 @@ impl LayerKernel {
         variant: Variant,
     ) -> Result<Self> {
         let source = Self::source(dev, cfg, build, kind, variant, false)?;
-        Self::from_source(dev, build, kind, variant, (source, false), None)
+        Self::from_source(dev, build, kind, variant, source, false, None)
     }
 
     /// The same kernel recording every task's start and end into its launch's trace buffer
@@ -91,7 +91,7 @@ impl LayerKernel {
         tile_boxes: Option<u32>,
     ) -> Result<Self> {
         let source = Self::source(dev, cfg, build, kind, variant, true)?;
-        Self::from_source(dev, build, kind, variant, (source, true), tile_boxes)
+        Self::from_source(dev, build, kind, variant, source, true, tile_boxes)
     }
 
     /// The kernel's source for `kind`, with task records when `traced` (without the tiles'
@@ -120,7 +120,8 @@ impl LayerKernel {
         build: &LayerBuild,
         kind: LaunchKind,
         variant: Variant,
-        (source, traced): (KernelSource, bool),
+        source: KernelSource,
+        traced: bool,
         tile_boxes: Option<u32>,
     ) -> Result<Self> {
         let shape = cta_shape(dev)?;

@@ -168,7 +168,7 @@ impl StepKernels {
             .zip(sources)
             .map(|((kind, boxes), source)| {
                 let tile_boxes = tiles.then_some(boxes);
-                LayerKernel::from_source(dev, build, kind, variant, (source, traced), tile_boxes)
+                LayerKernel::from_source(dev, build, kind, variant, source, traced, tile_boxes)
             })
             .collect::<Result<_>>()?;
         Ok(StepKernels { kernels })
