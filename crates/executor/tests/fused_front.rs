@@ -372,13 +372,13 @@ type Shape = &'static [(u32, u32)];
 
 /// The emulated cases: requests, k, CTAs.
 const CASES: [(Shape, usize, u32); 4] = [
-    // Registers kind: rows of up to 8K keys, one shorter than k (it lists all, then -1).
+    // Registers kind: rows of up to 10K keys, one shorter than k (it lists all, then -1).
     (&[(3000, 1), (700, 2), (30, 1)], 64, 16),
     // Multi-slice gangs: 20K and 9K keys, 4 MTP rows and one.
     (&[(20000, 4), (9000, 1)], 64, 24),
     // One request of 4 rows past 16K, k = 2048 (GLM-5's), fewer CTAs than slices would like.
     (&[(17000, 4)], 2048, 12),
-    // One CTA a row (8K to 16K keys): a single row on a small grid.
+    // One CTA a row (10K to 16K keys): a single row on a small grid.
     (&[(12345, 1)], 256, 4),
 ];
 

@@ -5,8 +5,8 @@
 use crate::layout::{
     longest_slice, one_cta_room, reg_keys_per_thread, task_lds_bytes, LayoutError, SelectBoxes,
     SelectKind, SelectPlan, Slicing, TopK, H200_SHARED_PER_BLOCK, MAX_ROW_KEYS, MAX_SLICES,
-    ONE_CTA_ROOM, PLACE_RUN, REG_MAX_ROW, REG_RANK_BUCKET, REG_RANK_ROOM, REG_STAGE_ROOM,
-    ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
+    ONE_CTA_ROOM, PLACE_RUN, REG_MAX_ROW, REG_PRODUCTION_ROW, REG_RANK_BUCKET, REG_RANK_ROOM,
+    REG_STAGE_ROOM, ROOM_PER_K, SLICE_ALIGN, SLICE_ROOM,
 };
 use crate::reference::{DevicePages, RowPages, Rows, SelectError};
 use device::{Args, Buffer, Device, DeviceError, Kernel, KernelSource, Launch, Module, Stream};
@@ -199,10 +199,10 @@ impl Shape {
     }
 
     /// The production build: every kind, slices and one-CTA rows of up to [`SLICE_ROOM`] keys,
-    /// registers rows of up to 8K keys (the kernel table's row).
+    /// registers rows of up to [`REG_PRODUCTION_ROW`] keys (the kernel table's row).
     pub fn production(top: TopK) -> Result<Shape> {
         Ok(Shape {
-            reg_keys: reg_keys_per_thread(8192, CTA_THREADS)?,
+            reg_keys: reg_keys_per_thread(REG_PRODUCTION_ROW, CTA_THREADS)?,
             ..Self::for_rows(Method::MultiSlice, top, MAX_ROW_KEYS)?
         })
     }

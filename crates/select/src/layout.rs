@@ -85,6 +85,10 @@ pub const ONE_CTA_ROOM_STEP: u32 = 1024;
 
 /// The longest row the registers task takes: 32 keys a thread of 512 threads (the fused CTA).
 pub const REG_MAX_ROW: u32 = 16384;
+/// The longest row the production build's registers task takes: 20 keys a thread of 512, so that
+/// a decode row at an 8K context (8193 keys and a few more) stays in registers, where the one-CTA
+/// kind took more than twice as long in a layer launch (PERF.md).
+pub const REG_PRODUCTION_ROW: u32 = 10240;
 /// Keys sharing T's 12-bit prefix that the registers kernel stages at most, to find the rest of T
 /// from them alone (half of a 12-bit histogram's words, keys and positions).
 /// (device `SEL_REG_STAGE_ROOM`)

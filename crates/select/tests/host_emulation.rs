@@ -57,7 +57,9 @@ struct Build {
 ///   6 (the most a row gets from 12 CTAs), each gathering every member's histograms and
 ///   candidates.
 /// - k2048: GLM-5's k and production slicing: rows of k, k + 1, and 20000 keys in 3 slices.
-const BUILDS: [Build; 4] = [
+/// - regs20: GLM-5's k with the production build's 20 keys a registers thread (not a power of
+///   two), rows of k to the 2560 keys 128 threads hold.
+const BUILDS: [Build; 5] = [
     Build {
         name: "wave32",
         wave: 32,
@@ -102,6 +104,17 @@ const BUILDS: [Build; 4] = [
         reg_keys: 32,
         ctas: 4,
         batches: &[&[20000, 3000, 2049, 2048]],
+    },
+    Build {
+        name: "regs20",
+        wave: 32,
+        threads: 128,
+        k: 2048,
+        slice_target: SLICE_TARGET,
+        slice_keys: SLICE_TARGET,
+        reg_keys: 20,
+        ctas: 4,
+        batches: &[&[2560, 2049, 2048, 2100]],
     },
 ];
 

@@ -41,18 +41,20 @@ use model::paging::{pages_through, PageTable, PAGE_TOKENS};
 use model::ModelConfig;
 use select::gpu::Shape as SelectShape;
 use select::layout::{
-    SelectBoxes, SelectKind, SelectPlan, Slices, Slicing, TopK, MAX_ROW_KEYS, SLICE_ROOM,
+    SelectBoxes, SelectKind, SelectPlan, Slices, Slicing, TopK, MAX_ROW_KEYS, REG_PRODUCTION_ROW,
+    SLICE_ROOM,
 };
 use std::ops::Range;
 
 /// Rows a fused front-half build takes at most: its score boxes and select regions are sized for
 /// them, and each row's key and query tasks take a CTA beside the scorers.
 pub const MAX_ROWS: u32 = 32;
-/// Keys a registers-kind select task holds in the production build (16 a thread of 512). Longer
+/// Keys a registers-kind select task holds in the production build (20 a thread of 512). Longer
 /// rows of up to [`SLICE_ROOM`] keys take one CTA a row (the whole row in its LDS), longer ones
 /// the multi-slice gangs: a gang of two slices passes six digit rounds between its CTAs, and a
-/// layer launch at 8K context (8193 keys and more) was slower that way (PERF.md).
-pub const REGISTERS_ROW: u32 = 8192;
+/// layer launch at 8K context (8193 keys and more) was slower that way, and slower again with one
+/// CTA a row than in registers (PERF.md).
+pub const REGISTERS_ROW: u32 = REG_PRODUCTION_ROW;
 
 /// One request of a step: the tokens already in its cache, its query rows this step (a decoded
 /// token and its MTP verify rows: one new token each, at consecutive positions after the
