@@ -43,7 +43,7 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
         ..Default::default()
     };
     let out = std::env::temp_dir().join(format!("mono-trace-step-{}", std::process::id()));
-    let t = trace_step(&dev, &shape, WeightFormat::Bf16, variant, &out, true).unwrap();
+    let t = trace_step(&dev, &shape, WeightFormat::Bf16, variant, &out, true, None).unwrap();
     eprint!("{}", t.summary);
 
     assert_eq!(t.launches.len(), cfg.num_hidden_layers + 1);

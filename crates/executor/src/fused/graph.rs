@@ -29,7 +29,7 @@
 use mailbox::layout::{
     BoxRange, LayoutBuilder, LayoutError, Region, ScratchLayout, BOXES_PER_LINE,
 };
-use mailbox::{Limits, Placement, Task, ValidPlacement};
+use mailbox::{Limits, Placement, Stage, Task, ValidPlacement};
 
 /// Alignment of every arena slice: a whole line of the widest loads (and of TMA's 128 B).
 pub const ARENA_ALIGN: u64 = 256;
@@ -206,6 +206,17 @@ impl LaunchGraph {
             .collect()
     }
 
+    /// The CTAs that hold a task of `stage` so far, in CTA order.
+    pub fn holding(&self, stage: Stage) -> Vec<u32> {
+        (0..self.ctas)
+            .filter(|&c| {
+                self.lists[c as usize]
+                    .iter()
+                    .any(|t| Stage::from_bits(t.stage_bits()) == Some(stage))
+            })
+            .collect()
+    }
+
     /// The first CTA of the `n` consecutive CTAs (wrapping) whose busiest holds the fewest tasks so
     /// far, ties to the first in turn from the one [`Self::next_cta`] returns next: where a part
     /// whose tasks sit on consecutive CTAs runs soonest.
@@ -282,7 +293,6 @@ impl LaunchGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailbox::Stage;
 
     fn task(g: &mut LaunchGraph, order: u32, out: BoxRange, waits: &[BoxRange]) -> Task {
         let _ = g;
@@ -366,6 +376,39 @@ mod tests {
         g.push(2, t).unwrap();
         assert_eq!(g.least_loaded(), vec![3, 4, 1, 2]);
         assert_eq!(g.lightest_block(4), 1);
+    }
+
+    /// The CTAs holding a stage's tasks, whatever else they hold.
+    #[test]
+    fn ctas_holding_a_stage() {
+        let mut g = LaunchGraph::new(4).unwrap();
+        for (cta, stage) in [
+            (0, Stage::Synthetic),
+            (2, Stage::Select),
+            (2, Stage::Linear),
+        ] {
+            let rank = g.rank();
+            let t = Task::new(
+                Task::kind_of(stage, 1),
+                rank,
+                BoxRange::default(),
+                &[],
+                [0; 3],
+            );
+            g.push(cta, t.unwrap()).unwrap();
+        }
+        let rank = g.rank();
+        let t = Task::new(
+            Task::kind_of(Stage::Select, 2),
+            rank,
+            BoxRange::default(),
+            &[],
+            [0; 3],
+        );
+        g.push(3, t.unwrap()).unwrap();
+        assert_eq!(g.holding(Stage::Select), vec![2, 3]);
+        assert_eq!(g.holding(Stage::Linear), vec![2]);
+        assert_eq!(g.holding(Stage::Moe), Vec::<u32>::new());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::fused::head::{
     TailPlan, TailShape,
 };
 use crate::fused::moe::{moe_part_into, MoePart};
+use mailbox::Stage;
 use model::{IndexerKind, MlpKind};
 use model::{ModelConfig, RankShapes};
 use moe::layout::{MoeShape, MAT_ROUTER, MAT_SHARED_DOWN, MAT_SHARED_GATE_UP};
@@ -259,8 +260,21 @@ impl Composer<'_> {
         };
         // q_b, the rope and W_UK after the front half's tasks: a CTA's score task then runs as
         // soon as the query is published, not behind a W_UK task that waits on all of q_b, and
-        // q_b and W_UK go to the CTAs the front half leaves lightest.
-        half.queries_sparing(&mut self.g, &key_ctas)?;
+        // q_b and W_UK go to the CTAs the front half leaves lightest. Those exclude the CTAs of
+        // select's tasks while half the grid is left: select ends a long while after the scores
+        // (a gang of slices at 128K keys), and q_b behind it made the q path the launch's
+        // critical one (PERF.md).
+        let mut spare = key_ctas.clone();
+        let selecting: Vec<u32> = self
+            .g
+            .holding(Stage::Select)
+            .into_iter()
+            .filter(|c| !spare.contains(c))
+            .collect();
+        if 2 * (spare.len() + selecting.len()) as u32 <= self.build.ctas {
+            spare.extend(selecting);
+        }
+        half.queries_sparing(&mut self.g, &spare)?;
         let list_ready = match &index {
             Some(ix) => (0..self.rows)
                 .map(|r| {

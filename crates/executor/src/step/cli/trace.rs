@@ -47,6 +47,10 @@ pub struct TraceArgs {
     /// and a line a matrix in the summary. The stamps cost the tiles a little time.
     #[arg(long, conflicts_with = "synthetic")]
     pub tiles: bool,
+    /// Only the model's first this many layers and its head: every launch kind's trace on a GPU
+    /// that cannot hold the whole rank (a glm-5.2 TP8 rank takes about 97 GB; 40 layers fit 80 GB).
+    #[arg(long, conflicts_with = "synthetic")]
+    pub layers: Option<usize>,
 }
 
 /// A traced step: its launches as read back and decoded, the drawings and the summary, and with
@@ -94,6 +98,7 @@ pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
         Variant::default(),
         &args.out,
         args.tiles,
+        args.layers,
     )
     .map_err(|e| e.to_string())?;
     print!("{}", traced.summary);
@@ -112,7 +117,8 @@ pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
 
 /// Builds the step of `shape` on `dev` with every launch kind's kernel traced (`variant`
 /// otherwise), runs one step to warm up, then one traced step, and writes its drawings to `out`;
-/// with `tiles`, the linear tiles' milestones too (`out/tiles.tsv`, `crate::trace::tiles`).
+/// with `tiles`, the linear tiles' milestones too (`out/tiles.tsv`, `crate::trace::tiles`); with
+/// `layers`, the model's first that many layers and its head.
 pub fn trace_step(
     dev: &Device,
     shape: &StepShape,
@@ -120,9 +126,13 @@ pub fn trace_step(
     variant: Variant,
     out: &std::path::Path,
     tiles: bool,
+    layers: Option<usize>,
 ) -> Result<StepTraced> {
     let invalid = crate::step::StepError::Invalid;
-    let cfg = config(&shape.preset)?;
+    let cfg = match layers {
+        Some(n) => config(&shape.preset)?.first_layers(n)?,
+        None => config(&shape.preset)?,
+    };
     let requests = scene_requests(shape.requests, shape.rows, shape.context)?;
     let weights = gpu_weights(dev, &cfg, shape.tp, 0, format, shape.seed)?;
     let kernels = KernelChoice {
