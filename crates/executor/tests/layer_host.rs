@@ -747,4 +747,13 @@ fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
         refused.contains("a grid of 4 CTAs takes at most 1") && !refused.contains("step 0:"),
         "{refused}"
     );
+
+    // The first two layers and the head: three launches, the tail's tokens still fed back.
+    let (passed, out) = run(&["step", "--layers", "2", "--steps", "2"], None);
+    eprint!("{out}");
+    assert!(passed, "{out}");
+    assert!(
+        out.contains("step: 3 launches") && out.contains("step 1: "),
+        "{out}"
+    );
 }

@@ -39,6 +39,10 @@ fn flags_the_gpu_step_cannot_run_with_are_refused() {
         ),
         (&["--rows", "0"][..], "--rows must be at least 1"),
         (
+            &["--layers", "7"][..],
+            "--layers 7: invalid config: `num_hidden_layers` 7 layers asked of a model of 6",
+        ),
+        (
             &["--preset", "nope"][..],
             "unknown preset `nope`; valid presets: glm-5, glm-5.2, tiny",
         ),
@@ -68,10 +72,12 @@ fn flags_the_gpu_step_cannot_run_with_are_refused() {
 
 #[test]
 fn the_cpu_step_names_the_gpu_flags_it_does_not_use() {
-    let o = mono_step(&["--cpu", "--steps", "2", "--tp", "8", "--rank", "7"]);
+    let o = mono_step(&[
+        "--cpu", "--steps", "2", "--tp", "8", "--rank", "7", "--layers", "2",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("--steps 2, --tp 8, --rank 7 apply to the GPU step only"),
+        text(&o).contains("--steps 2, --tp 8, --rank 7, --layers 2 apply to the GPU step only"),
         "{}",
         text(&o)
     );

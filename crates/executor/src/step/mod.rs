@@ -38,7 +38,8 @@ pub enum StepError {
     #[error(transparent)]
     Fit(#[from] crate::fused::FitError),
     #[error(
-        "{what} need {:.2} GB and {:.2} GB more for the step; the device has {:.2} GB",
+        "{what} need {:.2} GB and {:.2} GB more for the step; the device has {:.2} GB (--layers N \
+         runs the model's first N layers and its head)",
         *need as f64 / 1e9,
         *reserve as f64 / 1e9,
         *device as f64 / 1e9

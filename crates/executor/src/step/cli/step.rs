@@ -43,6 +43,11 @@ pub struct GpuArgs {
     /// The rank whose weights the GPU holds.
     #[arg(long, default_value_t = DEFAULT_RANK)]
     pub rank: usize,
+    /// Only the model's first this many layers and its head (the device step, on a GPU or the
+    /// emulator): every launch kind on a GPU that cannot hold the whole rank (a glm-5.2 TP8 rank
+    /// takes about 97 GB; 40 layers fit 80 GB). The tokens are then not the model's.
+    #[arg(long)]
+    pub layers: Option<usize>,
 }
 
 impl GpuArgs {
@@ -78,6 +83,7 @@ impl GpuArgs {
             (self.requests != DEFAULT_REQUESTS).then(|| format!("--requests {}", self.requests)),
             (self.tp != DEFAULT_TP).then(|| format!("--tp {}", self.tp)),
             (self.rank != DEFAULT_RANK).then(|| format!("--rank {}", self.rank)),
+            self.layers.map(|n| format!("--layers {n}")),
         ]
         .into_iter()
         .flatten()
@@ -136,6 +142,12 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     // The model, the rows and the checkpoint folder are checked before any device is opened, so
     // that a wrong flag is the first thing said on every machine.
     let (cfg, from) = step_config(args)?;
+    let cfg = match gpu.layers {
+        Some(n) if !gpu.cpu => cfg
+            .first_layers(n)
+            .map_err(|e| format!("--layers {n}: {e}"))?,
+        _ => cfg,
+    };
     check_rows(args, &cfg)?;
     if !gpu.cpu && args.numerics != Numerics::Engines {
         return Err(format!(
