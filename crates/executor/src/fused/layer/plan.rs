@@ -261,9 +261,9 @@ impl Composer<'_> {
         // q_b, the rope and W_UK after the front half's tasks: a CTA's score task then runs as
         // soon as the query is published, not behind a W_UK task that waits on all of q_b, and
         // q_b and W_UK go to the CTAs the front half leaves lightest. Those exclude the CTAs of
-        // select's tasks while half the grid is left: select ends a long while after the scores
-        // (a gang of slices at 128K keys), and q_b behind it made the q path the launch's
-        // critical one (PERF.md).
+        // select's tasks while a quarter of the grid is left: select ends a long while after the
+        // scores (a gang of slices a row at 128K keys), and q_b behind it made the q path the
+        // launch's critical one, where two or three q_b tiles a CTA cost a few us (PERF.md).
         let mut spare = key_ctas.clone();
         let selecting: Vec<u32> = self
             .g
@@ -271,7 +271,7 @@ impl Composer<'_> {
             .into_iter()
             .filter(|c| !spare.contains(c))
             .collect();
-        if 2 * (spare.len() + selecting.len()) as u32 <= self.build.ctas {
+        if 4 * (spare.len() + selecting.len()) as u32 <= 3 * self.build.ctas {
             spare.extend(selecting);
         }
         half.queries_sparing(&mut self.g, &spare)?;
