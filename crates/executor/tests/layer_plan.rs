@@ -414,30 +414,62 @@ fn the_kernel_table_holds_every_layer_kind() {
     }
 }
 
-/// The CTAs of the index key and query tasks in `placement` hold no q_b, q rope or W_UK task of
-/// the launch's attention half (which would run ahead of them).
-fn key_ctas_are_spared(p: &LayerPlan, placement: &mailbox::Placement) -> Result<(), String> {
+/// The CTAs of the tasks `holds` picks in `placement` hold no q_b or W_UK task of the launch's
+/// attention half (which would run ahead of them, or wait behind them), nor with `rope` its q rope.
+fn ctas_are_spared(
+    p: &LayerPlan,
+    placement: &mailbox::Placement,
+    holds: impl Fn(&mailbox::Task) -> bool,
+    rope: bool,
+) -> Result<(), String> {
     use executor::fused::attention::HalfMatrix;
-    use indexer::layout::TaskKind;
     let half = p.attention.as_ref().ok_or("no attention half")?;
     let heads = half.dims.heads;
     let matrix = |m: HalfMatrix| half.first_matrix + m.index(heads) as u32;
     let ahead: Vec<u32> = std::iter::once(matrix(HalfMatrix::QB))
         .chain((0..heads).map(|h| matrix(HalfMatrix::Uk(h))))
         .collect();
-    let keys = [TaskKind::Key.kind(), TaskKind::Query.kind()];
     for (cta, list) in placement.lists().iter().enumerate() {
-        if !list.iter().any(|t| keys.contains(&t.kind)) {
+        let Some(held) = list.iter().find(|t| holds(t)) else {
             continue;
-        }
+        };
         for t in list {
             let linear = t.kind == linear::layout::KIND_TILES && ahead.contains(&t.args[0]);
-            if linear || t.kind == MlaKind::RopeQ.kind() {
-                return Err(format!("CTA {cta} runs {t:?} beside an index key or query"));
+            if linear || (rope && t.kind == MlaKind::RopeQ.kind()) {
+                return Err(format!("CTA {cta} runs {t:?} beside {held:?}"));
             }
         }
     }
     Ok(())
+}
+
+/// The CTAs of the index key and query tasks hold no q_b, q rope or W_UK task.
+fn key_ctas_are_spared(p: &LayerPlan, placement: &mailbox::Placement) -> Result<(), String> {
+    use indexer::layout::TaskKind;
+    let keys = [TaskKind::Key.kind(), TaskKind::Query.kind()];
+    ctas_are_spared(p, placement, |t| keys.contains(&t.kind), true)
+}
+
+/// The CTAs of select's tasks hold no q_b or W_UK task.
+fn select_ctas_are_spared(p: &LayerPlan, placement: &mailbox::Placement) -> Result<(), String> {
+    let select = |t: &mailbox::Task| Stage::from_bits(t.stage_bits()) == Some(Stage::Select);
+    ctas_are_spared(p, placement, select, false)
+}
+
+/// `lists` with the first q_b task moved to the front of the first CTA that holds a task `onto`
+/// picks: a placement the sparing checks must refuse.
+fn q_b_moved_onto(p: &LayerPlan, onto: impl Fn(&mailbox::Task) -> bool) -> mailbox::Placement {
+    let mut lists = p.launch.placement.placement().lists().to_vec();
+    let half = p.attention.as_ref().unwrap();
+    let q_b = half.first_matrix
+        + executor::fused::attention::HalfMatrix::QB.index(half.dims.heads) as u32;
+    let is_q_b = |t: &mailbox::Task| t.kind == linear::layout::KIND_TILES && t.args[0] == q_b;
+    let to = lists.iter().position(|l| l.iter().any(&onto)).unwrap();
+    let from = lists.iter().position(|l| l.iter().any(is_q_b)).unwrap();
+    let at = lists[from].iter().position(is_q_b).unwrap();
+    let moved = lists[from].remove(at);
+    lists[to].insert(0, moved);
+    mailbox::Placement::new(lists)
 }
 
 /// Full-indexer launches keep their index key and query tasks' CTAs free of q_b, the q rope and
@@ -455,24 +487,35 @@ fn index_key_and_query_ctas_are_spared() {
             }
             let placement = p.launch.placement.placement();
             key_ctas_are_spared(&p, placement).unwrap_or_else(|e| panic!("{at:?} x {rows}: {e}"));
-            let mut lists = placement.lists().to_vec();
             let query = indexer::layout::TaskKind::Query.kind();
-            let to = lists.iter().position(|l| l.iter().any(|t| t.kind == query));
-            let half = p.attention.as_ref().unwrap();
-            let q_b = half.first_matrix
-                + executor::fused::attention::HalfMatrix::QB.index(half.dims.heads) as u32;
-            let from = lists.iter().position(|l| {
-                l.iter()
-                    .any(|t| t.kind == linear::layout::KIND_TILES && t.args[0] == q_b)
-            });
-            let (to, from) = (to.unwrap(), from.unwrap());
-            let at_q_b = lists[from]
-                .iter()
-                .position(|t| t.kind == linear::layout::KIND_TILES && t.args[0] == q_b)
-                .unwrap();
-            let moved = lists[from].remove(at_q_b);
-            lists[to].insert(0, moved);
-            assert!(key_ctas_are_spared(&p, &mailbox::Placement::new(lists)).is_err());
+            let moved = q_b_moved_onto(&p, |t| t.kind == query);
+            assert!(key_ctas_are_spared(&p, &moved).is_err());
+        }
+    }
+}
+
+/// Full-indexer launches keep q_b and W_UK off the CTAs of select's tasks at 8K and 128K, 1 and 4
+/// rows (every such case leaves them a quarter of the grid): at 128K select's gangs end long
+/// after the scores, and the q path behind them set the launch. The control: a q_b task moved
+/// onto a select task's CTA is caught.
+#[test]
+fn select_ctas_take_no_q_b_or_w_uk() {
+    let cfg = ModelConfig::preset("glm-5.2").unwrap();
+    let b = build(&cfg, 8, CacheFormat::Fp8);
+    let select = |t: &mailbox::Task| Stage::from_bits(t.stage_bits()) == Some(Stage::Select);
+    for context in [8192, 131072] {
+        for rows in [1, 4] {
+            let reqs = requests(&[context], rows);
+            for at in one_of_each(&cfg) {
+                let p = LayerPlan::plan(&cfg, at, &reqs, &b).unwrap();
+                if p.index.is_none() {
+                    continue;
+                }
+                let placement = p.launch.placement.placement();
+                select_ctas_are_spared(&p, placement)
+                    .unwrap_or_else(|e| panic!("{at:?} at {context} x {rows}: {e}"));
+                assert!(select_ctas_are_spared(&p, &q_b_moved_onto(&p, select)).is_err());
+            }
         }
     }
 }
