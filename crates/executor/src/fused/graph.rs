@@ -378,34 +378,21 @@ mod tests {
         assert_eq!(g.lightest_block(4), 1);
     }
 
-    /// The CTAs holding a stage's tasks, whatever else they hold.
+    /// The CTAs holding a stage's tasks (of any of its kinds), whatever else they hold.
     #[test]
     fn ctas_holding_a_stage() {
         let mut g = LaunchGraph::new(4).unwrap();
-        for (cta, stage) in [
-            (0, Stage::Synthetic),
-            (2, Stage::Select),
-            (2, Stage::Linear),
+        for (cta, stage, own) in [
+            (0, Stage::Synthetic, 1),
+            (2, Stage::Select, 1),
+            (2, Stage::Linear, 1),
+            (3, Stage::Select, 2),
         ] {
             let rank = g.rank();
-            let t = Task::new(
-                Task::kind_of(stage, 1),
-                rank,
-                BoxRange::default(),
-                &[],
-                [0; 3],
-            );
-            g.push(cta, t.unwrap()).unwrap();
+            let kind = Task::kind_of(stage, own);
+            let t = Task::new(kind, rank, BoxRange::default(), &[], [0; 3]).unwrap();
+            g.push(cta, t).unwrap();
         }
-        let rank = g.rank();
-        let t = Task::new(
-            Task::kind_of(Stage::Select, 2),
-            rank,
-            BoxRange::default(),
-            &[],
-            [0; 3],
-        );
-        g.push(3, t.unwrap()).unwrap();
         assert_eq!(g.holding(Stage::Select), vec![2, 3]);
         assert_eq!(g.holding(Stage::Linear), vec![2]);
         assert_eq!(g.holding(Stage::Moe), Vec::<u32>::new());

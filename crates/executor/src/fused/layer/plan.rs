@@ -264,7 +264,7 @@ impl Composer<'_> {
         // select's tasks while a quarter of the grid is left: select ends a long while after the
         // scores (a gang of slices a row at 128K keys), and q_b behind it made the q path the
         // launch's critical one, where two or three q_b tiles a CTA cost a few us (PERF.md).
-        let mut spare = key_ctas.clone();
+        let mut spare = key_ctas;
         let selecting: Vec<u32> = self
             .g
             .holding(Stage::Select)

@@ -9,7 +9,7 @@ use device::report::{Figure, Reporter};
 use model::traffic::{step_traffic, Formats, Load};
 use model::{CacheFormat, RankShapes, WeightFormat};
 
-use super::{config, gpu_weights, open_device, scene_requests, with_step};
+use super::{config, first_layers, gpu_weights, open_device, scene_requests, with_step};
 use crate::step::bench::{time_step, StepTimes};
 use crate::step::Result;
 
@@ -51,15 +51,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<(), String> {
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
-    let model = config(&args.preset)?;
-    let (cfg, label, part) = match args.layers {
-        Some(n) => (
-            model.first_layers(n)?,
-            format!("{}, its first {n} layers", args.preset),
-            format!(", {n} layers"),
-        ),
-        None => (model, args.preset.clone(), String::new()),
-    };
+    let (cfg, label) = first_layers(config(&args.preset)?, args.preset.clone(), args.layers)?;
+    let part = args
+        .layers
+        .map_or_else(String::new, |n| format!(", {n} layers"));
     let dev = open_device()?;
     let shapes = RankShapes::new(&cfg, args.tp)?;
     let plan = cfg.layer_plan()?;

@@ -13,8 +13,8 @@ use model::weights::{Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    emulated_instead, gpu_weights, no_gpu, open_emulator, scene_requests, with_step_of, BuiltStep,
-    KernelChoice,
+    emulated_instead, first_layers, gpu_weights, no_gpu, open_emulator, scene_requests,
+    with_step_of, BuiltStep, KernelChoice,
 };
 use crate::reference::cli::{reference_parameters, MAX_REFERENCE_PARAMETERS};
 use crate::step::check::lists::{
@@ -155,13 +155,7 @@ fn config(args: &CheckArgs, default: &str) -> Result<(ModelConfig, String)> {
             (ModelConfig::preset(name)?, format!("preset {name}"))
         }
     };
-    Ok(match args.layers {
-        Some(n) => (
-            cfg.first_layers(n)?,
-            format!("{from}, its first {n} layers"),
-        ),
-        None => (cfg, from),
-    })
+    first_layers(cfg, from, args.layers)
 }
 
 fn check_reference(dev: &Device, args: &CheckArgs, cfg: &ModelConfig, from: &str) -> Result<()> {

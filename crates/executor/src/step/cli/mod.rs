@@ -118,6 +118,23 @@ fn config(preset: &str) -> Result<ModelConfig> {
     Ok(ModelConfig::preset(preset)?)
 }
 
+/// `cfg`, named `from`, as its first `layers` layers and its head where `--layers` asks, named so:
+/// every launch kind of a model on a GPU that cannot hold the whole rank.
+fn first_layers(
+    cfg: ModelConfig,
+    from: String,
+    layers: Option<usize>,
+) -> Result<(ModelConfig, String)> {
+    match layers {
+        Some(n) => Ok((
+            cfg.first_layers(n)
+                .map_err(|e| StepError::Invalid(format!("--layers {n}: {e}")))?,
+            format!("{from}, its first {n} layers"),
+        )),
+        None => Ok((cfg, from)),
+    }
+}
+
 /// The rank's weights made on the device and bound for the step's launches.
 pub struct GpuWeights {
     pub device: DeviceWeights,

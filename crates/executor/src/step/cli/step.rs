@@ -10,8 +10,8 @@ use model::weights::Checkpoint;
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    checkpoint_weights, emulated_instead, gpu_weights, no_gpu, open_emulator, scene_requests,
-    with_step,
+    checkpoint_weights, emulated_instead, first_layers, gpu_weights, no_gpu, open_emulator,
+    scene_requests, with_step,
 };
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::{
@@ -142,11 +142,10 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     // The model, the rows and the checkpoint folder are checked before any device is opened, so
     // that a wrong flag is the first thing said on every machine.
     let (cfg, from) = step_config(args)?;
-    let cfg = match gpu.layers {
-        Some(n) if !gpu.cpu => cfg
-            .first_layers(n)
-            .map_err(|e| format!("--layers {n}: {e}"))?,
-        _ => cfg,
+    let (cfg, from) = if gpu.cpu {
+        (cfg, from)
+    } else {
+        first_layers(cfg, from, gpu.layers).map_err(|e| e.to_string())?
     };
     check_rows(args, &cfg)?;
     if !gpu.cpu && args.numerics != Numerics::Engines {

@@ -10,7 +10,9 @@ use mailbox::gpu::Variant;
 use mailbox::trace::{CycleClock, TimeBase, Timeline};
 use model::WeightFormat;
 
-use super::{config, gpu_weights, scene_requests, with_step_of, KernelChoice, StepShape};
+use super::{
+    config, first_layers, gpu_weights, scene_requests, with_step_of, KernelChoice, StepShape,
+};
 use crate::step::graph::TracedLaunch;
 use crate::step::Result;
 use crate::trace::step::{
@@ -129,10 +131,7 @@ pub fn trace_step(
     layers: Option<usize>,
 ) -> Result<StepTraced> {
     let invalid = crate::step::StepError::Invalid;
-    let cfg = match layers {
-        Some(n) => config(&shape.preset)?.first_layers(n)?,
-        None => config(&shape.preset)?,
-    };
+    let (cfg, _) = first_layers(config(&shape.preset)?, shape.preset.clone(), layers)?;
     let requests = scene_requests(shape.requests, shape.rows, shape.context)?;
     let weights = gpu_weights(dev, &cfg, shape.tp, 0, format, shape.seed)?;
     let kernels = KernelChoice {
