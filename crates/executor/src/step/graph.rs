@@ -261,6 +261,17 @@ impl<'a> StepGraph<'a> {
         self.check()
     }
 
+    /// Milliseconds of one step launched directly (events around its launches), then checked.
+    pub fn time_eager(&self, dev: &Device) -> Result<f64> {
+        let (start, end) = (dev.timer()?, dev.timer()?);
+        start.record(&self.stream)?;
+        self.enqueue_step()?;
+        end.record(&self.stream)?;
+        self.stream.sync()?;
+        self.check()?;
+        Ok(f64::from(start.elapsed_ms(&end)?))
+    }
+
     /// One step launched directly, every launch back to back as the graph runs them, then each
     /// launch's task records in step order; every launch's kernel must be built traced.
     pub fn run_traced(&self) -> Result<Vec<TracedLaunch>> {

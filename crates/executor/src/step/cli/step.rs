@@ -31,7 +31,8 @@ pub struct GpuArgs {
     /// The CPU reference step even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
-    /// Decode steps (graph replays) on the GPU.
+    /// Decode steps on the GPU: the first launched directly, the rest replays of the graph
+    /// captured after it.
     #[arg(long, default_value_t = DEFAULT_STEPS)]
     pub steps: u32,
     /// Requests of the GPU step, each with --rows rows.
@@ -288,25 +289,30 @@ fn run_gpu_step(
         &weights,
         &requests,
         args.seed,
-        // The eager step, then the replays.
-        gpu.steps.saturating_add(1),
+        gpu.steps,
         |graph, inputs| {
             println!(
-                "step: {} launches ({} ... {}) and the greedy feed, captured as one graph; the \
-             cross-rank all-reduce is not in it (one GPU holds one rank)",
+                "step: {} launches ({} ... {}) and the greedy feed, captured as one graph after \
+                 step 0, which runs them directly; the cross-rank all-reduce is not in it (one GPU \
+                 holds one rank)",
                 graph.launches().len(),
                 graph.launches().first().map_or("none".into(), |l| l.name()),
                 graph.launches().last().map_or("none".into(), |l| l.name()),
             );
-            graph.run_eager()?;
-            graph.capture()?;
-            for s in 0..gpu.steps {
-                let ms = graph.time_replays(dev, 1)?[0];
+            let report = |s: u32, ms: f64, how: &str| -> Result<()> {
                 let rows = inputs.read()?;
                 println!(
-                    "step {s}: {ms:.3} ms; next positions {:?}, tokens {:?}",
+                    "step {s}: {ms:.3} ms ({how}); next positions {:?}, tokens {:?}",
                     rows.positions, rows.tokens
                 );
+                Ok(())
+            };
+            report(0, graph.time_eager(dev)?, "launched directly")?;
+            if gpu.steps > 1 {
+                graph.capture()?;
+            }
+            for s in 1..gpu.steps {
+                report(s, graph.time_replays(dev, 1)?[0], "graph replay")?;
             }
             Ok(())
         },
