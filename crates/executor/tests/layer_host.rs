@@ -11,7 +11,9 @@
 //!   the reference step's (engine numerics, a bf16 MLA cache: the tiny FP8 record is not whole
 //!   16-byte pieces) and the tail's tokens equal to the reference's; the tail alone from the
 //!   reference's rows with the greedy feed; a launch bound to a wrong tensor refused by name;
-//! * `mono check --weights` and `mono step --weights` on a checkpoint folder, end to end.
+//! * `mono check --weights` and `mono step --weights` on a checkpoint folder, end to end;
+//! * the emulated grid sized for the rows, whether a command found no GPU or was sent to the host
+//!   backend.
 //!
 //! `MONO_BACKEND=cuda` runs them on a GPU instead. Needs g++ with C++20, so ignored:
 //! `cargo test --release -p executor --test layer_host -- --ignored --nocapture`
@@ -687,6 +689,39 @@ fn mono_step_runs_a_checkpoint_folder() {
     assert!(!passed, "a checkpoint without {gone} ran:\n{refused}");
     assert!(
         refused.contains(gone) && !refused.contains("step 0:"),
+        "{refused}"
+    );
+}
+
+/// `MONO_BACKEND=host` asked for outright sizes the emulated grid for the step's rows, as a
+/// command that finds no GPU does: `mono dump` of three requests of four rows runs (26 CTAs) and
+/// writes its digests. The control: `MONO_HOST_CTAS=4` still sets the grid, and that one is
+/// refused, naming it.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn the_host_backend_asked_for_sizes_its_grid_for_the_rows() {
+    let out_file = std::env::temp_dir().join(format!("mono-host-dump-{}", std::process::id()));
+    let dump = |ctas: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mono"));
+        cmd.args(["dump", "--preset", "tiny", "--tp", "1", "--context", "20"])
+            .args(["--requests", "3", "--rows", "4", "--out"])
+            .arg(&out_file)
+            .env("MONO_BACKEND", "host")
+            .env_remove("MONO_HOST_CTAS");
+        if let Some(n) = ctas {
+            cmd.env("MONO_HOST_CTAS", n);
+        }
+        outcome(cmd)
+    };
+    let (passed, out) = dump(None);
+    let written = std::fs::metadata(&out_file).is_ok_and(|m| m.len() > 0);
+    std::fs::remove_file(&out_file).ok();
+    assert!(passed && written, "{out}");
+    let (passed, refused) = dump(Some("4"));
+    std::fs::remove_file(&out_file).ok();
+    assert!(!passed, "twelve rows ran on 4 CTAs:\n{refused}");
+    assert!(
+        refused.contains("a grid of 4 CTAs takes at most 1"),
         "{refused}"
     );
 }

@@ -55,7 +55,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let part = args
         .layers
         .map_or_else(String::new, |n| format!(", {n} layers"));
-    let dev = open_device()?;
+    let dev = open_device(1, args.rows.iter().copied().max().unwrap_or(1))?;
     let shapes = RankShapes::new(&cfg, args.tp)?;
     let plan = cfg.layer_plan()?;
     let copy = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;

@@ -13,8 +13,8 @@ use model::weights::{Checkpoint, Synthetic, WeightSource};
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    emulated_instead, first_layers, gpu_weights, no_gpu, open_emulator, scene_requests,
-    with_step_of, BuiltStep, KernelChoice,
+    emulated_instead, first_layers, gpu_weights, no_gpu, open_device, open_emulator,
+    scene_requests, with_step_of, BuiltStep, KernelChoice,
 };
 use crate::reference::cli::{reference_parameters, MAX_REFERENCE_PARAMETERS};
 use crate::step::check::lists::{
@@ -109,7 +109,7 @@ pub fn run_check(args: &CheckArgs) -> Result<(), String> {
 /// A GPU; without one, the host backend for the step against the reference (a large preset's
 /// selections, `--select`, need a GPU).
 fn open(args: &CheckArgs) -> Result<Device, String> {
-    let no_gpu = match Device::open(0) {
+    let no_gpu = match open_device(args.requests, args.rows) {
         Ok(dev) => return Ok(dev),
         Err(e) => no_gpu(&e).ok_or_else(|| e.to_string())?,
     };

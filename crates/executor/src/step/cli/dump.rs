@@ -31,7 +31,7 @@ pub fn run_dump(args: &DumpArgs) -> Result<(), String> {
 fn dump(args: &DumpArgs) -> Result<()> {
     let s = &args.shape;
     let cfg = config(&s.preset)?;
-    let dev = open_device()?;
+    let dev = open_device(s.requests, s.rows)?;
     let requests = scene_requests(s.requests, s.rows, s.context)?;
     let weights = gpu_weights(&dev, &cfg, s.tp, 0, WeightFormat::Fp8, s.seed)?;
     // The eager step and the replays before the dumped step, and the dumped step.

@@ -61,8 +61,14 @@ pub struct StepShape {
     pub tp: usize,
 }
 
-fn open_device() -> Result<Device> {
-    Ok(Device::open(0)?)
+/// GPU 0, or the host backend where `MONO_BACKEND=host` asks for it: its grid then sized for a
+/// step of `requests` x `rows`, as when a command finds no GPU (`MONO_HOST_CTAS` still sets it),
+/// so that every command takes the same rows on the emulator whether it was asked for or not.
+fn open_device(requests: u32, rows: u32) -> device::Result<Device> {
+    if std::env::var("MONO_BACKEND").as_deref() == Ok("host") {
+        return open_emulator(requests, rows);
+    }
+    Device::open(0)
 }
 
 /// Why a command found no GPU, when that is what `Device::open` failed with (no driver, or a

@@ -10,8 +10,8 @@ use model::weights::Checkpoint;
 use model::{ModelConfig, WeightFormat};
 
 use super::{
-    checkpoint_weights, emulated_instead, first_layers, gpu_weights, no_gpu, open_emulator,
-    scene_requests, with_step,
+    checkpoint_weights, emulated_instead, first_layers, gpu_weights, no_gpu, open_device,
+    open_emulator, scene_requests, with_step,
 };
 use crate::fused::front_gpu::FrontKernel;
 use crate::reference::cli::{
@@ -166,7 +166,7 @@ pub fn run_step(args: &StepArgs, gpu: &GpuArgs) -> Result<(), String> {
     if gpu.cpu {
         return run_cpu_step(args, gpu);
     }
-    let dev = match Device::open(0) {
+    let dev = match open_device(gpu.requests, args.rows as u32) {
         Ok(dev) => dev,
         Err(e) => {
             let why = no_gpu(&e).ok_or_else(|| e.to_string())?;

@@ -11,7 +11,8 @@ use mailbox::trace::{CycleClock, TimeBase, Timeline};
 use model::WeightFormat;
 
 use super::{
-    config, first_layers, gpu_weights, scene_requests, with_step_of, KernelChoice, StepShape,
+    config, first_layers, gpu_weights, open_device, scene_requests, with_step_of, KernelChoice,
+    StepShape,
 };
 use crate::step::graph::TracedLaunch;
 use crate::step::Result;
@@ -85,7 +86,7 @@ pub fn run_trace(args: &TraceArgs) -> Result<(), String> {
         }
         return Ok(());
     }
-    let dev = Device::open(0).map_err(|e| {
+    let dev = open_device(args.shape.requests, args.shape.rows).map_err(|e| {
         format!("{e}; MONO_BACKEND=host runs the step's kernels on CPU threads (--preset tiny)")
     })?;
     let format = if args.bf16_weights {
