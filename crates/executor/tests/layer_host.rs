@@ -728,10 +728,10 @@ fn the_host_backend_asked_for_sizes_its_grid_for_the_rows() {
 
 /// `mono step` and `mono check` on a machine without a GPU run the device step's kernels on the
 /// host backend by themselves, the grid sized for the rows: three requests of four rows need 26
-/// CTAs (a key and a query CTA a row, a scoring run a group of rows); each replayed step prints
-/// every row's token, and the check follows the reference. The controls: the same rows on the 4
-/// CTAs `MONO_HOST_CTAS` asks for are refused, naming the grid; `mono check --select` (a large
-/// preset's step) says it needs a GPU.
+/// CTAs (a key and a query CTA a row, a scoring run a group of rows); each step prints every
+/// row's token, and the check follows the reference. The controls: the same rows on the 4 CTAs
+/// `MONO_HOST_CTAS` asks for are refused, naming the grid; `mono check --select` (a large
+/// preset's step) and `mono bench` (a GPU's times), also on the host backend, say they need a GPU.
 #[test]
 #[ignore = "needs g++ (host emulation)"]
 fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
@@ -765,6 +765,19 @@ fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
     );
     let (passed, refused) = run(&["check", "--select"], None);
     assert!(!passed && refused.contains("needs one"), "{refused}");
+    // Nor does `mono bench`, whose times would be no GPU's, sent to the host backend or not.
+    let (passed, refused) = run(&["bench"], None);
+    assert!(
+        !passed && refused.contains("times a GPU and found none"),
+        "{refused}"
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mono"));
+    cmd.arg("bench").env("MONO_BACKEND", "host");
+    let (passed, refused) = outcome(cmd);
+    assert!(
+        !passed && refused.contains("the host backend emulates one"),
+        "{refused}"
+    );
 
     let (passed, out) = step(None);
     eprint!("{out}");

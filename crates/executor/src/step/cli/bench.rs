@@ -6,12 +6,13 @@ use std::io::Write;
 use clap::Args;
 use device::pages::PageSweep;
 use device::report::{Figure, Reporter};
+use device::Device;
 use model::traffic::{step_traffic, Formats, Load};
 use model::{CacheFormat, RankShapes, WeightFormat};
 
-use super::{config, first_layers, gpu_weights, open_device, scene_requests, with_step};
+use super::{config, first_layers, gpu_weights, no_gpu, scene_requests, with_step};
 use crate::step::bench::{time_step, StepTimes};
-use crate::step::Result;
+use crate::step::{Result, StepError};
 
 /// `mono bench`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -55,7 +56,18 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let part = args
         .layers
         .map_or_else(String::new, |n| format!(", {n} layers"));
-    let dev = open_device(1, args.rows.iter().copied().max().unwrap_or(1))?;
+    let dev = Device::open(0).map_err(|e| match no_gpu(&e) {
+        Some(why) => StepError::Invalid(format!("mono bench times a GPU and found none ({why})")),
+        None => e.into(),
+    })?;
+    if dev.info().backend == "host" {
+        // Its copy probe alone would take minutes, and no figure it gave would be a GPU's.
+        return Err(StepError::Invalid(
+            "mono bench times a GPU, and the host backend emulates one on CPU threads: run it \
+             where a GPU is (mono step, check, dump and trace run on the emulator)"
+                .into(),
+        ));
+    }
     let shapes = RankShapes::new(&cfg, args.tp)?;
     let plan = cfg.layer_plan()?;
     let copy = device::probes::copy_bandwidth(&dev, 1 << 30)?.bytes_per_s;
