@@ -28,8 +28,9 @@ enum Format {
 enum Command {
     /// Decode steps. On a GPU: the preset's synthetic weights made on the device (one rank's; on
     /// the host backend, MONO_BACKEND=host, the same values made on the CPU and uploaded), or a
-    /// checkpoint folder's (--weights) sharded for the rank and uploaded, then the step's launches
-    /// captured as one graph and replayed, the time of each step.
+    /// checkpoint folder's (--weights) sharded for the rank and uploaded; step 0's launches run
+    /// directly, then captured as one graph that the later steps replay; each step's time and
+    /// tokens.
     /// Without a GPU: the same step's kernels on the host backend (CPU threads, a grid sized
     /// for the rows; tiny preset by default), where g++ builds them. With --cpu (or without a
     /// GPU and g++): one CPU reference step, with per-layer progress and the argmax tokens.
