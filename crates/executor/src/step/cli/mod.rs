@@ -311,7 +311,8 @@ fn with_step_of<T>(
     let build = step_build(dev, cfg, &batch, &weights.bound, format, caches.pages);
     let plans = plan_step(cfg, &front_requests(&batch), &build)?;
     eprintln!(
-        "step planned: {} launches, caches of {} pages ({format:?}) in {:.1} s",
+        "step planned: {} launches, caches of {} pages ({format:?}, the context's entries hashed \
+         from seed {seed}, not a prefill: `mono check` runs the CPU reference's own) in {:.1} s",
         plans.len(),
         caches.pages,
         started.elapsed().as_secs_f64()
