@@ -22,6 +22,18 @@ pub enum BackendChoice {
     Host,
 }
 
+impl BackendChoice {
+    /// What `MONO_BACKEND=cuda|hip|host` asks for; `Auto` when it is unset or anything else.
+    pub fn from_env() -> BackendChoice {
+        match std::env::var("MONO_BACKEND").as_deref() {
+            Ok("cuda") => BackendChoice::Cuda,
+            Ok("hip") => BackendChoice::Hip,
+            Ok("host") => BackendChoice::Host,
+            _ => BackendChoice::Auto,
+        }
+    }
+}
+
 /// One GPU, with a stream of its own for host copies and an on-disk module cache.
 pub struct Device {
     backend: Arc<dyn Backend>,
@@ -33,13 +45,7 @@ impl Device {
     /// Opens GPU `ordinal`. `MONO_BACKEND=cuda|hip|host` forces a runtime (`host`: the CPU
     /// emulation, with `MONO_HOST_CTAS` CTAs).
     pub fn open(ordinal: usize) -> Result<Device> {
-        let choice = match std::env::var("MONO_BACKEND").as_deref() {
-            Ok("cuda") => BackendChoice::Cuda,
-            Ok("hip") => BackendChoice::Hip,
-            Ok("host") => BackendChoice::Host,
-            _ => BackendChoice::Auto,
-        };
-        Self::open_with(ordinal, choice)
+        Self::open_with(ordinal, BackendChoice::from_env())
     }
 
     pub fn open_with(ordinal: usize, choice: BackendChoice) -> Result<Device> {

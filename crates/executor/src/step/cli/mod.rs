@@ -20,7 +20,7 @@ pub use step::{make_weights, run_step, GpuArgs};
 pub use trace::{run_trace, trace_step, StepTraced, TraceArgs};
 
 use clap::Args;
-use device::Device;
+use device::{BackendChoice, Device};
 use mailbox::gpu::Variant;
 use model::ModelConfig;
 
@@ -65,7 +65,7 @@ pub struct StepShape {
 /// step of `requests` x `rows`, as when a command finds no GPU (`MONO_HOST_CTAS` still sets it),
 /// so that every command takes the same rows on the emulator whether it was asked for or not.
 fn open_device(requests: u32, rows: u32) -> device::Result<Device> {
-    if std::env::var("MONO_BACKEND").as_deref() == Ok("host") {
+    if BackendChoice::from_env() == BackendChoice::Host {
         return open_emulator(requests, rows);
     }
     Device::open(0)
