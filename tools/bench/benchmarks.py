@@ -150,25 +150,29 @@ Floors are bytes a launch must move over the copy bandwidth measured in the same
 
 REPRODUCE = """## How to reproduce
 
-Build the benches here (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer
---bench gpu`, `-p select --bench gpu`, `-p linear --bench gpu`, `-p mla --bench gpu` and `-p
-executor --bench front` / `moe` / `half` / `head` / `chain`; the mailbox figures come from `cargo test
---release -p mailbox --test gpu --no-run`; the step's from `mono bench`), copy the binaries to the
-GPU machine, and run each there with the records file named:
+The GPU machine needs no Rust: build here, run there. `bash tools/bench/stage.sh .gpu` builds `mono`
+and every GPU bench (`cargo bench -p device --bench probes --no-run`, likewise `-p indexer --bench
+gpu`, `-p select --bench gpu`, `-p linear --bench gpu`, `-p mla --bench gpu`, `-p executor --bench
+front` / `moe` / `half` / `head` / `chain`, and the mailbox figures' `cargo test --release -p mailbox
+--test gpu --no-run`) and puts stripped copies in `.gpu/`. With those and the repository on the GPU
+machine:
 
 ```sh
-export MONO_BENCH_JSON=$PWD/run.jsonl MONO_BENCH_COMMIT=<the commit built>
-./probes-<hash>; ./gpu-<hash> --bench      # the benches (each prints its table too)
-python3 tools/bench/torch_copy.py           # the PyTorch baselines write records the same way
-python3 tools/bench/select_torch.py; python3 tools/bench/indexer_torch.py
-python3 tools/bench/linear_torch.py; python3 tools/bench/moe_torch.py; python3 tools/bench/mla_torch.py
+MONO_BENCH_COMMIT=<the commit built> bash tools/bench/run.sh .gpu run          # every table
+MONO_BENCH_COMMIT=<the commit built> bash tools/bench/run.sh .gpu run step trace linear moe
 ```
+
+Each job writes `run/<job>.jsonl` (the PyTorch baselines, `tools/bench/*_torch.py`, as
+`run/<job>-torch.jsonl`); `step` is `mono bench --preset glm-5.2 --tp 8 --contexts 8192,131072
+--rows 1,4 --replays 20`, `trace` the 8K x 1 row `mono trace` whose `kinds.svg` is the picture
+beside this page. `MONO_RUN_SECONDS` (default 570) bounds the run, so that a device call with a
+time limit returns the records of the jobs that finished.
 
 A bench that flushes the L2 before a timed launch reads 256 MB of a buffer of its own
 (`device::probes::L2Flush`); `MONO_L2_FLUSH=memset` flushes by a memset instead, which leaves dirty
 lines that the timed launch writes back (`crates/executor/PERF.md` has what that costs each bench).
 
-Then, back in the repository: `python3 tools/bench/benchmarks.py --take run.jsonl` merges the run's
+Then, back in the repository: `python3 tools/bench/benchmarks.py --take run/<job>.jsonl` merges a run's
 records into `tools/bench/results/` (each replaces the record of the same table, case and what) and
 rewrites this page; `--check` fails when the page is not what the records give.
 """
