@@ -22,7 +22,7 @@ dir=$1 records=$2; shift 2
 jobs=${*:-step trace check probes mailbox indexer select linear moe half mla head front chain pages}
 : "${MONO_BENCH_COMMIT:?name the commit the binaries were built from}"
 export MONO_BENCH_COMMIT MONO_CACHE=${MONO_CACHE:-/tmp/mono-cache}
-mkdir -p "$records"
+mkdir -p "$records" && records=$(cd "$records" && pwd)
 start=$(date +%s) budget=${MONO_RUN_SECONDS:-570}
 extra=${MONO_STEP_ARGS:+ $MONO_STEP_ARGS}
 step="--preset glm-5.2 --tp 8 --contexts 8192,131072 --rows 1,4 --replays 20$extra"
@@ -34,7 +34,7 @@ run() {
   local left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 15 ]; then echo "== $job: skipped, the run's $budget s are spent"; return; fi
   echo "== $job ($(date +%T), $left s left): $command"
-  MONO_BENCH_JSON=$PWD/$records/$job.jsonl MONO_BENCH_COMMAND=$command timeout "$left" "$@" 2>&1 |
+  MONO_BENCH_JSON=$records/$job.jsonl MONO_BENCH_COMMAND=$command timeout "$left" "$@" 2>&1 |
     grep -v -e '^\s*$' -e '^weights: '
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || echo "== $job: exit status $rc"
