@@ -65,10 +65,10 @@ pub struct StepShape {
 /// step of `requests` x `rows`, as when a command finds no GPU (`MONO_HOST_CTAS` still sets it),
 /// so that every command takes the same rows on the emulator whether it was asked for or not.
 fn open_device(requests: u32, rows: u32) -> device::Result<Device> {
-    if BackendChoice::from_env() == BackendChoice::Host {
-        return open_emulator(requests, rows);
+    match BackendChoice::from_env() {
+        BackendChoice::Host => open_emulator(requests, rows),
+        choice => Device::open_with(0, choice),
     }
-    Device::open(0)
 }
 
 /// Why a command found no GPU, when that is what `Device::open` failed with (no driver, or a
