@@ -165,8 +165,8 @@ MONO_BENCH_COMMIT=<the commit built> bash tools/bench/run.sh .gpu run step trace
 Each job writes `run/<job>.jsonl` (the PyTorch baselines, `tools/bench/*_torch.py`, as
 `run/<job>-torch.jsonl`); `step` is `mono bench --preset glm-5.2 --tp 8 --contexts 8192,131072
 --rows 1,4 --replays 20`, `trace` the 8K x 1 row `mono trace` whose `kinds.svg` is the picture
-beside this page. `MONO_RUN_SECONDS` (default 570) bounds the run, so that a device call with a
-time limit returns the records of the jobs that finished.
+beside this page. `MONO_RUN_SECONDS`, where set, bounds the run, so that a run with a time limit
+still leaves the records of the jobs that finished.
 
 A bench that flushes the L2 before a timed launch reads 256 MB of a buffer of its own
 (`device::probes::L2Flush`); `MONO_L2_FLUSH=memset` flushes by a memset instead, which leaves dirty
