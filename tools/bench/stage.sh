@@ -21,8 +21,8 @@ for line in sys.stdin:
 }
 
 echo "mono"
-cargo build --release --bin mono --message-format=json-render-diagnostics | executable bin mono |
-  xargs -I{} cp {} "$dir/mono"
+exe=$(cargo build --release --bin mono --message-format=json-render-diagnostics | executable bin mono)
+cp "$exe" "$dir/mono"
 for b in device:probes device:pages indexer:gpu select:gpu linear:gpu mla:gpu \
          executor:front executor:moe executor:half executor:head executor:chain; do
   crate=${b%%:*} name=${b#*:}
