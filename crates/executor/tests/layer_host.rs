@@ -805,3 +805,50 @@ fn mono_step_and_check_without_a_gpu_size_the_emulated_grid_for_their_rows() {
         "{out}"
     );
 }
+
+/// `mono dump --layers 2` is the same step's first two layers and the tail: its layers' digests
+/// are the whole model's, and `mono compare` names launch 2 as the first that differs: the whole
+/// model's third layer, the tail in the other. The control: more layers than the model has are
+/// refused, naming the count.
+#[test]
+#[ignore = "needs g++ (host emulation)"]
+fn mono_dump_of_the_first_layers_matches_the_whole_models_layers() {
+    let dir = std::env::temp_dir();
+    let file = |name: &str| dir.join(format!("mono-dump-{name}-{}", std::process::id()));
+    let (whole, first) = (file("whole"), file("first2"));
+    let dump = |out: &std::path::Path, layers: Option<&str>| {
+        let mut args: Vec<&std::ffi::OsStr> = ["dump", "--preset", "tiny", "--tp", "1"]
+            .iter()
+            .chain(&["--context", "20", "--out"])
+            .map(|s| s.as_ref())
+            .collect();
+        args.push(out.as_os_str());
+        if let Some(n) = layers {
+            args.push("--layers".as_ref());
+            args.push(n.as_ref());
+        }
+        mono(&args, 9)
+    };
+    let (passed, out) = dump(&whole, None);
+    assert!(passed, "{out}");
+    let (passed, out) = dump(&first, Some("2"));
+    assert!(passed, "{out}");
+    let compare = |a: &std::path::Path, b: &std::path::Path| {
+        mono(&["compare".as_ref(), a.as_os_str(), b.as_os_str()], 9)
+    };
+    let (equal, said) = compare(&whole, &first);
+    let (self_equal, _) = compare(&first, &first);
+    for f in [&whole, &first] {
+        std::fs::remove_file(f).ok();
+    }
+    assert!(self_equal);
+    assert!(!equal, "{said}");
+    assert!(
+        said.contains("first difference: launch 2 (layer 2") && said.contains("launch 2 (tail)"),
+        "{said}"
+    );
+    let (passed, refused) = dump(&first, Some("99"));
+    std::fs::remove_file(&first).ok();
+    assert!(!passed, "{refused}");
+    assert!(refused.contains("--layers 99"), "{refused}");
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{config, gpu_weights, open_device, scene_requests, with_step, StepShape};
+use super::{config, first_layers, gpu_weights, open_device, scene_requests, with_step, StepShape};
 use crate::step::digest::{compare, Comparison, Dump};
 use crate::step::{Result, StepError};
 use model::WeightFormat;
@@ -20,6 +20,10 @@ pub struct DumpArgs {
     /// Where to write the digests (stdout without it).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only the model's first this many layers and its head: every launch kind's digests on a GPU
+    /// that cannot hold the whole rank (a glm-5.2 TP8 rank takes about 97 GB; 40 layers fit 80 GB).
+    #[arg(long)]
+    pub layers: Option<usize>,
 }
 
 /// `mono dump`: the digests of every launch's outputs in one step, launched launch by launch
@@ -30,7 +34,7 @@ pub fn run_dump(args: &DumpArgs) -> Result<(), String> {
 
 fn dump(args: &DumpArgs) -> Result<()> {
     let s = &args.shape;
-    let cfg = config(&s.preset)?;
+    let (cfg, model) = first_layers(config(&s.preset)?, s.preset.clone(), args.layers)?;
     let dev = open_device(s.requests, s.rows)?;
     let requests = scene_requests(s.requests, s.rows, s.context)?;
     let weights = gpu_weights(&dev, &cfg, s.tp, 0, WeightFormat::Fp8, s.seed)?;
@@ -54,7 +58,7 @@ fn dump(args: &DumpArgs) -> Result<()> {
         },
     )?;
     let dump = dump
-        .with_header("preset", &s.preset)
+        .with_header("preset", &model)
         .with_header("seed", &s.seed.to_string())
         .with_header(
             "batch",
