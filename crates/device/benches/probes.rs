@@ -4,13 +4,9 @@
 //! `MONO_BENCH_JSON=file` it also appends its figures there as records (`device::report`).
 
 use device::report::{Figure, Reporter};
+use device::timing::median;
 use device::{Args, Device, Launch, ModuleCache};
 use std::time::Instant;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dev = match Device::open(0) {
@@ -95,7 +91,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(t0.elapsed_ms(&t1)? as f64 * 1e3)
     };
     direct(&stream)?;
-    let direct_us = median((0..50).map(|_| direct(&stream)).collect::<Result<_, _>>()?);
+    let direct_us = median(
+        &(0..50)
+            .map(|_| direct(&stream))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
     stream.begin_capture()?;
     for _ in 0..79 {
         stream.launch(&bump, one, &bargs)?;
@@ -110,7 +110,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(t0.elapsed_ms(&t1)? as f64 * 1e3)
     };
     replay()?;
-    let graph_us = median((0..50).map(|_| replay()).collect::<Result<_, _>>()?);
+    let graph_us = median(&(0..50).map(|_| replay()).collect::<Result<Vec<_>, _>>()?);
     let expected = 79 * (1 + 50 + 1 + 50);
     let got = counter.download()?[0];
     println!("79 launches: direct {direct_us:.1} us, one graph {graph_us:.1} us (median of 50; counter {got}, expected {expected})");

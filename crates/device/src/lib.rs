@@ -18,6 +18,7 @@ pub mod report;
 mod resources;
 mod skips;
 mod source;
+pub mod timing;
 
 pub use backend::{DeviceInfo, Launch};
 pub use bench_filter::BenchFilter;

@@ -19,6 +19,7 @@
 use device::pages::{PageSweep, SWEEP_STRIDE};
 use device::probes::ReadChain;
 use device::report::{Figure, Reporter};
+use device::timing::median;
 use device::Device;
 use model::{mla_cache_bytes_per_token, CacheFormat, ModelConfig, Storage, WeightFormat};
 
@@ -37,11 +38,6 @@ enum Before {
     WriteFlush,
     /// The read flush, then the TLBs swept.
     ReadFlushSwept,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A `[rows, cols]` FP8 matrix with its block scales, or a bf16 one, in bytes.
@@ -144,7 +140,7 @@ fn main() -> Result<(), Error> {
                 }
             }
         }
-        Ok((median(times), ends.into_iter().map(median).collect()))
+        Ok((median(&times), ends.iter().map(|e| median(e)).collect()))
     };
     let time = |links: &[usize], depth: u32, ctas_per_sm: u32| -> Result<f64, Error> {
         Ok(timed(links, depth, ctas_per_sm, Before::ReadFlush)?.0)

@@ -20,6 +20,7 @@
 mod support;
 
 use device::report::{Figure, Reporter};
+use device::timing::{capture, median, ReplayTimer};
 use device::Device;
 use executor::fused::front::{FrontGraph, FrontRequest};
 use executor::fused::front_gpu::{FrontInputs, FrontKernel, FrontLaunch, FrontOptions};
@@ -44,11 +45,6 @@ const CASES: [(u32, u32); 6] = [
     (524_288, 1),
     (524_288, 4),
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 fn main() -> Result<(), Error> {
     let dev = match Device::open(0) {
@@ -77,31 +73,16 @@ fn main() -> Result<(), Error> {
     let ghz = f64::from(dev.info().clock_khz) / 1e6;
     let epoch_node = EpochNode::build(dev, Variant::default())?;
     let bandwidth = device::probes::copy_bandwidth(dev, 1 << 30)?.bytes_per_s;
-    let flush = device::probes::L2Flush::new(dev)?;
+    let timer = ReplayTimer::new(dev)?;
     let stream = dev.new_stream()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
     // The median us a step of `issue`'s graph over `replays` replays; `after(i)` runs after each.
     let replays_us = |issue: &dyn Fn() -> Result<(), Error>,
                       replays: usize,
                       after: &mut dyn FnMut(usize) -> Result<(), Error>|
      -> Result<f64, Error> {
-        stream.begin_capture()?;
-        issue()?;
-        let graph = stream.end_capture()?;
-        graph.upload(&stream)?;
-        let mut times = Vec::new();
-        for i in 0..=replays {
-            flush.enqueue(dev, &stream)?;
-            t0.record(&stream)?;
-            graph.launch(&stream)?;
-            t1.record(&stream)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / COPIES as f64);
-                after(i)?;
-            }
-        }
-        Ok(median(times))
+        let graph = capture(&stream, issue)?;
+        let ms = timer.replays_ms(dev, &stream, &graph, replays, after)?;
+        Ok(median(&ms) * 1e3 / COPIES as f64)
     };
     let graph_us = |issue: &dyn Fn() -> Result<(), Error>| -> Result<f64, Error> {
         replays_us(issue, TIMED, &mut |_| Ok(()))

@@ -13,6 +13,7 @@
 mod support;
 
 use device::report::{Figure, Reporter};
+use device::timing::{median, ReplayTimer};
 use device::{Args, Device, Launch};
 use executor::fused::attention::{HalfBuild, HalfDims};
 use mailbox::gpu::{DeviceTable, LaunchTable, Variant};
@@ -27,11 +28,6 @@ const TIMED: usize = 20;
 /// The GPU test's tolerance (`tests/gpu_half.rs`): a case whose output misses it is not timed.
 const TOLERANCE: f64 = 3e-2;
 const TOPK: usize = 2048;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() -> Result<(), Error> {
     let dev = match Device::open(0) {
@@ -54,26 +50,10 @@ fn main() -> Result<(), Error> {
     let bandwidth = device::probes::copy_bandwidth(&dev, 256 << 20)?.bytes_per_s;
     let copy_module = dev.build(&device::probes::copy_source())?;
     let copy = copy_module.kernel("copy_16b")?;
-    let flush = device::probes::L2Flush::new(&dev)?;
+    let timer = ReplayTimer::new(&dev)?;
     let stream = dev.new_stream()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
     let graph_us = |issue: &dyn Fn() -> Result<(), Error>| -> Result<f64, Error> {
-        stream.begin_capture()?;
-        issue()?;
-        let graph = stream.end_capture()?;
-        graph.upload(&stream)?;
-        let mut times = Vec::new();
-        for i in 0..=TIMED {
-            flush.enqueue(&dev, &stream)?;
-            t0.record(&stream)?;
-            graph.launch(&stream)?;
-            t1.record(&stream)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
-            }
-        }
-        Ok(median(times))
+        Ok(timer.capture_median_ms(&dev, &stream, TIMED, issue)? * 1e3)
     };
     println!(
         "{}: copy bandwidth {:.2} TB/s; us a step (graph replay, L2 flushed)",
@@ -181,7 +161,7 @@ fn main() -> Result<(), Error> {
                 "  {:<12} {:>6} {:>10.2} {:>10.2} {:>12.2} {:>12.2}",
                 kind_name(kind),
                 mine.len(),
-                median(dur.clone()),
+                median(&dur),
                 dur.iter().copied().fold(0.0, f64::max),
                 start as f64 / 1e3,
                 end as f64 / 1e3

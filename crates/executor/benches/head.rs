@@ -14,6 +14,7 @@
 //! `cargo bench -p executor --bench head` on a GPU machine; prints "skipped" without one.
 
 use device::report::{Figure, Reporter};
+use device::timing::ReplayTimer;
 use device::{Args, Buffer, Device, Launch, Stream};
 use executor::fused::head::{
     dense_mlp_part, tail_part, DenseShape, DenseWeights, HeadDescriptors, HeadLists, TailShape,
@@ -32,15 +33,10 @@ type Error = Box<dyn std::error::Error>;
 const TIMED: usize = 20;
 const COPIES: usize = 6;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: device::probes::L2Flush,
+    timer: ReplayTimer,
     kernel: HeadKernel,
     traced: HeadKernel,
     copy: device::Kernel,
@@ -64,26 +60,12 @@ fn bytes_of(layout: &PackedLayout) -> usize {
 impl Bench {
     /// Microseconds a launch: median over replays of a graph of COPIES launches from `issue`.
     fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
-        let s = &self.stream;
-        s.begin_capture()?;
-        for i in 0..COPIES {
-            issue(i)?;
-        }
-        let graph = s.end_capture()?;
-        graph.upload(s)?;
-        let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
-        let mut times = Vec::new();
-        for i in 0..=TIMED {
-            self.flush.enqueue(&self.dev, s)?;
-            t0.record(s)?;
-            graph.launch(s)?;
-            t1.record(s)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / COPIES as f64);
-            }
-        }
-        Ok(median(times))
+        let ms = self
+            .timer
+            .capture_median_ms(&self.dev, &self.stream, TIMED, || {
+                (0..COPIES).try_for_each(issue)
+            })?;
+        Ok(ms * 1e3 / COPIES as f64)
     }
 
     /// The copy kernel moving `bytes` (half each way), each launch from its own source.
@@ -133,7 +115,7 @@ impl Bench {
 impl Bench {
     /// One traced launch, the L2 flushed before it: each phase's first start and last end.
     fn phases(&self, launch: &HeadLaunch) -> Result<(), Error> {
-        self.flush.enqueue(&self.dev, &self.stream)?;
+        self.timer.flush().enqueue(&self.dev, &self.stream)?;
         let trace = launch.trace(&self.dev, &self.traced, &self.stream)?;
         let tasks = launch.tasks();
         let t0 = trace.spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
@@ -204,7 +186,7 @@ fn main() -> Result<(), Error> {
     let copy_module = dev.build(&device::probes::copy_source())?;
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: device::probes::L2Flush::new(&dev)?,
+        timer: ReplayTimer::new(&dev)?,
         kernel: HeadKernel::build(&dev, Variant::default(), None)?,
         traced: HeadKernel::build_traced(&dev, Variant::default())?,
         copy: copy_module.kernel("copy_16b")?,

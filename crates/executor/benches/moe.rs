@@ -18,6 +18,7 @@
 //! `cargo bench -p executor --bench moe`
 
 use device::report::{Figure, Reporter};
+use device::timing::{median, ReplayTimer};
 use device::{Args, Device, Launch, Stream};
 use executor::fused::moe::{moe_source, MoeBuild, MoeGraph};
 use executor::fused::{CtaShape, ENTRY};
@@ -50,15 +51,10 @@ fn cold_copies(bytes: usize) -> usize {
 /// The most boxes a stamped launch may hold (a task writes its stamps at its first box's record).
 const MAX_STAMPED_BOXES: usize = 1 << 16;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: device::probes::L2Flush,
+    timer: ReplayTimer,
     copy: device::Kernel,
     _copy_module: device::Module,
 }
@@ -66,26 +62,12 @@ struct Bench {
 impl Bench {
     /// Microseconds a launch: median over replays of a graph of LAUNCHES launches from `issue`.
     fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
-        let s = &self.stream;
-        s.begin_capture()?;
-        for i in 0..LAUNCHES {
-            issue(i)?;
-        }
-        let graph = s.end_capture()?;
-        graph.upload(s)?;
-        let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
-        let mut times = Vec::new();
-        for i in 0..=TIMED {
-            self.flush.enqueue(&self.dev, s)?;
-            t0.record(s)?;
-            graph.launch(s)?;
-            t1.record(s)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / LAUNCHES as f64);
-            }
-        }
-        Ok(median(times))
+        let ms = self
+            .timer
+            .capture_median_ms(&self.dev, &self.stream, TIMED, || {
+                (0..LAUNCHES).try_for_each(issue)
+            })?;
+        Ok(ms * 1e3 / LAUNCHES as f64)
     }
 
     /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.
@@ -139,7 +121,7 @@ fn main() -> Result<(), Error> {
     };
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: device::probes::L2Flush::new(&dev)?,
+        timer: ReplayTimer::new(&dev)?,
         copy: copy_module.kernel("copy_16b")?,
         _copy_module: copy_module,
         dev,
@@ -197,7 +179,7 @@ fn main() -> Result<(), Error> {
             let lds = k.lds_budget(&bench.dev, lds_bytes(&g.shape, shape.threads)?)?;
             let d = DeviceMoe::new(&bench.dev, k, &p, &mem, &g.plan, lds)?;
             // Its weights cold too, as the timed launches' are (the upload leaves some in L2).
-            bench.flush.enqueue(&bench.dev, &bench.stream)?;
+            bench.timer.flush().enqueue(&bench.dev, &bench.stream)?;
             d.launch(&bench.stream, k, Tags::new(1)?, 0)?;
             bench.stream.sync()?;
             let words = buf.download()?;
@@ -279,12 +261,12 @@ fn print_stamps(g: &MoeGraph, words: &[u64], khz: u32) {
         let tile_kb = (16 * k + 8 * (k / 128)) as f64 / 1024.0;
         let mut text = format!(
             "    stamps {what} ({tasks} tasks of used slots, {:.0} KB median): us after the tile's start",
-            median(tiles) * tile_kb
+            median(&tiles) * tile_kb
         );
         for (name, col) in names.iter().zip(cols) {
             if !col.is_empty() {
                 let max = col.iter().copied().fold(0.0, f64::max);
-                text += &format!(", {name} {:.2}/{max:.2}", median(col));
+                text += &format!(", {name} {:.2}/{max:.2}", median(&col));
             }
         }
         println!("{text}");

@@ -34,6 +34,7 @@
 mod support;
 
 use device::report::{keys_label, Figure, Reporter};
+use device::timing::{median, ReplayTimer};
 use device::{Args, BenchFilter, Device, Launch};
 use indexer::gpu::KernelConfig;
 use indexer::reference::{IndexerDims, IndexerOptions, VectorFormat};
@@ -45,11 +46,6 @@ const KEYS: [u32; 3] = [8192, 131_072, 524_288];
 const ROWS: [u32; 4] = [1, 2, 4, 8];
 const TIMED: usize = 30;
 const COPIES: usize = 6;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 const METHODS: [&str; 3] = ["f16", "wgmma", "wgmma-pdl"];
 
@@ -117,9 +113,8 @@ fn main() -> Result<(), Error> {
         (METHODS[2], stage_of(wgmma, true)?),
     ];
     let dev = &stages[0].1.dev;
-    let flush = device::probes::L2Flush::new(dev)?;
+    let timer = ReplayTimer::new(dev)?;
     let stream = dev.new_stream()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
     let copy_module = dev.build(&device::probes::copy_source())?;
     let copy = copy_module.kernel("copy_16b")?;
     let copy_src = dev.alloc_zeroed::<[u32; 4]>(COPIES << 25)?;
@@ -128,39 +123,16 @@ fn main() -> Result<(), Error> {
     // One graph of COPIES launches issued by `issue`, per launch, L2 flushed before each replay.
     let graph_us =
         |stream: &device::Stream, issue: &dyn Fn() -> Result<(), Error>| -> Result<f64, Error> {
-            stream.begin_capture()?;
-            issue()?;
-            let graph = stream.end_capture()?;
-            graph.upload(stream)?;
-            let mut times = Vec::new();
-            for i in 0..=TIMED {
-                flush.enqueue(dev, stream)?;
-                t0.record(stream)?;
-                graph.launch(stream)?;
-                t1.record(stream)?;
-                t1.sync()?;
-                if i > 0 {
-                    times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / COPIES as f64);
-                }
-            }
-            Ok(median(times))
+            Ok(timer.capture_median_ms(dev, stream, TIMED, issue)? * 1e3 / COPIES as f64)
         };
 
     // The copy kernel moving `bytes` (half each way), timed as the scorer is.
     let copy_us = |bytes: f64| -> Result<(f64, f64), Error> {
         let words = ((bytes / 32.0) as u64).min(1 << 25);
         let args = Args::new().buf(&copy_src).buf(&copy_dst).u64(words);
-        let mut times = Vec::new();
-        for i in 0..=TIMED {
-            flush.enqueue(dev, &stream)?;
-            t0.record(&stream)?;
-            stream.launch(&copy, copy_launch, &args)?;
-            t1.record(&stream)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
-            }
-        }
+        let single = timer.direct_ms(dev, &stream, TIMED, || -> Result<(), Error> {
+            Ok(stream.launch(&copy, copy_launch, &args)?)
+        })?;
         let copies: Vec<Args> = (0..COPIES as u64)
             .map(|i| {
                 Args::new()
@@ -174,7 +146,7 @@ fn main() -> Result<(), Error> {
                 .iter()
                 .try_for_each(|a| Ok(stream.launch(&copy, copy_launch, a)?))
         })?;
-        Ok((median(times), graph))
+        Ok((median(&single) * 1e3, graph))
     };
     let mut lines = Vec::new();
     for keys in KEYS
@@ -217,17 +189,10 @@ fn main() -> Result<(), Error> {
                     // The timed scoring launches find the published queries and new keys ready.
                     stage.publish(&stream, &buffers, cache, cache)?;
                     stream.sync()?;
-                    let mut times = Vec::new();
-                    for i in 0..=TIMED {
-                        flush.enqueue(dev, &stream)?;
-                        t0.record(&stream)?;
-                        stage.kernels.score(&stream, &args)?;
-                        t1.record(&stream)?;
-                        t1.sync()?;
-                        if i > 0 {
-                            times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
-                        }
-                    }
+                    let single =
+                        timer.direct_ms(dev, &stream, TIMED, || -> Result<(), Error> {
+                            Ok(stage.kernels.score(&stream, &args)?)
+                        })?;
                     let each: Vec<_> = caches.iter().map(|c| buffers.stage(stage, c, c)).collect();
                     let graph = graph_us(&stream, &|| {
                         each.iter()
@@ -244,7 +209,7 @@ fn main() -> Result<(), Error> {
                             trace(
                                 traced,
                                 &stream,
-                                &flush,
+                                timer.flush(),
                                 &buffers,
                                 &caches,
                                 nominal_mhz,
@@ -269,7 +234,7 @@ fn main() -> Result<(), Error> {
                         chain,
                         *method,
                         plan.runs.len(),
-                        median(times),
+                        median(&single) * 1e3,
                         floor_bytes / bandwidth * 1e6,
                         copy,
                         graph,

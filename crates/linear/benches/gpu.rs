@@ -21,6 +21,7 @@
 //! `cargo bench -p linear --bench gpu`
 
 use device::report::{Figure, Reporter};
+use device::timing::{median, ReplayTimer};
 use device::{Args, Buffer, Device, Launch, Stream};
 use linear::cases::{Pattern, Problem};
 use linear::gpu::{
@@ -46,11 +47,6 @@ const MAX_TASKS: usize = 4096;
 /// Records the stamps buffer holds: one a box, since a task writes its record at its first box's.
 const MAX_STAMP_RECORDS: usize = MAX_TASKS * mailbox::layout::BOXES_PER_LINE as usize;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// One matrix of a launch: its problem, packed weight and the matrix it waits on.
 struct Part<'a> {
     problem: Problem,
@@ -68,7 +64,7 @@ struct Build {
 struct Bench {
     dev: Device,
     stream: Stream,
-    flush: device::probes::L2Flush,
+    timer: ReplayTimer,
     builds: Vec<Build>,
     /// `LIN_STAMP_BUF` of the traced builds: LIN_STAMP_WORDS a task, at its first box's record.
     stamps: Buffer<u64>,
@@ -83,26 +79,12 @@ struct Bench {
 impl Bench {
     /// Microseconds a launch: median over replays of a graph of LAUNCHES launches from `issue`.
     fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
-        let s = &self.stream;
-        s.begin_capture()?;
-        for i in 0..LAUNCHES {
-            issue(i)?;
-        }
-        let graph = s.end_capture()?;
-        graph.upload(s)?;
-        let (t0, t1) = (self.dev.timer()?, self.dev.timer()?);
-        let mut times = Vec::new();
-        for i in 0..=TIMED {
-            self.flush.enqueue(&self.dev, s)?;
-            t0.record(s)?;
-            graph.launch(s)?;
-            t1.record(s)?;
-            t1.sync()?;
-            if i > 0 {
-                times.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3 / LAUNCHES as f64);
-            }
-        }
-        Ok(median(times))
+        let ms = self
+            .timer
+            .capture_median_ms(&self.dev, &self.stream, TIMED, || {
+                (0..LAUNCHES).try_for_each(issue)
+            })?;
+        Ok(ms * 1e3 / LAUNCHES as f64)
     }
 
     /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.
@@ -218,7 +200,7 @@ impl Bench {
         for _ in 0..2 {
             self.epoch
                 .enqueue(&self.stream, &on_device.epoch, &on_device.scratch, tags)?;
-            self.flush.enqueue(&self.dev, &self.stream)?;
+            self.timer.flush().enqueue(&self.dev, &self.stream)?;
             self.stream
                 .memset(self.stamps.device_ptr(), 0, self.stamps.bytes())?;
             on_device.launch_traced(&self.stream, traced, tags, 0, &buffer)?;
@@ -249,7 +231,7 @@ impl Bench {
             "span {:.2} us, {} tasks: median {:.2} us, longest {:.2} us",
             line.end_us(),
             runs.len(),
-            median(runs),
+            median(&runs),
             longest
         );
         let firsts: Vec<f64> = (0..line.ctas)
@@ -273,7 +255,7 @@ impl Bench {
             let wait_end = wait.iter().map(|b| b.end_us).fold(0.0, f64::max);
             text += &format!(
                 "; tasks that wait on none end by {free_end:.2} us, the waiting ones start at {:.2} us (median) and end by {wait_end:.2} us",
-                median(starts)
+                median(&starts)
             );
         }
         Ok(text)
@@ -493,7 +475,7 @@ fn main() -> Result<(), Error> {
     }
     let bench = Bench {
         stream: dev.new_stream()?,
-        flush: device::probes::L2Flush::new(&dev)?,
+        timer: ReplayTimer::new(&dev)?,
         builds,
         stamps: stamps_buf,
         lds,
@@ -613,12 +595,12 @@ fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64]
             "    stamps {m} {} ({} tasks): start {:.2} (last {last:.2})",
             p.problem.name,
             starts.len(),
-            median(starts)
+            median(&starts)
         );
         for (name, col) in names.iter().zip(cols) {
             if !col.is_empty() {
                 let max = col.iter().copied().fold(0.0, f64::max);
-                text += &format!(", {name} {:.2}/{max:.2}", median(col));
+                text += &format!(", {name} {:.2}/{max:.2}", median(&col));
             }
         }
         println!("{text}");

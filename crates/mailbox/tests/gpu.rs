@@ -10,6 +10,7 @@
 //! protocol bug ends in a report instead of a hang; the latency ring uses the production build
 //! (and checks every value it hands off).
 
+use device::timing::median;
 use device::{Device, Graph, Stream};
 use mailbox::emulator::{self, evaluate_sequential, EmuConfig, Scratch};
 use mailbox::gpu::{
@@ -42,11 +43,6 @@ const BOUNDED: Variant = Variant {
     }),
     epoch_clear: true,
 };
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Hand-off latency around rings of CTAs (2, and one per SM): relaxed vs acquire polls, one box
 /// vs a 64-word row. Prints the figures for BENCHMARKS.md; asserts only that every value arrived
@@ -84,8 +80,8 @@ fn handoff_latency_ring() {
                     runs.iter().all(|r| r.errors == 0),
                     "{name} row {row}: values arrived wrong"
                 );
-                let ns = median(runs.iter().map(|r| r.ns_per_hop).collect());
-                let ms = median(runs.iter().map(|r| r.kernel_ms as f64).collect());
+                let ns = median(&runs.iter().map(|r| r.ns_per_hop).collect::<Vec<_>>());
+                let ms = median(&runs.iter().map(|r| r.kernel_ms as f64).collect::<Vec<_>>());
                 let used = runs[0].distinct_sms;
                 println!("{name:<8} {ctas:>5} {row:>5} {used:>8} {ns:>10.1} {ms:>10.3}");
             }
@@ -314,7 +310,7 @@ fn a_traced_launch_records_every_task_once() {
         sms.len(),
         run.kernel_ms * 1000.0,
         (last - first) as f64 / 1e3,
-        median(cycles),
+        median(&cycles),
         ns_ticks.iter().min()
     );
     if let Ok(dir) = std::env::var("MAILBOX_TRACE_DIR") {

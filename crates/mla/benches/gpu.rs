@@ -18,6 +18,7 @@
 mod support;
 
 use device::report::{keys_label, Figure, Reporter};
+use device::timing::{median, ReplayTimer};
 use device::{probes, Args, Device, Launch};
 use mla::layout::SplitChoice;
 use mla::trace::Timeline;
@@ -26,11 +27,6 @@ use support::{choice, kernel, shape, Attend, GpuScene, Pick, Request, Scene, PLA
 
 const TOPK: usize = 2048;
 const TIMED: usize = 30;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The rows of each case and how its attention is cut: the tests' choice first, then the others
 /// measured beside it (more or fewer slots a split, fewer rows a group, a combine a row).
@@ -64,23 +60,17 @@ fn main() -> Result<(), support::Error> {
     let report = Reporter::from_env(&dev.info().name);
     let bw = probes::copy_bandwidth(&dev, 256 << 20)?;
     println!("copy bandwidth {:.0} GB/s", bw.bytes_per_s / 1e9);
-    let flush = device::probes::L2Flush::new(&dev)?;
+    let timer = ReplayTimer::new(&dev)?;
     let copy_module = dev.build(&probes::copy_source())?;
     let copy = copy_module.kernel("copy_16b")?;
     let stream = dev.new_stream()?;
-    let (t0, t1) = (dev.timer()?, dev.timer()?);
     let timed = |graph: &device::Graph| -> Result<f64, support::Error> {
         graph.upload(&stream)?;
-        let mut us = Vec::new();
-        for _ in 0..TIMED + 3 {
-            flush.enqueue(&dev, &stream)?;
-            t0.record(&stream)?;
-            graph.launch(&stream)?;
-            t1.record(&stream)?;
-            t1.sync()?;
-            us.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
-        }
-        Ok(median(us[3..].to_vec()))
+        // Three replays untimed: the timer's own and two more.
+        let ms = timer.replays_ms(&dev, &stream, graph, TIMED + 2, |_| {
+            Ok::<(), support::Error>(())
+        })?;
+        Ok(median(&ms[2..]) * 1e3)
     };
     let mut timelines = Vec::new();
     println!(
@@ -127,14 +117,14 @@ fn main() -> Result<(), support::Error> {
             traced.upload(&stream)?;
             let (mut spans, mut timeline) = (Vec::new(), None);
             for _ in 0..TIMED {
-                flush.enqueue(&dev, &stream)?;
+                timer.flush().enqueue(&dev, &stream)?;
                 traced.launch(&stream)?;
                 stream.sync()?;
                 let tl = Timeline::parse(&t.trace.as_ref().expect("traced").download()?);
                 spans.push(tl.span_ns() as f64 / 1e3);
                 timeline = Some(tl);
             }
-            let in_launch = median(spans);
+            let in_launch = median(&spans);
             let traced_err = scene.error(&t.out.download()?);
             let bytes = scene.distinct_slots * scene.shape.cache.bytes_per_token();
             let words = bytes.div_ceil(16);

@@ -15,6 +15,7 @@
 //! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8);
 //! an unset variable takes every case.
 
+use device::timing::median;
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
 use model::Preset;
@@ -71,11 +72,6 @@ impl Picked {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Microseconds per select: the median over replays of a graph of `repeats` selects.
 fn time(
     dev: &Device,
@@ -103,7 +99,7 @@ fn time(
     for _ in 0..REPLAYS {
         us.push(replay().map_err(|e| text(&e))? as f64 * 1000.0 / repeats as f64);
     }
-    Ok(median(us))
+    Ok(median(&us))
 }
 
 /// One case: built, checked once against the reference, timed.

@@ -43,11 +43,7 @@ pub struct KindTime {
     pub chosen: Option<(u64, Vec<ChosenFloor>)>,
 }
 
-pub fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
+pub use device::timing::median;
 
 impl StepTimes {
     pub fn step_ms(&self) -> f64 {
