@@ -279,9 +279,13 @@ MONO_DEV u32 lin_min(u32 a, u32 b) { return a < b ? a : b; }
 #define LIN_STAMP_LAST 4u     // the last batch multiplied / its slot landed
 #define LIN_STAMP_STORED 5u   // the last round's epilogue stored
 #define LIN_STAMP_PUBLISHED 6u
+#define LIN_STAMP_SLOWEST 7u  // the slowest group's last batch multiplied (LAST is the leader's own)
 #define LIN_STAMP_WORDS 8u
 #if LIN_STAMPS
 __shared__ u64 lin_stamps[LIN_STAMP_WORDS];
+// Each group's own "last", which its lane 0 notes; the leader keeps the latest once a team barrier
+// has passed (lin_stamp_slowest). Up to 1024 threads: 32 groups.
+__shared__ u64 lin_group_last[32];
 // The clock once `dep` is known (so a stamp is not hoisted above the load it follows).
 MONO_DEV u64 lin_clock_after(u32 dep) {
 #if MONO_NVIDIA
@@ -297,10 +301,26 @@ MONO_DEV u64 lin_clock_after(u32 dep) {
   do {                          \
     if ((team).leader()) lin_stamps[j] = lin_clock_after(dep); \
   } while (0)
+#define LIN_STAMP_GROUP(grp, lane) \
+  do {                             \
+    if ((lane) == 0) lin_group_last[grp] = lin_clock_after(0u); \
+  } while (0)
+template <class Team>
+MONO_DEV void lin_stamp_slowest(const Team& team) {
+  if (!team.leader()) return;
+  u64 t = 0;
+  for (u32 g = 0; g < Team::size / LIN_GROUP; ++g) t = lin_group_last[g] > t ? lin_group_last[g] : t;
+  lin_stamps[LIN_STAMP_SLOWEST] = t;
+}
 #else
 #define LIN_STAMP(team, j, dep) \
   do {                          \
   } while (0)
+#define LIN_STAMP_GROUP(grp, lane) \
+  do {                             \
+  } while (0)
+template <class Team>
+MONO_DEV void lin_stamp_slowest(const Team&) {}
 #endif
 
 // A weight load of the register path, around L1 on NVIDIA (ld.global.nc.L1::no_allocate): a CTA
@@ -531,11 +551,15 @@ MONO_DEV bool lin_tiles_regs(const Team& team, const lin_matrix& m, const lin_pl
       for (u32 j = 0; j < L; ++j) cur[j] = nxt[j];
       cr = nr, ci = ni, ctile = ntile, cunit = nunit, have = nhave;
     }
-    if (r + 1 == p.rounds) LIN_STAMP(team, LIN_STAMP_LAST, 0u);
+    if (r + 1 == p.rounds) {
+      LIN_STAMP(team, LIN_STAMP_LAST, 0u);
+      LIN_STAMP_GROUP(grp, lane);
+    }
     const u32 w = r % W;
     lin_flush<RT>(acc, lin_group_sums(lin_slot(parts, wide, w, slot_floats), grp, RT), lane);
     if (w + 1 == W || r + 1 == p.rounds) lin_rounds_end<RT>(team, m, p, r - w, w + 1, first, parts, wide);
   }
+  lin_stamp_slowest(team);  // the last round's end was a team barrier
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
 }
@@ -684,6 +708,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
       }
       lin_multiply<FP8, RT>(acc, w, xs, xstride, m.rows, unit * unit_k, s0, s1, lane);
     }
+    if (s + 1 == g.steps) LIN_STAMP_GROUP(grp, lane);
     if (i + 1 == g.per_round) {
       lin_flush<RT>(acc, lin_group_sums(parts, grp, RT), lane);
       lin_rounds_end<RT>(team, m, p, r, 1u, first, parts, parts);
@@ -694,6 +719,7 @@ MONO_DEV bool lin_tiles_ring(const Team& team, const lin_matrix& m, const lin_pl
   // plain LDS.
   if (team.leader())
     for (u32 j = 0; j < g.slots; ++j) mono_lds_barrier_inval(base + g.bar + 8u * j);
+  lin_stamp_slowest(team);
   LIN_STAMP(team, LIN_STAMP_STORED, 0u);
   return true;
 }

@@ -105,12 +105,16 @@ fn every_task_of_the_tiny_step_is_traced_and_drawn() {
         .contains("linear tiles of each kind's last launch"));
     std::fs::remove_dir_all(&out).unwrap();
 
-    // Negative controls: a tile's milestones out of order, one task's record unwritten, and two
-    // launches out of order.
+    // Negative controls: a tile's milestones out of order, its slowest group's last batch after
+    // its epilogue stored, one task's record unwritten, and two launches out of order.
     let mut swapped_tile = t.tiles.clone();
     let row = swapped_tile.iter_mut().find(|r| r.us[0] < r.us[5]).unwrap();
     row.us.swap(0, 5);
     let err = check_tiles(&t.raw, &swapped_tile).unwrap_err();
+    assert!(err.contains("out of order"), "{err}");
+    let mut late_slowest = t.tiles.clone();
+    late_slowest[0].us[6] = late_slowest[0].us[4].map(|stored| stored + 1.0);
+    let err = check_tiles(&t.raw, &late_slowest).unwrap_err();
     assert!(err.contains("out of order"), "{err}");
     let mut missing = t.raw.clone();
     let last = missing.len() - 1;
@@ -158,16 +162,23 @@ fn check_tiles(raw: &[TracedLaunch], tiles: &[TileRow]) -> Result<(), String> {
         return Err("a row of no launch kind".into());
     }
     for r in tiles {
-        // ready, x, last, stored, published: every range passes them; first only where the
-        // leader's group has a batch.
-        let noted: Vec<f64> = r.us.iter().flatten().copied().collect();
-        if [0, 1, 3, 4, 5].iter().any(|&j| r.us[j].is_none()) {
+        // ready, x, last, stored, published and the slowest group's last: every range passes
+        // them; first only where the leader's group has a batch.
+        let noted: Vec<f64> = r.us[..6].iter().flatten().copied().collect();
+        if [0, 1, 3, 4, 5, 6].iter().any(|&j| r.us[j].is_none()) {
             return Err(format!(
                 "{} {}: a milestone missing: {:?}",
                 r.task, r.part, r.us
             ));
         }
-        if noted.windows(2).any(|w| w[0] > w[1]) || noted[0] < 0.0 {
+        // The slowest group's last batch: no sooner than the leader's group's, and before the
+        // epilogue that waits on every group has stored.
+        let (last, stored, slowest) = (r.us[3], r.us[4], r.us[6]);
+        if noted.windows(2).any(|w| w[0] > w[1])
+            || noted[0] < 0.0
+            || slowest < last
+            || slowest > stored
+        {
             return Err(format!(
                 "{} {}: milestones out of order: {:?}",
                 r.task, r.part, r.us

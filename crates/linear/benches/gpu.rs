@@ -561,8 +561,8 @@ fn chain_fits(chain: &[Part]) -> bool {
 /// start (the timeline's clock, us from the launch's first task; median and last), then each
 /// milestone's median and longest in us after the task's start (SM clock): the descriptor read
 /// and first loads issued, the input wait over, x staged, the first and the last batch multiplied
-/// (or slot landed), the last epilogue stored, the boxes published, the task's end. A milestone a
-/// task does not reach (0) is left out.
+/// (or slot landed), the last epilogue stored, the boxes published, the slowest group's last batch
+/// multiplied, the task's end. A milestone a task does not reach (0) is left out.
 fn text_stamps(line: &Timeline, table: &TaskTable, parts: &[Part], words: &[u64], khz: u32) {
     let ghz = f64::from(khz) / 1e6;
     let marks = STAMP_MILESTONES.len();

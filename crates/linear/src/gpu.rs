@@ -21,11 +21,21 @@ pub const NORM_PROBE_HIP: (&str, &str) =
 /// `kernels/ops/linear.h`), at `LIN_STAMP_BUF` + its first box's record (a pair task: its gate/up's
 /// there, its down's at the next box's).
 pub const STAMP_WORDS: usize = 8;
-/// The milestone each stamp word `LIN_STAMP_TILE..=LIN_STAMP_PUBLISHED` records, in word order:
+/// The milestone each stamp word `LIN_STAMP_TILE..=LIN_STAMP_SLOWEST` records, in word order:
 /// the matrix descriptor read and first loads issued, the input wait over, x in LDS, the first
-/// and the last batch multiplied (or slot landed), the last epilogue stored, the boxes published.
-pub const STAMP_MILESTONES: [&str; 7] =
-    ["desc", "ready", "x", "first", "last", "stored", "published"];
+/// and the last batch multiplied (or slot landed) by the leader's group, the last epilogue stored,
+/// the boxes published, and the last batch multiplied by the slowest group (what the epilogue
+/// waits on: "stored" less this is the epilogue's own time, this less "last" the groups' spread).
+pub const STAMP_MILESTONES: [&str; 8] = [
+    "desc",
+    "ready",
+    "x",
+    "first",
+    "last",
+    "stored",
+    "published",
+    "slowest",
+];
 
 /// The record at box `record` of `words` (`STAMP_WORDS` a box): each milestone after the first,
 /// in clock ticks after the tile's start (None where the tile did not reach it); None when no tile
@@ -497,11 +507,20 @@ mod tests {
     fn a_stamp_record_reads_after_its_tile_start_and_an_unwritten_one_reads_as_none() {
         let mut words = vec![0u64; 3 * STAMP_WORDS];
         let at = STAMP_WORDS;
-        words[at..at + STAMP_MILESTONES.len()].copy_from_slice(&[100, 110, 0, 130, 140, 150, 160]);
+        words[at..at + STAMP_MILESTONES.len()]
+            .copy_from_slice(&[100, 110, 0, 130, 140, 150, 160, 142]);
         let got = stamp_milestones(&words, 1).unwrap();
         assert_eq!(
             got,
-            [Some(10), None, Some(30), Some(40), Some(50), Some(60)]
+            [
+                Some(10),
+                None,
+                Some(30),
+                Some(40),
+                Some(50),
+                Some(60),
+                Some(42)
+            ]
         );
         assert_eq!(stamp_milestones(&words, 0), None);
         assert_eq!(stamp_milestones(&words, 3), None);

@@ -2,8 +2,9 @@
 //! `LIN_STAMP_*` clock readings (`kernels/ops/linear.h`), read back for the last launch of each
 //! kind (the records sit at an address built into the kind's kernel, so each launch overwrites the
 //! one before), as microseconds after the tile's start: when its input wait ended, x was in LDS,
-//! the first and last batches were multiplied, the epilogue stored and the boxes published. A
-//! pair task gives two rows, its gate/up's and its down's.
+//! the first and last batches were multiplied, the epilogue stored, the boxes published and the
+//! slowest group's last batch was multiplied. A pair task gives two rows, its gate/up's and its
+//! down's.
 
 use linear::gpu::{stamp_milestones, STAMP_MILESTONES};
 use mailbox::trace::{Record, RECORD_MARK};
