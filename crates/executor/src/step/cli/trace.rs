@@ -46,7 +46,8 @@ pub struct TraceArgs {
     #[arg(long, requires = "synthetic")]
     pub no_gpu: bool,
     /// Also each linear tile's milestones (input wait over, x staged, first and last batch,
-    /// stored, published: us after the tile's start), of the last launch of each kind: OUT/tiles.tsv
+    /// stored, published, the slowest group's last batch: us after the tile's start), of the last
+    /// launch of each kind: OUT/tiles.tsv
     /// and a line a matrix in the summary. The stamps cost the tiles a little time.
     #[arg(long, conflicts_with = "synthetic")]
     pub tiles: bool,
