@@ -125,7 +125,7 @@ TABLES = [
      "step; the notes give the floor with every expert the rows may touch) over the copy bandwidth "
      "of the same run. Each launch kind's figure is the median of its launches in one step launched "
      "directly, events between launches. Where the time goes and every idea tried: "
-     "`crates/executor/PERF.md`; the per-CTA timeline of each launch kind's first launch at `f051ac1`, 1 row "
+     "`crates/executor/PERF.md`; the per-CTA timeline of each launch kind's first launch at `1ca6545`, 1 row "
      "(`mono trace`): [step-trace.svg](step-trace.svg). Targets: the step at most 1.5 x its floor "
      "at 1 row, 1.6 x at 4 rows. Anchors, whole systems serving a token at TP8 with their "
      "all-reduces (not measured here): vLLM on 8 x H200 at batch 1 about 19 ms a token, TileRT on "
