@@ -10,6 +10,7 @@
 //! protocol bug ends in a report instead of a hang; the latency ring uses the production build
 //! (and checks every value it hands off).
 
+use device::report::{Figure, Reporter};
 use device::timing::median;
 use device::{Device, Graph, Stream};
 use mailbox::emulator::{self, evaluate_sequential, EmuConfig, Scratch};
@@ -61,6 +62,8 @@ fn handoff_latency_ring() {
         "{:<8} {:>5} {:>5} {:>8} {:>10} {:>10}",
         "polls", "ring", "row", "SMs", "ns/hop", "kernel ms"
     );
+    // (acquire polls, CTAs, row words, ns a hop), for the records written after both kinds ran.
+    let mut hops = Vec::new();
     for (name, acquire) in [("relaxed", false), ("acquire", true)] {
         let variant = Variant {
             poll_acquire: acquire,
@@ -84,7 +87,40 @@ fn handoff_latency_ring() {
                 let ms = median(&runs.iter().map(|r| r.kernel_ms as f64).collect::<Vec<_>>());
                 let used = runs[0].distinct_sms;
                 println!("{name:<8} {ctas:>5} {row:>5} {used:>8} {ns:>10.1} {ms:>10.3}");
+                hops.push((acquire, ctas, row, ns));
             }
+        }
+    }
+    // BENCHMARKS.md's "mailbox hand-off" table (`MONO_BENCH_JSON`): relaxed polls against the
+    // acquire polls of the same run.
+    let report = Reporter::from_env(&dev.info().name);
+    let ns_of = |acquire: bool, ctas: u32, row: u32| {
+        hops.iter()
+            .find(|h| h.0 == acquire && h.1 == ctas && h.2 == row)
+            .map(|h| h.3)
+            .expect("every case ran with both kinds of poll")
+    };
+    for row in [1, 64] {
+        for ctas in [2, sms] {
+            let what = if row == 1 {
+                "1 box".to_string()
+            } else {
+                format!("{row}-word row")
+            };
+            let on = if ctas == 2 {
+                "2 CTAs on 2 SMs".to_string()
+            } else {
+                format!("{ctas} CTAs (one a SM)")
+            };
+            let figure = Figure::new(
+                "mailbox hand-off",
+                &format!("{what}, {on}"),
+                "relaxed polls",
+                ns_of(false, ctas, row),
+                "ns",
+            )
+            .baseline(ns_of(true, ctas, row), "acquire polls, same run");
+            report.write(&figure).unwrap();
         }
     }
 }
