@@ -102,6 +102,21 @@ impl ReplayTimer {
             |_| Ok::<(), E>(()),
         )?))
     }
+
+    /// `launches` launches, launch i enqueued by `issue(i)`, captured into one graph: the median
+    /// microseconds a launch over `replays` timed replays of it.
+    pub fn launches_us<E: From<DeviceError>>(
+        &self,
+        dev: &Device,
+        stream: &Stream,
+        replays: usize,
+        launches: usize,
+        issue: impl Fn(usize) -> std::result::Result<(), E>,
+    ) -> std::result::Result<f64, E> {
+        let ms =
+            self.capture_median_ms(dev, stream, replays, || (0..launches).try_for_each(issue))?;
+        Ok(ms * 1e3 / launches as f64)
+    }
 }
 
 /// What `issue` enqueues on `stream`, captured into one graph and uploaded.

@@ -60,12 +60,8 @@ fn bytes_of(layout: &PackedLayout) -> usize {
 impl Bench {
     /// Microseconds a launch: median over replays of a graph of COPIES launches from `issue`.
     fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
-        let ms = self
-            .timer
-            .capture_median_ms(&self.dev, &self.stream, TIMED, || {
-                (0..COPIES).try_for_each(issue)
-            })?;
-        Ok(ms * 1e3 / COPIES as f64)
+        self.timer
+            .launches_us(&self.dev, &self.stream, TIMED, COPIES, issue)
     }
 
     /// The copy kernel moving `bytes` (half each way), each launch from its own source.

@@ -62,12 +62,8 @@ struct Bench {
 impl Bench {
     /// Microseconds a launch: median over replays of a graph of LAUNCHES launches from `issue`.
     fn graph_us(&self, issue: &dyn Fn(usize) -> Result<(), Error>) -> Result<f64, Error> {
-        let ms = self
-            .timer
-            .capture_median_ms(&self.dev, &self.stream, TIMED, || {
-                (0..LAUNCHES).try_for_each(issue)
-            })?;
-        Ok(ms * 1e3 / LAUNCHES as f64)
+        self.timer
+            .launches_us(&self.dev, &self.stream, TIMED, LAUNCHES, issue)
     }
 
     /// The copy kernel moving `bytes` (half each way), sources rotated to stay cold.

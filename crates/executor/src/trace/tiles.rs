@@ -6,6 +6,7 @@
 //! slowest group's last batch was multiplied. A pair task gives two rows, its gate/up's and its
 //! down's.
 
+use device::timing::median;
 use linear::gpu::{stamp_milestones, STAMP_MILESTONES};
 use mailbox::trace::{Record, RECORD_MARK};
 use mailbox::Task;
@@ -138,12 +139,11 @@ pub fn tiles_summary(rows: &[TileRow]) -> String {
     for ((kind, link, part), members) in groups {
         text.push_str(&format!("{kind}: {link} ({part}, {}):", members.len()));
         for (j, m) in STAMP_MILESTONES[1..].iter().enumerate() {
-            let mut v: Vec<f64> = members.iter().filter_map(|r| r.us[j]).collect();
+            let v: Vec<f64> = members.iter().filter_map(|r| r.us[j]).collect();
             if v.is_empty() {
                 continue;
             }
-            v.sort_by(f64::total_cmp);
-            text.push_str(&format!(" {m} {:.2}", v[v.len() / 2]));
+            text.push_str(&format!(" {m} {:.2}", median(&v)));
         }
         text.push('\n');
     }
