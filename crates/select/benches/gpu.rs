@@ -14,7 +14,13 @@
 //! `SELECT_BENCH_PARTS` (multi-slice, one-cta, registers, short-rows, trace),
 //! `SELECT_BENCH_KEYS` (8192, ..., 1048576; registers: 8192, 16384), `SELECT_BENCH_ROWS` (1, 4, 8);
 //! an unset variable takes every case.
+//! With `MONO_BENCH_JSON=file` the figures of the exact cases are also appended there as records
+//! (`device::report`): table "select" (with its floor) and "select, launch floor" (the short
+//! rows); the phases are printed only. A case that is not exact, or not timed, is printed but not
+//! recorded. Such a case, a traced select that is not exact and a build that fails each make the
+//! run exit non-zero once everything is printed, so that a run short of records says so.
 
+use device::report::{keys_label, Figure, Reporter};
 use device::timing::median;
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
@@ -102,8 +108,51 @@ fn time(
     Ok(median(&us))
 }
 
+/// Microseconds per select of a case that was exact and timed.
+struct Timed {
+    /// Launches overlapping the one before; `None` for a kind that does not overlap.
+    overlapped: Option<f64>,
+    plain: f64,
+}
+
+/// One case's cell of the table, and its times where it was exact and every timing came back.
+struct Measured {
+    cell: String,
+    timed: Option<Timed>,
+}
+
+impl Measured {
+    fn failed(cell: String) -> Self {
+        Self { cell, timed: None }
+    }
+}
+
+/// The records of one measured case: overlapped launches (where the kind overlaps), then plain.
+fn figures(table: &str, sel: &Selector, rows: usize, len: u32, t: &Timed) -> Vec<Figure> {
+    let case = format!(
+        "{} x {rows} {}",
+        keys_label(u64::from(len)),
+        if rows == 1 { "row" } else { "rows" }
+    );
+    let kind = match sel.method() {
+        Method::Registers => "registers kind",
+        Method::OneCta => "one-CTA kind",
+        Method::MultiSlice => "slices (a gang a row)",
+    };
+    let threads = sel.shape().threads;
+    let figure = |launches: &str, us: f64| {
+        let what = format!("{kind}, task-list entry ({threads} threads), {launches}");
+        Figure::new(table, &case, &what, us, "us")
+    };
+    t.overlapped
+        .map(|us| figure("overlapped", us))
+        .into_iter()
+        .chain([figure("plain", t.plain)])
+        .collect()
+}
+
 /// One case: built, checked once against the reference, timed.
-fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32) -> String {
+fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32) -> Measured {
     let top = glm5();
     let lens = vec![len; rows];
     let scores = cases::rows(
@@ -120,7 +169,7 @@ fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32
     };
     let batch = match Batch::upload(dev, sel, &r, None) {
         Ok(b) => b,
-        Err(e) => return format!("upload failed: {e}"),
+        Err(e) => return Measured::failed(format!("upload failed: {e}")),
     };
     let checked = batch
         .enqueue(sel, stream, 1)
@@ -142,8 +191,14 @@ fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32
     };
     if !sel.overlapping() {
         return match (time(dev, stream, &batch, sel, repeats), checked) {
-            (Ok(us), Ok(c)) => format!("{us:>13.2} {c:<8}"),
-            (us, c) => format!("failed: {us:?} {c:?}"),
+            (Ok(us), Ok(c)) => Measured {
+                cell: format!("{us:>13.2} {c:<8}"),
+                timed: (c == "exact").then_some(Timed {
+                    overlapped: None,
+                    plain: us,
+                }),
+            },
+            (us, c) => Measured::failed(format!("failed: {us:?} {c:?}")),
         };
     }
     // Launches that overlap the one before (the default), then plain ones, in the same call.
@@ -152,19 +207,25 @@ fn case(dev: &Device, stream: &Stream, sel: &mut Selector, rows: usize, len: u32
     let plain = time(dev, stream, &batch, sel, repeats);
     sel.set_overlapping(true);
     match (overlapped, plain, checked) {
-        (Ok(on), Ok(off), Ok(c)) => format!("{:>13} {c:<8}", format!("{on:.2}/{off:.2}")),
-        (on, off, c) => format!("failed: {on:?} {off:?} {c:?}"),
+        (Ok(on), Ok(off), Ok(c)) => Measured {
+            cell: format!("{:>13} {c:<8}", format!("{on:.2}/{off:.2}")),
+            timed: (c == "exact").then_some(Timed {
+                overlapped: Some(on),
+                plain: off,
+            }),
+        },
+        (on, off, c) => Measured::failed(format!("failed: {on:?} {off:?} {c:?}")),
     }
 }
 
 /// Builds the production-variant selector of `method` for rows of at most `len` keys.
 fn build(dev: &Device, method: Method, len: u32, trace: bool) -> Option<Selector> {
     let shared = dev.info().max_shared_per_block;
-    let shape = Shape {
-        trace,
-        ..Shape::for_rows_within(method, glm5(), len, shared).ok()?
-    };
-    Selector::build(dev, method, shape, Variant::default())
+    Shape::for_rows_within(method, glm5(), len, shared)
+        .and_then(|shape| {
+            let shape = Shape { trace, ..shape };
+            Selector::build(dev, method, shape, Variant::default())
+        })
         .map_err(|e| println!("{} {len}: build failed: {e}", method.name()))
         .ok()
 }
@@ -187,6 +248,18 @@ fn main() -> Result<(), String> {
         "copy bandwidth: {:.2} TB/s (read + written)",
         bytes_per_us / 1e6
     );
+    let report = Reporter::from_env(&dev.info().name);
+    let floor_how = format!(
+        "the scores read once at the copy bandwidth measured in the same call ({:.2} TB/s)",
+        bytes_per_us / 1e6
+    );
+    let write = |figures: Vec<Figure>| -> Result<(), String> {
+        figures
+            .iter()
+            .try_for_each(|f| report.write(f))
+            .map_err(|e| e.to_string())
+    };
+    let mut failed = 0;
     let mut table = Vec::new();
     let cases = [Method::Registers, Method::OneCta, Method::MultiSlice]
         .into_iter()
@@ -201,17 +274,28 @@ fn main() -> Result<(), String> {
         .filter(|&(m, len)| picked.any_rows(m.name(), len));
     for (method, len) in cases {
         let Some(mut sel) = build(&dev, method, len, false) else {
+            failed += 1;
             continue;
         };
         for rows in ROWS
             .into_iter()
             .filter(|&r| picked.case(method.name(), len, r))
         {
-            let cell = case(&dev, &stream, &mut sel, rows, len);
+            let m = case(&dev, &stream, &mut sel, rows, len);
             let floor = (rows as f64 * len as f64 * 4.0) / bytes_per_us;
+            match &m.timed {
+                Some(t) => write(
+                    figures("select", &sel, rows, len, t)
+                        .into_iter()
+                        .map(|f| f.floor(floor, &floor_how))
+                        .collect(),
+                )?,
+                None => failed += 1,
+            }
             let line = format!(
-                "{:<12} {rows:>4} {len:>8} {cell} {floor:>9.2}",
-                method.name()
+                "{:<12} {rows:>4} {len:>8} {} {floor:>9.2}",
+                method.name(),
+                m.cell
             );
             eprintln!("{line}");
             table.push(line);
@@ -226,6 +310,7 @@ fn main() -> Result<(), String> {
         .filter(|_| short_rows)
     {
         let Some(mut sel) = build(&dev, method, 8192, false) else {
+            failed += 1;
             continue;
         };
         for rows in ROWS
@@ -233,15 +318,20 @@ fn main() -> Result<(), String> {
             .filter(|r| picked.rows.allows(&r.to_string()))
         {
             let k = glm5().k();
-            let cell = case(&dev, &stream, &mut sel, rows, k);
+            let m = case(&dev, &stream, &mut sel, rows, k);
+            match &m.timed {
+                Some(t) => write(figures("select, launch floor", &sel, rows, k, t))?,
+                None => failed += 1,
+            }
             table.push(format!(
-                "{:<12} {rows:>4} {k:>8} {cell} (launch floor, {})",
+                "{:<12} {rows:>4} {k:>8} {} (launch floor, {})",
                 "short-rows",
+                m.cell,
                 method.name()
             ));
         }
     }
-    let traces: Vec<String> = [
+    let traces: Vec<(String, bool)> = [
         (Method::Registers, 8192),
         (Method::OneCta, 8192),
         (Method::MultiSlice, 131072),
@@ -261,17 +351,23 @@ fn main() -> Result<(), String> {
         "\nphases of one select, 4 rows (SEL_TRACE build, one launch): SM cycles since the CTA \
          began (us at {H200_SM_MHZ} MHz, the H200's SM clock in our runs)"
     );
-    for t in traces {
-        println!("{t}");
+    for (line, exact) in traces {
+        println!("{line}");
+        failed += usize::from(!exact);
+    }
+    if failed > 0 {
+        return Err(format!(
+            "{failed} failed (above): a build, or a case not exact or not timed"
+        ));
     }
     Ok(())
 }
 
 /// One select of 4 random rows by a `SEL_TRACE` build of `shape`, warm (a select before it): its
-/// marks.
-fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
+/// marks, and whether it was exact.
+fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> (String, bool) {
     let name = format!("{} 4 x {len}", method.name());
-    let run = || -> Result<String, String> {
+    let run = || -> Result<(String, bool), String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let sel = build(dev, method, len, true).ok_or("no build")?;
         let lens = vec![len; 4];
@@ -299,14 +395,15 @@ fn trace(dev: &Device, stream: &Stream, method: Method, len: u32) -> String {
                 format!("{phase} {cycles} ({us:.2} us)")
             })
             .collect();
-        Ok(format!(
+        let line = format!(
             "{} | {}",
             if exact { "exact" } else { "MISMATCH" },
             phases.join(" | ")
-        ))
+        );
+        Ok((line, exact))
     };
     match run() {
-        Ok(line) => format!("{name:<24} {line}"),
-        Err(e) => format!("{name:<24} failed: {e}"),
+        Ok((line, exact)) => (format!("{name:<24} {line}"), exact),
+        Err(e) => (format!("{name:<24} failed: {e}"), false),
     }
 }
