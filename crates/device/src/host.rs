@@ -707,12 +707,48 @@ int main(int argc, char** argv) {
     t
 }
 
+/// A scratch directory of this process: `mono-host-<pid>-<n>` in the system's temporary directory.
+/// The first one a process makes clears the ones that processes no longer running left behind: a
+/// launch's directory holds the whole device image (gigabytes at a large preset), and a run that
+/// was killed never removed it.
 fn scratch_dir() -> Result<PathBuf> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if n == 0 {
+        remove_orphaned_scratch(&std::env::temp_dir());
+    }
     let dir = std::env::temp_dir().join(format!("mono-host-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| host_error("scratch", e.to_string()))?;
     Ok(dir)
+}
+
+/// The pid a scratch directory's name holds, if it is one.
+fn scratch_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("mono-host-")?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Removes the scratch directories in `root` whose process is gone (Linux: no `/proc/<pid>`;
+/// elsewhere nothing is removed). Best effort: a directory that cannot be removed stays.
+fn remove_orphaned_scratch(root: &Path) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(scratch_owner) else {
+            continue;
+        };
+        if !proc.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn write_executable(path: &Path, image: &[u8]) -> Result<()> {
@@ -720,4 +756,42 @@ fn write_executable(path: &Path, image: &[u8]) -> Result<()> {
     std::fs::write(path, image).map_err(|e| host_error("module_load", e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| host_error("module_load", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_names_give_their_pid() {
+        assert_eq!(scratch_owner("mono-host-123-4"), Some(123));
+        assert_eq!(scratch_owner("mono-host-123"), None);
+        assert_eq!(scratch_owner("mono-host-x-4"), None);
+        assert_eq!(scratch_owner("mono-cache"), None);
+    }
+
+    #[test]
+    fn scratch_of_a_finished_process_is_removed_and_a_running_ones_kept() {
+        if !Path::new("/proc/self").exists() {
+            return;
+        }
+        let root = std::env::temp_dir().join(format!("mono-scratch-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        // A pid that was a process and has ended: a child waited on.
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let orphan = root.join(format!("mono-host-{dead}-0"));
+        let own = root.join(format!("mono-host-{}-7", std::process::id()));
+        let other = root.join("mono-host-notes");
+        for d in [&orphan, &own, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("image"), [0u8; 16]).unwrap();
+        }
+        remove_orphaned_scratch(&root);
+        let (orphan_left, own_left, other_left) = (orphan.exists(), own.exists(), other.exists());
+        let _ = std::fs::remove_dir_all(&root);
+        assert!(!orphan_left, "a finished process's scratch stays");
+        assert!(own_left && other_left);
+    }
 }
