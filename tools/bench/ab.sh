@@ -30,8 +30,8 @@ case $mode in
     [ $# -ge 1 ] || { echo "ab.sh stage: name at least one revision" >&2; exit 2; }
     root=$(git rev-parse --show-toplevel) || exit 1
     for rev in "$@"; do
-      name=mono-${rev//\//-}
-      tree=$root/target/ab/${rev//\//-}
+      slug=${rev//\//-}
+      name=mono-$slug tree=$root/target/ab/$slug
       commit=$(git rev-parse --verify "$rev^{commit}") || exit 1
       if [ -d "$tree" ]; then
         git -C "$tree" checkout -q --detach "$commit" || exit 1
@@ -45,11 +45,13 @@ case $mode in
     done
     ;;
   run)
-    [ $# -ge 2 ] || { echo "ab.sh run: name ROUNDS and at least one build" >&2; exit 2; }
+    [ $# -ge 1 ] || { echo "ab.sh run: name ROUNDS and at least one build" >&2; exit 2; }
     rounds=$1; shift
     names=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
     [ $# -gt 0 ] && shift
+    [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "ab.sh run: ROUNDS is a count, not '$rounds'" >&2; exit 2; }
+    [ ${#names[@]} -gt 0 ] || { echo "ab.sh run: name at least one build" >&2; exit 2; }
     args=("$@")
     [ ${#args[@]} -gt 0 ] || args=(--preset glm-5.2 --tp 8 --contexts 8192 --rows 1,4 --replays 20)
     for n in "${names[@]}"; do

@@ -186,6 +186,12 @@ pub fn keys_label(n: u64) -> String {
     }
 }
 
+/// A case of `rows` rows over `keys` keys as the tables name it: "8K x 1 row", "128K x 4 rows".
+pub fn rows_case(keys: u64, rows: u32) -> String {
+    let plural = if rows == 1 { "" } else { "s" };
+    format!("{} x {rows} row{plural}", keys_label(keys))
+}
+
 /// The UTC calendar date of `t` as `YYYY-MM-DD` (days since 1970 to a civil date, proleptic
 /// Gregorian).
 fn utc_date(t: std::time::SystemTime) -> String {
@@ -277,6 +283,8 @@ mod tests {
     fn key_counts_are_labelled_as_the_tables_name_them() {
         let labels = [8192, 131_072, 300_000, 524_288, 1 << 20, 2049, 0].map(keys_label);
         assert_eq!(labels, ["8K", "128K", "300K", "512K", "1M", "2049", "0"]);
+        assert_eq!(rows_case(8192, 1), "8K x 1 row");
+        assert_eq!(rows_case(131_072, 4), "128K x 4 rows");
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! recorded. Such a case, a traced select that is not exact and a build that fails each make the
 //! run exit non-zero once everything is printed, so that a run short of records says so.
 
-use device::report::{keys_label, Figure, Reporter};
+use device::report::{rows_case, Figure, Reporter};
 use device::timing::median;
 use device::{BenchFilter, Device, Stream};
 use mailbox::gpu::Variant;
@@ -129,11 +129,7 @@ impl Measured {
 
 /// The records of one measured case: overlapped launches (where the kind overlaps), then plain.
 fn figures(table: &str, sel: &Selector, rows: usize, len: u32, t: &Timed) -> Vec<Figure> {
-    let case = format!(
-        "{} x {rows} {}",
-        keys_label(u64::from(len)),
-        if rows == 1 { "row" } else { "rows" }
-    );
+    let case = rows_case(u64::from(len), rows as u32);
     let kind = match sel.method() {
         Method::Registers => "registers kind",
         Method::OneCta => "one-CTA kind",

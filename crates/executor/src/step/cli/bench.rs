@@ -136,9 +136,8 @@ fn report_case(
     times: &StepTimes,
 ) -> Result<()> {
     let case = format!(
-        "{} x {rows} row{}{part}",
-        device::report::keys_label(u64::from(context)),
-        if rows > 1 { "s" } else { "" }
+        "{}{part}",
+        device::report::rows_case(u64::from(context), rows)
     );
     let ms = |bytes: u64| bytes as f64 / copy * 1e3;
     let (floor_ms, most_ms) = (ms(times.chosen_bytes), ms(times.floor_bytes));
