@@ -284,7 +284,10 @@ def notes(records):
 def pivot(records):
     """Cases down, whats across: for tables whose variants repeat over several cases."""
     cases = list(dict.fromkeys(r["case"] for r in records))
-    whats = list(dict.fromkeys(r["what"] for r in records))
+    # Our own figures first, then the PyTorch baselines, however the records came in: a variant
+    # taken into a table later would otherwise land after the baselines' columns.
+    baseline_whats = {r["what"] for r in records if "_torch.py" in r["command"]}
+    whats = sorted(dict.fromkeys(r["what"] for r in records), key=lambda w: w in baseline_whats)
     baselines = list(dict.fromkeys(r["baseline_name"] for r in records if r["baseline_name"]))
     units = dict.fromkeys(r["unit"] for r in records)
     unit = next(iter(units)) if len(units) == 1 else None
