@@ -503,8 +503,9 @@ fn slot_of<T: BoxValue>(region: &Region<T>, slot: u32) -> BoxRange {
 pub struct AttendWaits {
     /// The cache writes wait on these: the new latents and rope keys.
     pub new_tokens: Option<BoxRange>,
-    /// The splits wait on these (at most two): the queries (q_abs, q_pe) and, through them or
-    /// beside them, the new latents and rope keys a split makes its rows' own tokens from.
+    /// The splits wait on these (at most two): the queries (q_abs, q_pe). A split waits on the
+    /// new latents and rope keys it makes its rows' own tokens from as well: on `new_tokens`, or
+    /// through the cache write before it.
     pub queries: [Option<BoxRange>; 2],
     /// A split also waits on the cache writes of its request's earlier groups, whose new tokens
     /// its rows may list (a group's own rows' tokens it makes from the new latents), before it
@@ -575,8 +576,10 @@ impl AttendPlan {
             } else {
                 0
             };
+            // A split makes its rows' own tokens from the new latents: that cache write waited on
+            // them, so through it the split has seen them too; a group without one waits on them.
             let inputs: Vec<BoxRange> = std::iter::once(slots)
-                .chain(after)
+                .chain(after.or(waits.new_tokens))
                 .chain(waits.queries.iter().flatten().copied())
                 .collect();
             for s in 0..g.splits {

@@ -29,7 +29,8 @@
 //! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to half
 //! of the CTAs with the fewest tasks; the cache writes, splits and combines each to the CTA with
 //! the fewest tasks so far, so that the splits gather their records beside W_UK rather than after
-//! it; the norms and the rope, each waiting on a whole matrix, go behind its last task. A layer
+//! it; the norms, each waiting on a whole matrix, go behind its last task, and the q rope to
+//! the CTA with the fewest tasks after q_b (it waits on q_b alone). A layer
 //! launch puts the indexer's projections after the first phase and the front half after the
 //! second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
 //!
@@ -367,8 +368,6 @@ pub struct HalfPhases {
     /// The input norm task is planned (its output read by the indexer).
     keep_norms: bool,
     hidden_in: Vec<BoxRange>,
-    /// The CTA of the KV norm (behind kv_a's last task); the q rope goes behind it.
-    norm_kv_cta: u32,
 }
 
 impl HalfPlan {
@@ -524,7 +523,6 @@ impl HalfPlan {
             lists_in_launch,
             keep_norms,
             hidden_in: hidden.waits(),
-            norm_kv_cta: 0,
         };
         phases.latents(g)?;
         Ok(phases)
@@ -653,7 +651,6 @@ impl HalfPhases {
             &[whole(&boxes.kv_a)],
             norm(NormOf::KvLatent),
         )?;
-        self.norm_kv_cta = last_kv_a;
         Ok(())
     }
 
@@ -661,8 +658,7 @@ impl HalfPhases {
     /// every head. q_b goes to the CTAs with the fewest tasks so far, split into as many tasks as
     /// there are of them (when they are at least half the grid): a CTA that runs q_a and kv_a
     /// would start its q_b a whole task late, and W_UK and the attention wait on all of q_b. The
-    /// rope goes behind the KV norm (it waits on it), and W_UK, a task a CTA, onto the CTAs with
-    /// the fewest tasks.
+    /// rope and then W_UK, a task a CTA, go onto the CTAs with the fewest tasks.
     pub fn queries(&mut self, g: &mut LaunchGraph) -> Result<(), HalfError> {
         self.queries_sparing(g, &[])
     }
@@ -704,15 +700,15 @@ impl HalfPhases {
         )?;
         // The region holds a line for a task on every CTA; the tasks write the first `line`.
         let q_b = BoxRange::new(boxes.q_b.offset(), line * boxes.q_b.stride());
-        // The q rope also waits on the KV norm: a split that has seen the rope's box may make its
-        // rows' new tokens from the new latents.
-        let rope_in = [q_b, first_box(&boxes.norm_kv)];
+        // The rope waits on q_b alone (the splits wait on the new latents themselves), so it goes
+        // to the CTA with the fewest tasks rather than behind the KV norm, which waits on kv_a.
+        let order = open(g.by_load());
         push_on(
             g,
-            self.norm_kv_cta,
+            order[0],
             MlaKind::RopeQ.kind(),
             first_box(&boxes.rope_q),
-            &rope_in,
+            &[q_b],
             [0, rows, 0],
         )?;
         let order = open(g.by_load());
