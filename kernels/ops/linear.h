@@ -469,38 +469,46 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 // (lin_flush): the team adds the G parts of each output in group order and applies the epilogue.
 // The outputs of all nw rounds are one pass over the team's threads, so that a thread's epilogue
 // loads (the residual, the row scale) go out beside the other rounds' rather than a round trip
-// after them. Starts and ends with a team barrier.
+// after them. The matrix's fields are read into registers before the first barrier: a barrier
+// orders memory for the compiler, so fields read after it (and after a store through y, which
+// may alias the table) are loaded again, each a round trip behind the last once the input wait's
+// acquire has emptied L1. Starts and ends with a team barrier.
 template <u32 RT, class Team>
 MONO_DEV void lin_rounds_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r0, u32 nw, u32 first,
                              float* parts, float* wide) {
   constexpr u32 RS = 8 * RT;
   constexpr u32 slot_floats = lin_partial_floats(Team::size / LIN_GROUP, RT);
+  const u32 flags = m.flags, rows = m.rows, n_cols = m.n;
+  const u64 y_stride = m.y_stride;
+  void* const y = m.y;
+  const u16* const residual = m.residual;
+  const float* const row_scale = m.row_scale;
   team.sync();
-  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
-  const u32 items = p.across * cols * m.rows;
+  const u32 cols = (flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+  const u32 items = p.across * cols * rows;
   for (u32 wit = team.thread(); wit < nw * items; wit += Team::size) {
     const u32 w = wit / items, it = wit % items;
-    const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
+    const u32 pp = it / (cols * rows), n = it / rows % cols, row = it % rows;
     const u32 t = (r0 + w) * p.across + pp;
     if (t >= p.count) continue;
     const u32 col = (first + t) * cols + n;
-    if (col >= m.n) continue;
+    if (col >= n_cols) continue;
     const float* part = lin_slot(parts, wide, w, slot_floats) + pp * p.share * LIN_TILE_ROWS * RS;
     float v = 0.f, u = 0.f;
     for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
-    const u64 at = (u64)row * m.y_stride + col;
-    if (m.flags & LIN_OUT_F32) {
-      ((float*)m.y)[at] = v;
+    const u64 at = (u64)row * y_stride + col;
+    if (flags & LIN_OUT_F32) {
+      ((float*)y)[at] = v;
       continue;
     }
-    if (m.flags & LIN_SWIGLU) {
+    if (flags & LIN_SWIGLU) {
       for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
       v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
     } else {
-      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
+      if (flags & LIN_ROW_SCALE) v = lin_bf16(v) * row_scale[row];
+      if (flags & LIN_RESIDUAL) v = mono_bf16_to_f32(residual[at]) + lin_bf16(v);
     }
-    ((u16*)m.y)[at] = mono_f32_to_bf16(v);
+    ((u16*)y)[at] = mono_f32_to_bf16(v);
   }
   team.sync();
 }
