@@ -379,7 +379,8 @@ MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xs
 // k-range of bf16(x * inv_rms * w). The pieces are the norm task's (ops/rows.h: mono_row_squares,
 // mono_team_sum, mono_inv_rms, mono_rmsnorm_value), so a team of the norm task's size stages the
 // very bits that task would have written (tests/host_emulation.rs and tests/gpu.rs compare them
-// bit for bit). `scratch`: 32 + rows floats of the team's LDS that nothing else uses meanwhile.
+// bit for bit). `scratch`: lin_norm_scratch_floats of the team's LDS that nothing else uses
+// meanwhile.
 MONO_DEV u32 lin_norm_pair(u32 x, float inv_rms, u32 w) {
   return (u32)mono_rmsnorm_value((u16)x, inv_rms, (u16)w) |
          (u32)mono_rmsnorm_value((u16)(x >> 16), inv_rms, (u16)(w >> 16)) << 16;
@@ -395,19 +396,36 @@ MONO_DEV mono_u32x4 lin_norm_chunk(mono_u32x4 x, float inv_rms, mono_u32x4 w) {
   return o;
 }
 
+// Floats of `scratch` lin_stage_x_normed takes: every row's wave sums, then its inverse RMS.
+template <class Team>
+MONO_DEV constexpr u32 lin_norm_scratch_floats() {
+  return LIN_MAX_ROWS * Team::waves + LIN_MAX_ROWS;
+}
+
+// Every row's inverse RMS to inv[row], from each thread's part of the row's sum of squares
+// (`squares(r)`): the rows' wave sums go to scratch together, then thread r adds row r's, so the
+// rows take two team barriers in all rather than two each.
+template <class Team, class Squares>
+MONO_DEV void lin_inv_rms_rows(const Team& team, u32 rows, u32 len, float eps, float* scratch, Squares squares) {
+  float* inv = scratch + LIN_MAX_ROWS * Team::waves;
+  for (u32 r = 0; r < rows; ++r) mono_wave_sum_to(team, squares(r), scratch + r * Team::waves);
+  team.sync();
+  const u32 r = team.thread();
+  if (r < rows) inv[r] = mono_inv_rms(mono_waves_total(team, scratch + r * Team::waves), len, eps);
+  team.sync();
+}
+
 template <class Team>
 MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs, u32 xstride, float* scratch) {
-  float* inv = scratch + MONO_ROWS_SCRATCH_FLOATS;
+  static_assert(LIN_MAX_ROWS <= Team::size, "a thread adds a row's sums");
+  const float* inv = scratch + LIN_MAX_ROWS * Team::waves;
   if (m.row_at == 0 && m.k == m.row_len) {
     // The matrix reads whole rows: staged as they are (one pass over global memory), then normed
     // in place from LDS, the sums over the same elements in the same order.
     lin_stage_x(team, m, xs, xstride);
     team.sync();
-    for (u32 r = 0; r < m.rows; ++r) {
-      const float total = mono_team_sum(team, mono_row_squares(team, xs + r * xstride, m.k), scratch);
-      if (team.leader()) inv[r] = mono_inv_rms(total, m.k, m.norm_eps);
-    }
-    team.sync();
+    lin_inv_rms_rows(team, m.rows, m.k, m.norm_eps, scratch,
+                     [&](u32 r) { return mono_row_squares(team, xs + r * xstride, m.k); });
     const u32 chunks = m.k / 8;
     for (u32 i = team.thread(); i < m.rows * chunks; i += Team::size) {
       const u32 r = i / chunks, c = i % chunks;
@@ -419,12 +437,9 @@ MONO_DEV void lin_stage_x_normed(const Team& team, const lin_matrix& m, u16* xs,
     }
     return;
   }
-  for (u32 r = 0; r < m.rows; ++r) {
-    const u16* row = m.x - m.row_at + (u64)r * m.x_stride;
-    const float total = mono_team_sum(team, mono_row_squares(team, row, m.row_len), scratch);
-    if (team.leader()) inv[r] = mono_inv_rms(total, m.row_len, m.norm_eps);
-  }
-  team.sync();
+  lin_inv_rms_rows(team, m.rows, m.row_len, m.norm_eps, scratch, [&](u32 r) {
+    return mono_row_squares(team, m.x - m.row_at + (u64)r * m.x_stride, m.row_len);
+  });
   const u16* w = m.norm_w + m.row_at;
   const u32 chunks = m.k / 8, total = m.rows * chunks;
   for (u32 i = team.thread(); i < total; i += Team::size) {
@@ -469,38 +484,46 @@ MONO_DEV void lin_prefetch_residual(const Team& team, const lin_matrix& m, u32 f
 // (lin_flush): the team adds the G parts of each output in group order and applies the epilogue.
 // The outputs of all nw rounds are one pass over the team's threads, so that a thread's epilogue
 // loads (the residual, the row scale) go out beside the other rounds' rather than a round trip
-// after them. Starts and ends with a team barrier.
+// after them. The matrix's fields are read into registers before the first barrier: a barrier
+// orders memory for the compiler, so fields read after it (and after a store through y, which
+// may alias the table) are loaded again, each a round trip behind the last once the input wait's
+// acquire has emptied L1. Starts and ends with a team barrier.
 template <u32 RT, class Team>
 MONO_DEV void lin_rounds_end(const Team& team, const lin_matrix& m, const lin_plan& p, u32 r0, u32 nw, u32 first,
                              float* parts, float* wide) {
   constexpr u32 RS = 8 * RT;
   constexpr u32 slot_floats = lin_partial_floats(Team::size / LIN_GROUP, RT);
+  const u32 flags = m.flags, rows = m.rows, n_cols = m.n;
+  const u64 y_stride = m.y_stride;
+  void* const y = m.y;
+  const u16* const residual = m.residual;
+  const float* const row_scale = m.row_scale;
   team.sync();
-  const u32 cols = (m.flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
-  const u32 items = p.across * cols * m.rows;
+  const u32 cols = (flags & LIN_SWIGLU) ? LIN_HALF_ROWS : LIN_TILE_ROWS;
+  const u32 items = p.across * cols * rows;
   for (u32 wit = team.thread(); wit < nw * items; wit += Team::size) {
     const u32 w = wit / items, it = wit % items;
-    const u32 pp = it / (cols * m.rows), n = it / m.rows % cols, row = it % m.rows;
+    const u32 pp = it / (cols * rows), n = it / rows % cols, row = it % rows;
     const u32 t = (r0 + w) * p.across + pp;
     if (t >= p.count) continue;
     const u32 col = (first + t) * cols + n;
-    if (col >= m.n) continue;
+    if (col >= n_cols) continue;
     const float* part = lin_slot(parts, wide, w, slot_floats) + pp * p.share * LIN_TILE_ROWS * RS;
     float v = 0.f, u = 0.f;
     for (u32 q = 0; q < p.share; ++q) v += part[(q * LIN_TILE_ROWS + n) * RS + row];
-    const u64 at = (u64)row * m.y_stride + col;
-    if (m.flags & LIN_OUT_F32) {
-      ((float*)m.y)[at] = v;
+    const u64 at = (u64)row * y_stride + col;
+    if (flags & LIN_OUT_F32) {
+      ((float*)y)[at] = v;
       continue;
     }
-    if (m.flags & LIN_SWIGLU) {
+    if (flags & LIN_SWIGLU) {
       for (u32 q = 0; q < p.share; ++q) u += part[(q * LIN_TILE_ROWS + n + LIN_HALF_ROWS) * RS + row];
       v = lin_bf16(lin_silu(lin_bf16(v))) * lin_bf16(u);
     } else {
-      if (m.flags & LIN_ROW_SCALE) v = lin_bf16(v) * m.row_scale[row];
-      if (m.flags & LIN_RESIDUAL) v = mono_bf16_to_f32(m.residual[at]) + lin_bf16(v);
+      if (flags & LIN_ROW_SCALE) v = lin_bf16(v) * row_scale[row];
+      if (flags & LIN_RESIDUAL) v = mono_bf16_to_f32(residual[at]) + lin_bf16(v);
     }
-    ((u16*)m.y)[at] = mono_f32_to_bf16(v);
+    ((u16*)y)[at] = mono_f32_to_bf16(v);
   }
   team.sync();
 }
@@ -769,6 +792,7 @@ MONO_DEV bool lin_tiles_as(const Team& team, const lin_matrix& m, u32 first, u32
   constexpr u32 groups = Team::size / LIN_GROUP;
   constexpr u32 unit_k = FP8 ? LIN_K_BLOCK : LIN_K_BLOCK / 2;
   const lin_plan p = lin_plan_of(groups, m.k / unit_k, count);
+  static_assert(lin_partial_floats(groups, RT) >= lin_norm_scratch_floats<Team>(), "x's prologue sums in a slot");
   float* parts = (float*)smem;
   u16* xs = (u16*)(parts + lin_partial_floats(groups, RT));
   const u32 xstride = lin_x_stride(m.k);

@@ -28,6 +28,24 @@ MONO_DEV float mono_team_sum(const Team& team, float v, float* scratch) {
   return total;
 }
 
+// The sums over the team of many values at once, a row's each, for one barrier instead of two a
+// row: mono_wave_sum_to writes the wave's sum of this thread's `v` (the first step of
+// mono_team_sum) to sums[wave]; once the team has passed a barrier, mono_waves_total adds a
+// row's waves in wave order from zero, as mono_team_sum does, so the total has its bits. A row's
+// sums take Team::waves floats.
+template <class Team>
+MONO_DEV void mono_wave_sum_to(const Team& team, float v, float* sums) {
+  v = mono_wave_sum(v);
+  if (team.lane() == 0) sums[Team::size <= MONO_WAVE ? 0u : team.wave()] = v;
+}
+template <class Team>
+MONO_DEV float mono_waves_total(const Team&, const float* sums) {
+  if (Team::size <= MONO_WAVE) return sums[0];
+  float total = 0.0f;
+  for (u32 w = 0; w < Team::waves; ++w) total += sums[w];
+  return total;
+}
+
 // The pieces of the RMSNorm, shared by mono_rmsnorm_rows and every other place that normalises
 // rows (the linear tile's x prologue, ops/linear.h): a row's inverse RMS is
 // mono_inv_rms(mono_team_sum(team, mono_row_squares(team, row, n), scratch), n, eps), and element

@@ -121,13 +121,34 @@ MONO_DEV void lin_stamps_out(const Team& team, u32 record) {
 #endif
 }
 
-// The gate/up and down of a pair task's expert, in shared memory (a copy in registers would hold
-// 20 of them through the whole tile), or null: the slot is unused (or the banks are not the
-// launch's). Every thread polls the slot's box; false only when that wait gave up.
+// The matrices of the task a team runs, in shared memory (a copy in registers would hold 20 of
+// them through the whole tile): its fields are read at the wait, in the x staging and in every
+// epilogue, after acquires that empty L1, where a read of the launch's table in global memory
+// would be an L2 round trip each time.
+MONO_DEV lin_matrix* lin_held() {
+  __shared__ lin_matrix held[2];
+  return held;
+}
+
+// A LIN_KIND_TILES task's matrix, copied to lin_held() by the team's first threads (8 bytes
+// each), the team agreeing before any reads it.
+template <class Team>
+MONO_DEV const lin_matrix* lin_table_matrix(const Team& team, const lin_args& a, u32 index) {
+  static_assert(sizeof(lin_matrix) % 8 == 0 && sizeof(lin_matrix) / 8 <= Team::size, "a word a thread");
+  const u64* from = (const u64*)(a.mats + index);
+  u64* to = (u64*)lin_held();
+  if (team.thread() < sizeof(lin_matrix) / 8) to[team.thread()] = from[team.thread()];
+  team.sync();
+  return lin_held();
+}
+
+// The gate/up and down of a pair task's expert, in lin_held(), or null: the slot is unused (or
+// the banks are not the launch's). Every thread polls the slot's box; false only when that wait
+// gave up.
 template <class Team>
 MONO_DEV bool lin_expert_matrices(const Team& team, const mbx_task& task, const mbx_ctx& c, const lin_args& a,
                                   const lin_matrix** gate_up, const lin_matrix** down) {
-  __shared__ lin_matrix chosen[2];
+  lin_matrix* chosen = lin_held();
   *gate_up = *down = nullptr;
   const u32 bank = task.args[0] & 0xffffu, slot = task.args[0] >> 16;
   // The host builds no such task.
@@ -167,7 +188,7 @@ MONO_DEV bool lin_task(const Team& team, const mbx_task& task, mbx_ctx& c, const
   lin_ring_use up_use = lin_ring_default(), down_use = lin_ring_default();
   if (!pair) {
     if (task.args[0] >= a.n_mats) return true;  // the host builds no such task
-    up = a.mats + task.args[0];
+    up = lin_table_matrix(team, a, task.args[0]);
   } else {
     if (!lin_expert_matrices(team, task, c, a, &up, &down)) return false;
     if (!up) {

@@ -3,7 +3,8 @@
 // whole by mono_rmsnorm_rows, the function every norm task runs, into `normed` ([rows][row_len]);
 // then stages m's x by the tile's own staging (lin_stage, the prologue when the flag is set) and
 // copies the staged k-range out to `staged` ([rows][k]). The two must agree bit for bit.
-// LDS: 256 bytes of scratch, then the staged rows (lin_x_stride(k) elements each).
+// LDS: PROBE_SCRATCH_BYTES of scratch (the host's NORM_PROBE_SCRATCH: the prologue's
+// lin_norm_scratch_floats), then the staged rows (lin_x_stride(k) elements each).
 #include "prelude.h"
 #include "ops/linear.h"
 
@@ -15,7 +16,8 @@ MONO_KERNEL void __launch_bounds__(MONO_CTA_THREADS, 1) lin_norm_probe(lin_matri
   const u16* rows = m.x - m.row_at;
   mono_rmsnorm_rows(team, rows, m.x_stride, m.norm_w, m.row_len, m.rows, m.norm_eps, normed, m.row_len, scratch);
   team.sync();
-  u16* xs = (u16*)(probe_lds + 256);
+  static_assert(lin_norm_scratch_floats<decltype(team)>() * 4 <= PROBE_SCRATCH_BYTES, "the prologue's scratch");
+  u16* xs = (u16*)(probe_lds + PROBE_SCRATCH_BYTES);
   const u32 xstride = lin_x_stride(m.k);
   lin_stage(team, m, xs, xstride, scratch);
   for (u32 i = team.thread(); i < m.rows * m.k; i += MONO_CTA_THREADS)

@@ -220,8 +220,14 @@ pub fn source(threads: u32, variant: Variant) -> KernelSource {
 
 /// `norm_probe.hip` (entry `lin_norm_probe`) for CTAs of `threads`.
 pub fn norm_probe_source(threads: u32) -> KernelSource {
-    mailbox::gpu::source(NORM_PROBE_HIP).define("MONO_CTA_THREADS", threads)
+    mailbox::gpu::source(NORM_PROBE_HIP)
+        .define("MONO_CTA_THREADS", threads)
+        .define("PROBE_SCRATCH_BYTES", NORM_PROBE_SCRATCH)
 }
+
+/// Bytes of the probe's LDS before its staged rows: the prologue's scratch (every row's wave
+/// sums and inverse RMS) for teams of up to 1024 threads.
+pub const NORM_PROBE_SCRATCH: u32 = 4096;
 
 /// The kernel table's builds: the fused shape's 512 threads, and the prologue's probe.
 pub fn sources() -> Vec<KernelSource> {

@@ -289,7 +289,7 @@ fn rmsnorm_prologue_stages_the_norm_tasks_bits() {
             if !prologue {
                 m.flags &= !FLAG_RMSNORM;
             }
-            let lds = 256 + (s.rows * (s.k + 8) * 2) as u32;
+            let lds = linear::gpu::NORM_PROBE_SCRATCH + (s.rows * (s.k + 8) * 2) as u32;
             let args = Args::new().value(&m).buf(&normed).buf(&staged);
             dev.stream()
                 .launch(&kernel, Launch::new(1, THREADS).shared(lds), &args)
