@@ -377,10 +377,10 @@ MONO_DEV void lin_stage_x(const Team& team, const lin_matrix& m, u16* xs, u32 xs
 // step's chain: each row's inverse RMS over its whole source row (row_len elements, also when the
 // matrix reads only the k-range from row_at, as the router's k-splits do), then the matrix's
 // k-range of bf16(x * inv_rms * w). The pieces are the norm task's (ops/rows.h: mono_row_squares,
-// mono_team_sum, mono_inv_rms, mono_rmsnorm_value), so a team of the norm task's size stages the
-// very bits that task would have written (tests/host_emulation.rs and tests/gpu.rs compare them
-// bit for bit). `scratch`: lin_norm_scratch_floats of the team's LDS that nothing else uses
-// meanwhile.
+// mono_team_sum's two steps mono_wave_sum_to and mono_waves_total, mono_inv_rms,
+// mono_rmsnorm_value), so a team of the norm task's size stages the very bits that task would have
+// written (tests/host_emulation.rs and tests/gpu.rs compare them bit for bit). `scratch`:
+// lin_norm_scratch_floats of the team's LDS that nothing else uses meanwhile.
 MONO_DEV u32 lin_norm_pair(u32 x, float inv_rms, u32 w) {
   return (u32)mono_rmsnorm_value((u16)x, inv_rms, (u16)w) |
          (u32)mono_rmsnorm_value((u16)(x >> 16), inv_rms, (u16)(w >> 16)) << 16;
