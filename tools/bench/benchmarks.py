@@ -110,6 +110,13 @@ TABLES = [
      "flush, then a load every 64 KB of a 32 GB region (`device::pages::PageSweep`), so that every "
      "link finds its pages' translations gone. What it says of the step is in "
      "`crates/executor/PERF.md`."),
+    ("instruction cache", "What code out of the SM's instruction cache costs (`tools/probes/icache.cu`): "
+     "one CTA runs a straight-line block of N KB of code at once again (the baseline: in the cache), "
+     "and again after 128 KB of other code has run (the figure), while the other SMs do nothing, "
+     "stream HBM as a fused launch's weight links do, or stream with the probe's own SM; the median "
+     "of five launches, us. A block that no other code evicted ran as fast in the next launch as at "
+     "once: the cache keeps a kernel's code from launch to launch. Why it matters to the fused "
+     "launches: `crates/executor/PERF.md`, \"The instruction cache\"."),
     ("address translation", "How many pages the TLBs keep and what a page past them costs (`cargo "
      "bench -p device --bench pages`, `device::pages::PageChase`): one thread walks n elements a "
      "stride apart, each load waiting on the one before (device scope: from L2 or memory), in an "

@@ -13,13 +13,15 @@
 #   check    mono check --select at 1 and 4 rows (prints; no records)
 #   probes mailbox indexer select linear moe half mla head front chain pages
 #            the stage benches, each followed by its PyTorch baseline where it has one
+#   icache   tools/probes/icache.cu, built here with nvcc: what code out of the SM's
+#            instruction cache costs while the other SMs stream
 # MONO_RUN_SECONDS, where set, bounds the whole run: a job that would start later is skipped, and
 # the one running then is stopped, so that a run with a time limit still leaves the records of the
 # jobs that finished.
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n 2,20p "$0"; exit 2; }
 dir=$1 records=$2; shift 2
-jobs=${*:-step trace check probes mailbox indexer select linear moe half mla head front chain pages}
+jobs=${*:-step trace check probes mailbox indexer select linear moe half mla head front chain pages icache}
 : "${MONO_BENCH_COMMIT:?name the commit the binaries were built from}"
 export MONO_BENCH_COMMIT MONO_CACHE=${MONO_CACHE:-/tmp/mono-cache}
 mkdir -p "$records" && records=$(cd "$records" && pwd)
@@ -74,6 +76,9 @@ for job in $jobs; do
     mla) bench mla mla gpu; torch mla mla_torch.py ;;
     half | head | front | chain) bench "$job" executor "$job" ;;
     pages) bench pages device pages ;;
+    icache) build="-O3 -gencode=arch=compute_90a,code=sm_90a tools/probes/icache.cu"
+            nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+            "$nvcc" $build -o /tmp/icache && run icache "nvcc $build" /tmp/icache ;;
     *) echo "run.sh: no job named $job (see the list at the top of $0)"; exit 2 ;;
   esac
 done
