@@ -19,7 +19,7 @@ import argparse
 import sys
 from collections import defaultdict
 
-from spills import parse
+from spills import NV_SAMPLE, parse
 
 
 def frames_under(site, under, depth):
@@ -50,12 +50,31 @@ def report(lines, under, depth, gap=256):
     return rows, 16 * len(insts)
 
 
+def self_test():
+    """The weigher on spills.py's sample disassembly: six instructions, three sites."""
+    lines = NV_SAMPLE.splitlines()
+    rows, total = report(lines, None, 1)
+    assert total == 96 and rows == [(48, 1, "linear.h:736"), (32, 1, "mla_attn.h:618"), (16, 1, "prelude.h:10")], rows
+    rows, _ = report(lines, "linear.h:736", 1)
+    assert rows == [(48, 1, "linear.h:501")], rows
+    # Negative controls: a frame no instruction is under weighs nothing, and a site whose
+    # instructions lie far apart counts as two runs.
+    assert report(lines, "linear.h:999", 1)[0] == []
+    rows, _ = report(NV_SAMPLE.replace("/*0050*/", "/*1050*/").splitlines(), "mla_attn.h", 0)
+    assert rows == [(32, 2, "(the frame itself)")], rows
+    print("codesize.py self-test: 4 passed, 0 failed")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--under", help="a frame (file:line, or a file): the sites just inside it")
     ap.add_argument("--depth", type=int, default=1, help="frames a site names (default 1)")
     ap.add_argument("--top", type=int, default=30, help="rows to print (default 30)")
+    ap.add_argument("--self-test", action="store_true", help="check the weigher on a built-in sample")
     args = ap.parse_args()
+    if args.self_test:
+        self_test()
+        return
     rows, total = report(sys.stdin, args.under, args.depth)
     if not total:
         sys.exit("no instructions read: pipe in `nvdisasm -gi IMAGE.cubin`")
