@@ -15,6 +15,8 @@
 #            the stage benches, each followed by its PyTorch baseline where it has one
 #   icache   tools/probes/icache.cu, built here with nvcc: what code out of the SM's
 #            instruction cache costs while the other SMs stream
+#   stalls   (only when named) Nsight Compute's PC samples of one MoE shared-indexer launch:
+#            RECORDS/stalls.csv, for tools/sass/stalls.py (no records)
 # MONO_RUN_SECONDS, where set, bounds the whole run: a job that would start later is skipped, and
 # the one running then is stopped, so that a run with a time limit still leaves the records of the
 # jobs that finished.
@@ -79,6 +81,13 @@ for job in $jobs; do
     icache) build="-O3 -gencode=arch=compute_90a,code=sm_90a tools/probes/icache.cu"
             nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
             "$nvcc" $build -o /tmp/icache && run icache "nvcc $build" /tmp/icache ;;
+    stalls) ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+            # shellcheck disable=SC2086 # $extra is MONO_STEP_ARGS, split into its options
+            run stalls "ncu ... mono dump --preset glm-5.2 --tp 8 --rows 1$extra" "$ncu" --replay-mode application \
+              --cache-control none --clock-control none -k regex:mono_layer --launch-skip 46 --launch-count 1 \
+              --section SourceCounters -f -o "$records/stalls" "$dir/mono" dump --preset glm-5.2 --tp 8 --rows 1 \
+              $extra --out /tmp/stalls-digests &&
+              "$ncu" -i "$records/stalls.ncu-rep" --page source --csv --print-source sass > "$records/stalls.csv" ;;
     *) echo "run.sh: no job named $job (see the list at the top of $0)"; exit 2 ;;
   esac
 done
