@@ -13,26 +13,11 @@
 // Floats of shared memory mono_team_sum needs: one a wave of the team.
 #define MONO_ROWS_SCRATCH_FLOATS 32u
 
-// The sum of every thread's `v` over the team, returned to every thread. `scratch` is the team's
-// own shared memory (at least Team::waves floats); it may be reused after the call returns.
-template <class Team>
-MONO_DEV float mono_team_sum(const Team& team, float v, float* scratch) {
-  static_assert(Team::waves <= MONO_ROWS_SCRATCH_FLOATS, "one scratch float a wave");
-  v = mono_wave_sum(v);
-  if (Team::size <= MONO_WAVE) return v;
-  if (team.lane() == 0) scratch[team.wave()] = v;
-  team.sync();
-  float total = 0.0f;
-  for (u32 w = 0; w < Team::waves; ++w) total += scratch[w];
-  team.sync();
-  return total;
-}
-
-// The sums over the team of many values at once, a row's each, for one barrier instead of two a
-// row: mono_wave_sum_to writes the wave's sum of this thread's `v` (the first step of
-// mono_team_sum) to sums[wave]; once the team has passed a barrier, mono_waves_total adds a
-// row's waves in wave order from zero, as mono_team_sum does, so the total has its bits. A row's
-// sums take Team::waves floats.
+// A team's sum in two steps, so that many sums can share one barrier: mono_wave_sum_to writes the
+// wave's sum of this thread's `v` to sums[wave]; once the team has passed a barrier,
+// mono_waves_total adds the waves' sums in wave order from zero. mono_team_sum is these two steps
+// around its barrier, so a caller that sums many rows this way (the linear tile's x prologue) gets
+// a row's bits by construction. A row's sums take Team::waves floats.
 template <class Team>
 MONO_DEV void mono_wave_sum_to(const Team& team, float v, float* sums) {
   v = mono_wave_sum(v);
@@ -43,6 +28,19 @@ MONO_DEV float mono_waves_total(const Team&, const float* sums) {
   if (Team::size <= MONO_WAVE) return sums[0];
   float total = 0.0f;
   for (u32 w = 0; w < Team::waves; ++w) total += sums[w];
+  return total;
+}
+
+// The sum of every thread's `v` over the team, returned to every thread. `scratch` is the team's
+// own shared memory (at least Team::waves floats); it may be reused after the call returns.
+template <class Team>
+MONO_DEV float mono_team_sum(const Team& team, float v, float* scratch) {
+  static_assert(Team::waves <= MONO_ROWS_SCRATCH_FLOATS, "one scratch float a wave");
+  if (Team::size <= MONO_WAVE) return mono_wave_sum(v);
+  mono_wave_sum_to(team, v, scratch);
+  team.sync();
+  const float total = mono_waves_total(team, scratch);
+  team.sync();
   return total;
 }
 
