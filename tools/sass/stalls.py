@@ -14,9 +14,10 @@ reason's samples read as the frames they fell in.
 (`tools/bench/run.sh`'s `stalls` job runs the first two. `--launch-skip 46` is a MoE shared-indexer
 launch of a glm-5.2 step. Where this machine's NVRTC and the GPU machine's build the same image,
 the addresses agree, as they did for CUDA 13.0 on both; the join checks every instruction's opcode
-and refuses a listing that differs.) The second file is `nvdisasm -gi` of the cubin. For each reason (`--reason`, repeatable; default: no instruction, barrier, a load in flight)
-the total of its samples, its share of all samples and its largest sites; a site is the `--depth`
-innermost frames under the frame `--under` names (see codesize.py).
+and refuses a listing that differs.) The second file is `nvdisasm -gi` of the cubin. For each
+reason (`--reason`, repeatable; default: no instruction, barrier, a load in flight) the total of
+its samples, its share of all samples and its largest sites; a site is the `--depth` innermost
+frames under the frame `--under` names (see codesize.py).
 """
 import argparse
 import csv
