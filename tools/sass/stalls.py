@@ -17,7 +17,11 @@ the addresses agree, as they did for CUDA 13.0 on both; the join checks every in
 and refuses a listing that differs.) The second file is `nvdisasm -gi` of the cubin. For each
 reason (`--reason`, repeatable; default: no instruction, barrier, a load in flight) the total of
 its samples, its share of all samples and its largest sites; a site is the `--depth` innermost
-frames under the frame `--under` names (see codesize.py).
+frames under the frame `--under` names (see codesize.py). With `--executed`, instead: the code
+the launch ran (the column `Instructions Executed`), by site as codesize.py names them (the `--depth`
+outermost frames inside `--under`): each site's bytes in the image, the bytes of its instructions
+that ran at least once and the 128-byte lines they lie in, which is what the instruction cache had
+to hold.
 """
 import argparse
 import csv
@@ -28,6 +32,8 @@ from spills import NV_SAMPLE, opcode, parse
 
 DEFAULT_REASONS = ["stall_no_inst", "stall_barrier", "stall_long_sb"]
 ALL = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+LINE = 128  # bytes of an instruction-cache line
 
 
 def read_samples(lines):
@@ -63,17 +69,17 @@ def join(samples, listing):
         listed, site = by_address[offset]
         if opcode(listed) != opcode(text):
             raise ValueError(f"+{offset:#x}: ncu has {opcode(text)}, the listing {opcode(listed)}: another image?")
-        joined.append((site, values))
+        joined.append((offset, site, values))
     return joined
 
 
 def report(joined, reasons, under, depth):
     """{reason: (total, share of all samples, [(samples, site)] largest first)}."""
-    everything = sum(v.get(ALL, 0.0) for _, v in joined)
+    everything = sum(v.get(ALL, 0.0) for _, _, v in joined)
     out = {}
     for reason in reasons:
         by, total = {}, 0.0
-        for site, values in joined:
+        for _, site, values in joined:
             n = values.get(reason, 0.0)
             if not n:
                 continue
@@ -85,15 +91,35 @@ def report(joined, reasons, under, depth):
     return out
 
 
+def executed(joined, under, depth):
+    """Rows (bytes run, bytes of their lines, bytes in the image, site), most run first, and the
+    totals (bytes run, bytes of their lines, bytes in the image). A site's lines count every
+    line one of its run instructions lies in, so sites sharing a line each count it."""
+    if joined and not any(EXECUTED in v for _, _, v in joined):
+        raise ValueError(f"the CSV has no column '{EXECUTED}': collect it with --section SourceCounters")
+    run, lines, image = {}, {}, {}
+    all_lines = set()
+    for offset, site, values in joined:
+        key = frames_under(site, under, depth)
+        key = "outside" if key is None else " > ".join(key) or "(the frame itself)"
+        image[key] = image.get(key, 0) + 16
+        if values.get(EXECUTED, 0.0) > 0:
+            run[key] = run.get(key, 0) + 16
+            lines.setdefault(key, set()).add(offset // LINE)
+            all_lines.add(offset // LINE)
+    rows = sorted(((run.get(k, 0), LINE * len(lines.get(k, ())), b, k) for k, b in image.items()), reverse=True)
+    return rows, (sum(run.values()), LINE * len(all_lines), 16 * len(joined))
+
+
 SAMPLE_CSV = """\
 "Kernel Name","k",
-"Address","Source","Warp Stall Sampling (All Samples)","stall_no_inst","stall_barrier","stall_long_sb"
-"0x7f0000000000","      MOV R1, c[0x0][0x28]","2","2","0","0"
-"0x7f0000000010","      LDL R19, [R1+0xa8]","5","0","0","5"
-"0x7f0000000020","      FFMA R2, R3, R4, R2","1","1","0","0"
-"0x7f0000000030","  @P0 BRA `(.L_x_1)","0","0","0","0"
-"0x7f0000000040","      STL [R1+0x10], R3","2","0","2","0"
-"0x7f0000000050","      EXIT","0","0","0","0"
+"Address","Source","Warp Stall Sampling (All Samples)","stall_no_inst","stall_barrier","stall_long_sb","Instructions Executed"
+"0x7f0000000000","      MOV R1, c[0x0][0x28]","2","2","0","0","4"
+"0x7f0000000010","      LDL R19, [R1+0xa8]","5","0","0","5","12"
+"0x7f0000000020","      FFMA R2, R3, R4, R2","1","1","0","0","12"
+"0x7f0000000030","  @P0 BRA `(.L_x_1)","0","0","0","0","12"
+"0x7f0000000040","      STL [R1+0x10], R3","2","0","2","0","0"
+"0x7f0000000050","      EXIT","0","0","0","0","4"
 """
 
 
@@ -110,7 +136,18 @@ def self_test():
         pass
     else:
         raise AssertionError("a listing of another image was joined")
-    print("stalls.py self-test: 4 passed, 0 failed")
+    rows, totals = executed(joined, None, 1)
+    assert rows == [(48, 128, 48, "linear.h:736"), (16, 128, 32, "mla_attn.h:618"), (16, 128, 16, "prelude.h:10")], rows
+    assert totals == (80, 128, 96), totals
+    # Negative control: a CSV without the column is refused rather than read as nothing run.
+    bare = "\n".join(",".join(line.split(",")[:-1]) for line in SAMPLE_CSV.splitlines())
+    try:
+        executed(join(read_samples(bare.splitlines()), NV_SAMPLE.splitlines()), None, 1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a CSV without the executed counts was read")
+    print("stalls.py self-test: 7 passed, 0 failed")
 
 
 def main():
@@ -121,6 +158,7 @@ def main():
     ap.add_argument("--under", help="a frame (file:line, or a file): sites are the frames inside it")
     ap.add_argument("--depth", type=int, default=3, help="innermost frames a site names (default 3)")
     ap.add_argument("--top", type=int, default=12, help="sites a reason lists (default 12)")
+    ap.add_argument("--executed", action="store_true", help="the code the launch ran, by site, instead of stalls")
     ap.add_argument("--self-test", action="store_true", help="check the join on a built-in sample")
     args = ap.parse_args()
     if args.self_test:
@@ -130,6 +168,13 @@ def main():
         ap.error("name the CSV and the listing")
     with open(args.csv) as c, open(args.listing) as l:
         joined = join(read_samples(c), l)
+    if args.executed:
+        rows, (run, lines, image) = executed(joined, args.under, args.depth)
+        print(f"run {run / 1024:.1f} KB of {image / 1024:.1f} KB, in {lines / 1024:.1f} KB of {LINE}-byte lines")
+        print("| run (KB) | its lines (KB) | image (KB) | site |\n|---|---|---|---|")
+        for r, li, b, site in rows[: args.top]:
+            print(f"| {r / 1024:.1f} | {li / 1024:.1f} | {b / 1024:.1f} | {site} |")
+        return
     for reason, (total, share, sites) in report(joined, args.reason or DEFAULT_REASONS, args.under, args.depth).items():
         print(f"\n{reason}: {total:.0f} samples, {100 * share:.1f} % of all")
         print("| samples | share | site |\n|---|---|---|")
