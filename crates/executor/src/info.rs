@@ -1,5 +1,6 @@
 //! `mono info`: per-rank shapes, the bytes each launch kind must read, and the HBM floors.
 
+use crate::info_chain::{kind_chains, kind_floors, render_chains, ChainRequest};
 use crate::step::weights::WeightPlan;
 use model::traffic::{launch_traffic, step_traffic, Formats, LaunchTraffic, Load};
 use model::{LayerPlan, ModelConfig, RankShapes};
@@ -13,6 +14,10 @@ pub struct InfoRequest {
     pub formats: Formats,
     /// Bytes per second the floors are computed against.
     pub bandwidth: f64,
+    /// CTAs the launches' chains are planned for.
+    pub ctas: u32,
+    /// Microseconds a hand-off costs.
+    pub hand_off_us: f64,
 }
 
 fn gb(bytes: u64) -> String {
@@ -145,6 +150,25 @@ pub fn render(req: &InfoRequest) -> model::Result<String> {
         model::traffic::floor_us(step.total_bytes(), req.bandwidth)
     );
     let _ = writeln!(out, "{}", pages_line(req, &shapes));
+    let chain = ChainRequest {
+        config: cfg,
+        tp: req.tp,
+        load: req.load,
+        weights: req.formats.weights,
+        cache: req.formats.cache,
+        ctas: req.ctas,
+        hand_off_us: req.hand_off_us,
+    };
+    match kind_chains(&chain) {
+        Ok(chains) => out.push_str(&render_chains(
+            &chain,
+            &chains,
+            &kind_floors(&step.launches, req.bandwidth),
+        )),
+        Err(e) => {
+            let _ = writeln!(out, "\nhand-offs: the launches could not be planned: {e}");
+        }
+    }
     Ok(out)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod fused;
 pub mod info;
+pub mod info_chain;
 pub mod kernels;
 pub mod reference;
 pub mod step;

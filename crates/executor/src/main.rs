@@ -80,6 +80,13 @@ enum Command {
         /// HBM bandwidth for the floors, TB/s (default: the H200 copy figure).
         #[arg(long, default_value_t = 3.99)]
         bandwidth: f64,
+        /// CTAs the launches' chains are planned for (one a SM; 132 on an H100 or H200 SXM).
+        #[arg(long, default_value_t = 132)]
+        ctas: u32,
+        /// Microseconds a hand-off costs, for the chain floors (default: a grid-wide hand-off on
+        /// the H200, BENCHMARKS.md's dependent reads).
+        #[arg(long, default_value_t = 0.95)]
+        hand_off_us: f64,
         /// Also describe the GPU of this machine.
         #[arg(long)]
         gpu: bool,
@@ -127,6 +134,8 @@ fn run(cli: Cli) -> Result<(), String> {
             weights,
             cache,
             bandwidth,
+            ctas,
+            hand_off_us,
             gpu,
         } => {
             let (cfg, name) = match &config {
@@ -139,6 +148,14 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             if !bandwidth.is_finite() || bandwidth <= 0.0 {
                 return Err(format!("--bandwidth must be positive, got {bandwidth}"));
+            }
+            if !hand_off_us.is_finite() || hand_off_us < 0.0 {
+                return Err(format!(
+                    "--hand-off-us must be 0 or more, got {hand_off_us}"
+                ));
+            }
+            if ctas == 0 {
+                return Err("--ctas must be at least 1".into());
             }
             let cache_format = match cache {
                 Format::Fp8 => CacheFormat::Fp8,
@@ -167,6 +184,8 @@ fn run(cli: Cli) -> Result<(), String> {
                     cache: cache_format,
                 },
                 bandwidth: bandwidth * 1e12,
+                ctas,
+                hand_off_us,
             };
             print!("{}", info::render(&req).map_err(|e| e.to_string())?);
             if gpu {

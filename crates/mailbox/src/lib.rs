@@ -3,12 +3,14 @@
 //! - [`layout`]: the box format, launch tags from the device-side epoch, named scratch regions.
 //! - [`task`], [`placement`]: the task descriptor, per-CTA task lists and the deadlock-freedom rule, gangs included.
 //! - [`protocol`], [`emulator`]: the protocol on CPU atomics and a one-thread-per-CTA emulator.
+//! - [`chain`]: the longest chain of hand-offs in a placed launch, a floor of its time.
 //! - [`diag`]: what a wait that gave up reports (emulator and debug device builds alike).
 //! - [`stage`]: what a stage hands the fused kernel's generator (headers, arguments, decoder).
 //! - [`synth`]: synthetic tasks for exercising all of the above; [`gpu`]: the device side's host code.
 //! - [`trace`]: the per-task timeline a traced launch records, as spans, a Perfetto trace and an SVG.
 //! - `kernels/mailbox.h`: the device header every stage includes.
 
+pub mod chain;
 pub mod diag;
 pub mod emulator;
 pub mod gpu;
