@@ -128,7 +128,7 @@ fn a_missing_linear_task_is_caught() {
 }
 
 #[test]
-fn a_later_group_waits_on_the_cache_write_before_it_ahead_of_its_records() {
+fn a_later_group_waits_on_every_earlier_cache_write_ahead_of_its_records() {
     let (p, launch) = plan(dims("tiny", 2), &[req(100, 4)], build(1), 16, None).unwrap();
     let cache_done = p.boxes.attend.cache_done;
     let mut splits = 0;
@@ -141,10 +141,31 @@ fn a_later_group_waits_on_the_cache_write_before_it_ahead_of_its_records() {
         let flagged = t.args[1] & SPLIT_AFTER_WRITE != 0;
         assert_eq!(flagged, row > 0, "split of row {row}");
         if flagged {
-            assert_eq!(t.inputs()[1], cache_done.slot(row - 1).unwrap());
+            // The lines of the cache writes of rows 0 .. row, one range.
+            let first = cache_done.slot(0).unwrap().first;
+            assert_eq!(
+                t.inputs()[1],
+                BoxRange::new(first, row * cache_done.stride())
+            );
         }
     }
     assert_eq!(splits, 4 * p.attend.groups[0].splits);
+    // The cache writes wait on the new tokens alone, not on each other: none is a hand-off after
+    // another.
+    let writes: Vec<_> = launch
+        .placement
+        .placement()
+        .tasks()
+        .filter(|(_, t)| t.kind == MlaKind::CacheWrite.kind())
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(writes.len(), 4);
+    for w in &writes {
+        assert_eq!(w.inputs().len(), 1, "{w:?}");
+        assert!(writes
+            .iter()
+            .all(|o| !o.out.boxes().any(|b| w.inputs()[0].boxes().contains(&b))));
+    }
 }
 
 #[test]

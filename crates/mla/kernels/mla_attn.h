@@ -278,8 +278,8 @@ MONO_DEV bool mla_cache_write_task(const Team& team, const mbx_task& task, mbx_c
 // args: [first_row, n_rows | MLA_SPLIT_AFTER_WRITE? | split << 8, block]. in[0]: the selected slots
 // of rows first_row .. first_row + n_rows, a.slot_stride boxes a row; the split reads entries
 // split * block .. (split + 1) * block of each. With MLA_SPLIT_AFTER_WRITE, in[1] is the cache
-// write of the request's group before this one (its rows' new tokens, which these rows may list),
-// waited on before any record is read. The other inputs: completion boxes of what the launch
+// writes of the request's groups before this one (their rows' new tokens, which these rows may
+// list), waited on before any record is read. The other inputs: completion boxes of what the launch
 // produces for it (the queries, the new latents and rope keys), waited on once the first records
 // are in flight. A row of the group's own new token is made from the new latent (mla_fresh_keys),
 // never read back from the cache. The distinct slots of the rows' blocks are loaded once (the verify rows of a request share

@@ -457,9 +457,10 @@ impl AttendPlan {
 
 /// The boxes of a launch's attention: the selected slots (input, `topk` a row, written by select
 /// or a stand-in) and the completion boxes of each group's cache write, each split and each
-/// combine. A split's and a combine's box own their line ([`BOXES_PER_LINE`] words declared, every
-/// one written), so that a combine's one input range covers its group's splits (it polls every
-/// `range.len / n_splits`-th box) and a consumer's one range all the combines (it polls them all).
+/// combine. Each of these boxes owns its line ([`BOXES_PER_LINE`] words declared, every one
+/// written), so that one input range covers several of them: a split's the cache writes of its
+/// request's earlier groups, a combine's its group's splits (it polls every
+/// `range.len / n_splits`-th box) and a consumer's all the combines (it polls them all).
 #[derive(Debug, Clone, Copy)]
 pub struct MlaBoxes {
     pub slots: Region<i32>,
@@ -472,7 +473,13 @@ impl MlaBoxes {
     pub fn add(builder: &mut LayoutBuilder, prefix: &str, plan: &AttendPlan) -> Result<Self> {
         Ok(MlaBoxes {
             slots: region(builder, prefix, "slots", plan.rows, plan.topk)?,
-            cache_done: region(builder, prefix, "cache_done", plan.groups.len() as u32, 1)?,
+            cache_done: region(
+                builder,
+                prefix,
+                "cache_done",
+                plan.groups.len() as u32,
+                BOXES_PER_LINE,
+            )?,
             split_done: region(builder, prefix, "split_done", plan.splits(), BOXES_PER_LINE)?,
             out_done: region(builder, prefix, "out_done", plan.combines(), BOXES_PER_LINE)?,
         })
@@ -505,12 +512,13 @@ pub struct AttendWaits {
     pub new_tokens: Option<BoxRange>,
     /// The splits wait on these (at most two): the queries (q_abs, q_pe). A split waits on the
     /// new latents and rope keys it makes its rows' own tokens from as well: on `new_tokens`, or
-    /// through the cache write before it.
+    /// through the cache writes before it.
     pub queries: [Option<BoxRange>; 2],
     /// A split also waits on the cache writes of its request's earlier groups, whose new tokens
     /// its rows may list (a group's own rows' tokens it makes from the new latents), before it
-    /// reads any record: on the one just before it, as each of a request's cache writes waits on
-    /// the one before.
+    /// reads any record: on all of them, one range of whole lines. The cache writes themselves
+    /// wait on the new tokens alone, so a request's groups write at once rather than each after
+    /// the one before (a chain of hand-offs as long as the request's groups, on the splits' path).
     pub earlier_cache_writes: bool,
 }
 
@@ -547,16 +555,22 @@ impl AttendPlan {
             );
             order += 1;
         };
-        // The cache write of the group before in the same request, if any: cache writes of a
-        // request's groups wait on one another in turn, so the last one seen means all are done.
+        // The cache writes of the earlier groups of group i's request, if any: their lines, one
+        // range (the groups of a request are consecutive).
         let before = |i: usize| {
-            (waits.earlier_cache_writes
-                && i > 0
-                && self.groups[i - 1].request == self.groups[i].request)
-                .then(|| slot_of(&boxes.cache_done, i as u32 - 1))
+            let first = self.groups[..i]
+                .iter()
+                .rposition(|g| g.request != self.groups[i].request)
+                .map_or(0, |j| j + 1);
+            (waits.earlier_cache_writes && first < i).then(|| {
+                BoxRange::new(
+                    slot_of(&boxes.cache_done, first as u32).first,
+                    (i - first) as u32 * boxes.cache_done.stride(),
+                )
+            })
         };
         for (i, g) in self.groups.iter().enumerate() {
-            let inputs: Vec<BoxRange> = waits.new_tokens.into_iter().chain(before(i)).collect();
+            let inputs: Vec<BoxRange> = waits.new_tokens.into_iter().collect();
             push(
                 MlaKind::CacheWrite,
                 slot_of(&boxes.cache_done, i as u32),
@@ -569,15 +583,16 @@ impl AttendPlan {
                 slot_of(&boxes.slots, g.first_row).first,
                 (g.rows - 1) * boxes.slots.stride() + self.topk,
             );
-            // The cache write before comes first: the split waits on it before reading records.
+            // The earlier cache writes come first: the split waits on them before reading records.
             let after = before(i);
             let flag = if after.is_some() {
                 SPLIT_AFTER_WRITE
             } else {
                 0
             };
-            // A split makes its rows' own tokens from the new latents: that cache write waited on
-            // them, so through it the split has seen them too; a group without one waits on them.
+            // A split makes its rows' own tokens from the new latents: those cache writes waited
+            // on them, so through them the split has seen them too; a group without any waits on
+            // them.
             let inputs: Vec<BoxRange> = std::iter::once(slots)
                 .chain(after.or(waits.new_tokens))
                 .chain(waits.queries.iter().flatten().copied())
