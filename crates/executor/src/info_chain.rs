@@ -52,7 +52,7 @@ fn batch(req: &ChainRequest) -> Result<(Vec<FrontRequest>, LayerBuild), String> 
     let cached = context.checked_sub(per_request).ok_or(format!(
         "a context of {context} tokens cannot hold {per_request} rows a request"
     ))?;
-    let pages = pages_through(context - 1);
+    let pages = pages_through(context.saturating_sub(1));
     let requests = (0..n_requests)
         .map(|r| FrontRequest {
             context: cached,
