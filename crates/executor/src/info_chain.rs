@@ -8,7 +8,7 @@
 use crate::fused::front::FrontRequest;
 use crate::fused::layer::source::launch_kind;
 use crate::fused::layer::{LaunchAt, LayerBuild, LayerPlan, StepDims};
-use crate::step::layer::step::split_choice;
+use crate::step::layer::step::{split_choice, SPLIT_UNION};
 use mailbox::ValidPlacement;
 use model::paging::pages_through;
 use model::traffic::{floor_us, LaunchKind, Load};
@@ -70,7 +70,7 @@ fn batch(req: &ChainRequest) -> Result<(Vec<FrontRequest>, LayerBuild), String> 
             .checked_mul(n_requests)
             .ok_or("the requests' pages pass u32")?,
         step: StepDims::new(cfg, rows, n_requests, pages),
-        union: 128,
+        union: SPLIT_UNION,
         choice: split_choice(cfg),
     };
     Ok((requests, build))

@@ -95,7 +95,7 @@ fn layer_sources(shape: crate::fused::CtaShape) -> Vec<KernelSource> {
         cache: model::CacheFormat::Fp8,
         cache_pages: 4096,
         step: StepDims::new(&cfg, 16, 4, 4096),
-        union: 128,
+        union: crate::step::layer::step::SPLIT_UNION,
         choice: mla::layout::SplitChoice::MEASURED_FASTEST,
     };
     [

@@ -23,6 +23,10 @@ use crate::step::graph::{StepFrame, StepGraph, StepLaunch};
 use crate::step::inputs::{Batch, Feed, FeedKernel, StepInputs};
 use crate::step::{Result, StepError};
 
+/// The most distinct cache slots one attention split of the step's launches holds
+/// (`LayerBuild::union`), the same in every build of them.
+pub const SPLIT_UNION: usize = 128;
+
 /// The build of a step of `batch` on `dev` for rank `rank` of `tp` (weights in `weights`'s
 /// format), its caches of `cache_pages` pages in `cache`.
 pub fn step_build(
@@ -47,7 +51,7 @@ pub fn step_build(
             batch.requests.len() as u32,
             batch.pages_per_request,
         ),
-        union: 128,
+        union: SPLIT_UNION,
         choice: split_choice(cfg),
     }
 }
@@ -323,7 +327,7 @@ mod tests {
             cache: CacheFormat::Bf16,
             cache_pages: 64,
             step: StepDims::new(cfg, 8, 2, b.pages_per_request),
-            union: 128,
+            union: SPLIT_UNION,
             choice: split_choice(cfg),
         }
     }
