@@ -14,14 +14,10 @@ impl ValidPlacement {
     /// A launch whose tasks wait on nothing has 0.
     pub fn hand_offs(&self) -> u32 {
         let lists = self.placement().lists();
-        let mut writer: HashMap<u64, (u32, u32)> = HashMap::new();
-        for (cta, list) in lists.iter().enumerate() {
-            for t in list {
-                for b in t.out.boxes() {
-                    writer.insert(b, (t.order, cta as u32));
-                }
-            }
-        }
+        let writer = self
+            .placement()
+            .writers(self.limits().scratch_boxes)
+            .expect("a checked placement has one writer a box");
         // Every task by rank, each with its CTA and its place in that CTA's list.
         let mut tasks: Vec<(u32, u32, usize)> = lists
             .iter()
@@ -71,11 +67,11 @@ impl ValidPlacement {
 fn waits<'a>(
     list: &'a [crate::Task],
     i: usize,
-    writer: &'a HashMap<u64, (u32, u32)>,
+    writer: &'a [Option<(u32, u32)>],
 ) -> impl Iterator<Item = (u32, u32)> + 'a {
     list[i]
         .inputs()
         .iter()
         .flat_map(|r| r.boxes())
-        .filter_map(move |b| writer.get(&b).copied())
+        .filter_map(move |b| writer[b as usize])
 }

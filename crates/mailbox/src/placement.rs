@@ -243,7 +243,10 @@ impl Placement {
     }
 
     /// The writer (order, CTA) of every box, checking one writer per box and one CTA per line.
-    fn writers(&self, scratch_boxes: u32) -> Result<Vec<Option<(u32, u32)>>, PlacementError> {
+    pub(crate) fn writers(
+        &self,
+        scratch_boxes: u32,
+    ) -> Result<Vec<Option<(u32, u32)>>, PlacementError> {
         let mut by_box: Vec<Option<(u32, u32)>> = vec![None; scratch_boxes as usize];
         let lines = scratch_boxes.div_ceil(BOXES_PER_LINE) as usize;
         let mut by_line: Vec<Option<(u32, u32)>> = vec![None; lines];
