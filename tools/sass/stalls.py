@@ -156,7 +156,7 @@ def main():
     ap.add_argument("listing", nargs="?", help="nvdisasm -gi of the same image")
     ap.add_argument("--reason", action="append", help="a stall column, e.g. stall_wait (repeatable)")
     ap.add_argument("--under", help="a frame (file:line, or a file): sites are the frames inside it")
-    ap.add_argument("--depth", type=int, default=3, help="innermost frames a site names (default 3)")
+    ap.add_argument("--depth", type=int, default=3, help="frames a site names (default 3): the innermost, or with --executed the outermost")
     ap.add_argument("--top", type=int, default=12, help="sites a reason lists (default 12)")
     ap.add_argument("--executed", action="store_true", help="the code the launch ran, by site, instead of stalls")
     ap.add_argument("--self-test", action="store_true", help="check the join on a built-in sample")
