@@ -5,9 +5,12 @@
 use executor::fused::layer::LaunchAt;
 use executor::info_chain::{kind_chains, ChainRequest};
 use mailbox::{Task, ValidPlacement};
-use model::traffic::Load;
-use model::{CacheFormat, ModelConfig, WeightFormat};
+use model::{CacheFormat, ModelConfig};
 use std::collections::HashMap;
+
+#[path = "support/plan_request.rs"]
+mod plan_request;
+use plan_request::request;
 
 fn reference_hand_offs(p: &ValidPlacement) -> u32 {
     fixpoint(p, true)
@@ -64,28 +67,6 @@ fn fixpoint(p: &ValidPlacement, peers: bool) -> u32 {
         }
     }
     end.iter().flatten().copied().max().unwrap_or(0)
-}
-
-fn request<'a>(
-    cfg: &'a ModelConfig,
-    tp: usize,
-    rows: u64,
-    ctas: u32,
-    cache: CacheFormat,
-) -> ChainRequest<'a> {
-    ChainRequest {
-        config: cfg,
-        tp,
-        load: Load {
-            requests: 1,
-            rows_per_request: rows,
-            context: 8192.min(cfg.max_position_embeddings as u64),
-        },
-        weights: WeightFormat::Fp8,
-        cache,
-        ctas,
-        hand_off_us: 1.0,
-    }
 }
 
 fn check_every_kind(req: &ChainRequest) {

@@ -29,10 +29,13 @@
 //! 128 + 36 on 132), so q_b goes to the CTAs that ran one of them, and W_UK a task a CTA to half
 //! of the CTAs with the fewest tasks; the cache writes, splits and combines each to the CTA with
 //! the fewest tasks so far, so that the splits gather their records beside W_UK rather than after
-//! it; the norms, each waiting on a whole matrix, go behind its last task, and the q rope to
-//! the CTA with the fewest tasks after q_b (it waits on q_b alone). A layer
-//! launch puts the indexer's projections after the first phase and the front half after the
-//! second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
+//! it, a split to a CTA that holds the fewest of them (all on distinct CTAs where the grid has
+//! room: tasks counted are not time, and a CTA whose earlier tasks are few but long would take a
+//! second split and run it a whole split after the others); the norms, each waiting on a whole
+//! matrix, go behind its last task, and the q rope to the CTA with the fewest tasks after q_b (it
+//! waits on q_b alone). A layer launch puts the indexer's projections after the first phase and
+//! the front half after the second, on CTAs the second leaves free
+//! ([`HalfPhases::queries_sparing`]).
 //!
 //! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
 //! with one Slots task ahead of the input norm (they are in memory before the launch); a layer
@@ -757,8 +760,22 @@ impl HalfPhases {
         let n = attend.groups.len() as u32 + attend.splits() + attend.combines();
         let ranks = g.ranks(n);
         // Each on the CTA with the fewest tasks: the splits then start while W_UK runs elsewhere.
+        // A split goes to a CTA with the fewest splits first, so that no CTA runs two while
+        // another runs none: every split waits on the same lists and queries, so a second one on
+        // a CTA ends a whole split after the rest, and the combines wait on all of them.
+        let mut splits_on = vec![0u32; g.ctas() as usize];
         for t in attend.tasks_waiting(&boxes.attend, ranks.start, &waits) {
-            let cta = g.by_load()[0];
+            let order = g.by_load();
+            let cta = if t.kind == MlaKind::Split.kind() {
+                let cta = order
+                    .into_iter()
+                    .min_by_key(|&c| splits_on[c as usize])
+                    .unwrap_or(0);
+                splits_on[cta as usize] += 1;
+                cta
+            } else {
+                order[0]
+            };
             g.push(cta, t).map_err(graph)?;
         }
         // A combine writes its whole line (`MlaBoxes::out_done`), so the range is every box.
