@@ -12,12 +12,18 @@ done (a task starts when the task before it on its CTA ends), how late the lates
 started, and the links they ran behind. For a link that waits on LINK, these are the tasks the
 placement held back.
 
+With --uneven, a table per kind of the links of which some CTA holds at least two tasks more than
+another CTA (a CTA with two of a link where another has none runs its second a whole task after
+the rest): the most and the fewest a CTA holds, how many CTAs hold the most, and how long after
+the link's median task end its last one ends.
+
 With --slots, a table per MoE launch kind of its launches grouped by how many expert slots the
 route filled: when the filled slots' last members end after the route (a member of a slot the
 rows left empty publishes at once; one that streams its expert ends tens of us later, so a slot
 counts as filled when a member ends more than FILLED_AFTER_US after the route).
 
-    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route'] [--slots]
+    python3 tools/trace/links.py OUT/step.json [--kind 'MoE layer, shared indexer'] [--behind 'moe route'] [--slots] [--uneven]
+    python3 tools/trace/links.py --self-test
 """
 import argparse
 import gzip
@@ -125,13 +131,58 @@ def held_back(runs, producer):
     }
 
 
+def uneven(runs):
+    """Per link whose tasks lie unevenly on some launch's CTAs (a CTA holds at least two more than
+    another): the medians over those launches of the most and the fewest a CTA holds, of the CTAs
+    holding the most, and of the last task's end after the median task's end (us)."""
+    seen = defaultdict(list)
+    for links, ctas in runs:
+        for link, tasks in links.items():
+            held = [sum(1 for _, _, l in c if l == link) for c in ctas]
+            most, fewest = max(held), min(held)
+            if most > fewest + 1:
+                ends = sorted(e for _, e in tasks)
+                seen[link].append((most, fewest, held.count(most), ends[-1] - statistics.median(ends)))
+    return {
+        link: tuple(statistics.median(r[i] for r in rows) for i in range(4)) + (len(rows),)
+        for link, rows in seen.items()
+    }
+
+
+def self_test():
+    """Two launches of one kind on three CTAs: link `a` one task a CTA, link `b` two tasks on
+    CTA 0 and none on CTA 2 (its second task a whole task late)."""
+    def task(cta, name, start, end):
+        return {"ph": "X", "pid": 0, "tid": cta, "name": name, "ts": start, "dur": end - start}
+
+    one = [task(0, "a 0", 0, 5), task(1, "a 1", 0, 5), task(2, "a 2", 0, 6),
+           task(0, "b 0", 5, 9), task(0, "b 1", 9, 13), task(1, "b 2", 5, 9)]
+    events = [{"name": "process_name", "pid": 0, "args": {"name": "layer 3 (k)"}}] + one
+    runs = [(links, ctas) for _, links, ctas in launches(events)]
+    got = uneven(runs)
+    assert set(got) == {"b #"}, got
+    assert got["b #"] == (2, 0, 1, 4, 1), got
+    # Negative control: with b's second task moved to CTA 2 the link is even, and nothing is listed.
+    even = one[:4] + [task(2, "b 1", 6, 10), one[5]]
+    events = events[:1] + even
+    assert uneven([(links, ctas) for _, links, ctas in launches(events)]) == {}
+    print("links.py self-test: 3 passed, 0 failed")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace", help="mono trace's step.json, or it gzipped (.gz)")
+    ap.add_argument("trace", nargs="?", help="mono trace's step.json, or it gzipped (.gz)")
     ap.add_argument("--kind", help="only this launch kind")
     ap.add_argument("--behind", help="a link: the tasks that started after its last end")
     ap.add_argument("--slots", action="store_true", help="the MoE launches by expert slots filled")
+    ap.add_argument("--uneven", action="store_true", help="the links whose tasks lie unevenly on the CTAs")
+    ap.add_argument("--self-test", action="store_true", help="check the tables on a built-in trace")
     args = ap.parse_args()
+    if args.self_test:
+        self_test()
+        return
+    if not args.trace:
+        ap.error("name mono trace's step.json")
     opener = gzip.open if args.trace.endswith(".gz") else open
     with opener(args.trace, "rt") as f:
         events = json.load(f)["traceEvents"]
@@ -162,6 +213,13 @@ def main():
             gap = "" if before is None else f"{end - before:.1f}"
             print(f"| {link} | {n:g} | {start:.1f} | {end:.1f} | {gap} |")
             before = end
+        if args.uneven:
+            found = uneven(both)
+            print(f"\nLinks of which a CTA holds at least two tasks more than another (medians over the {len(runs)} launch(es) where one does):\n")
+            print("| link | launches | most a CTA | fewest | CTAs with the most | last end after the median end (us) |")
+            print("|---|---|---|---|---|---|")
+            for link, (most, fewest, holders, tail, n) in sorted(found.items()):
+                print(f"| {link} | {n} | {most:g} | {fewest:g} | {holders:g} | {tail:.1f} |")
         if args.behind:
             if not any(args.behind in r for r in runs):
                 sys.exit(f"no link {args.behind!r} in {kind!r}; links: {', '.join(sorted(set().union(*runs)))}")
