@@ -2,7 +2,8 @@
 //! many as any other, give or take one. Every split of a launch waits on the same slot lists and
 //! queries, so a CTA that holds two runs its second a whole split after the others end, and the
 //! combines wait on all of them. Placed by task count alone, five CTAs of a glm-5.2 TP8
-//! full-indexer launch at 4 rows would hold two (CTAs whose earlier tasks are few but long).
+//! full-indexer launch at 4 rows would hold two (CTAs with fewer earlier tasks than the rest,
+//! though all of those end before the splits' inputs arrive).
 
 use executor::fused::layer::LaunchAt;
 use executor::info_chain::{kind_chains, planned, ChainRequest};

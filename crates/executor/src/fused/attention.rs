@@ -30,12 +30,12 @@
 //! of the CTAs with the fewest tasks; the cache writes, splits and combines each to the CTA with
 //! the fewest tasks so far, so that the splits gather their records beside W_UK rather than after
 //! it, a split to a CTA that holds the fewest of them (all on distinct CTAs where the grid has
-//! room: tasks counted are not time, and a CTA whose earlier tasks are few but long would take a
-//! second split and run it a whole split after the others); the norms, each waiting on a whole
-//! matrix, go behind its last task, and the q rope to the CTA with the fewest tasks after q_b (it
-//! waits on q_b alone). A layer launch puts the indexer's projections after the first phase and
-//! the front half after the second, on CTAs the second leaves free
-//! ([`HalfPhases::queries_sparing`]).
+//! room: tasks counted are not time, and where every CTA is done with its earlier tasks before
+//! the splits' inputs arrive, a CTA with fewer of them would take a second split and run it a
+//! whole split after the others); the norms, each waiting on a whole matrix, go behind its last
+//! task, and the q rope to the CTA with the fewest tasks after q_b (it waits on q_b alone). A
+//! layer launch puts the indexer's projections after the first phase and the front half after
+//! the second, on CTAs the second leaves free ([`HalfPhases::queries_sparing`]).
 //!
 //! The slot lists: a half alone, or a layer that reuses an earlier layer's lists, publishes them
 //! with one Slots task ahead of the input norm (they are in memory before the launch); a layer
