@@ -150,8 +150,8 @@ def uneven(runs):
 
 
 def self_test():
-    """Two launches of one kind on three CTAs: link `a` one task a CTA, link `b` two tasks on
-    CTA 0 and none on CTA 2 (its second task a whole task late)."""
+    """One launch on three CTAs: link `a` one task a CTA, link `b` two tasks on CTA 0 and none on
+    CTA 2 (its second task a whole task late)."""
     def task(cta, name, start, end):
         return {"ph": "X", "pid": 0, "tid": cta, "name": name, "ts": start, "dur": end - start}
 

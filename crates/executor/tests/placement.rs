@@ -35,7 +35,7 @@ fn uneven_splits(lists: &[Vec<Task>]) -> Option<String> {
     })
 }
 
-/// Each layer kind's first launch: its placement's lists and how many splits it holds.
+/// Each layer kind's first launch, with its placement's task lists.
 fn layer_launches(req: &ChainRequest) -> Vec<(LaunchAt, Vec<Vec<Task>>)> {
     kind_chains(req)
         .unwrap()
