@@ -317,6 +317,21 @@ struct mbx_launch {
   u32 pad;
 };
 
+#if MONO_NVIDIA
+// tasks[i] into held[i % 2] by the CTA's first four threads, 16 bytes each, asynchronously
+// (`cp.async`): the copy lands while the task before runs. mbx_fetch_wait, then a block barrier,
+// before anyone reads it.
+MONO_DEV void mbx_fetch_task(mbx_task* held, const mbx_task* tasks, u32 i) {
+  const u32 t = mono_thread();
+  if (t >= sizeof(mbx_task) / 16) return;
+  const u32 lds = mono_lds_address((const char*)(held + (i & 1u)) + 16 * t);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n\tcp.async.commit_group;" ::"r"(lds),
+               "l"((const char*)(tasks + i) + 16 * t)
+               : "memory");
+}
+MONO_DEV void mbx_fetch_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+
 // Runs this CTA's list: tasks[offsets[cta] .. offsets[cta+1]) in order (src/placement.rs
 // TaskTable). body(c, task) is called by every thread and returns false to stop the CTA (a debug
 // wait gave up). A block barrier separates tasks, so a task may reuse the shared memory of the last.
@@ -333,16 +348,33 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
   (void)trace;
 #endif
   const u32 end = offsets[cta + 1];
+#if MONO_NVIDIA
+  // The task a CTA runs, in LDS, the next one copied in while this one runs: every wait's acquire
+  // empties L1, so a field read from the table after it (the outputs at the publish, the next
+  // task's kind) would be an L2 round trip on the chain.
+  __shared__ mbx_task held[2];
+  if (offsets[cta] < end) mbx_fetch_task(held, tasks, offsets[cta]);
+  mbx_fetch_wait();
+  mono_sync_block();
+#endif
   for (u32 i = offsets[cta]; i < end; ++i) {
+#if MONO_NVIDIA
+    if (i + 1 < end) mbx_fetch_task(held, tasks, i + 1);
+    const mbx_task& task = held[i & 1u];
+#else
     // A reference into the table, not a copy: on AMD a copy indexed by input number lands in
     // scratch memory, while uniform loads from the table stay in scalar registers.
     const mbx_task& task = tasks[i];
+#endif
     c.task = task.order;
 #if MBX_TRACE
     const u64 start_ns = stamps ? mono_timer_ns() : 0ull;
     const u64 start_cycles = stamps ? mono_clock_cycles() : 0ull;
 #endif
     if (!body(c, task)) return;
+#if MONO_NVIDIA
+    mbx_fetch_wait();
+#endif
     mono_sync_block();
 #if MBX_TRACE
     if (stamps) mbx_trace_store(trace + (u64)i * MBX_TRACE_WORDS, task, cta, sm, start_ns, start_cycles);
