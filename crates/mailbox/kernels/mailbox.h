@@ -317,7 +317,13 @@ struct mbx_launch {
   u32 pad;
 };
 
-#if MONO_NVIDIA
+// MBX_TASK_IN_LDS=1 (the fused kernels): mbx_run_list hands each task the CTA's copy of its
+// descriptor in LDS. A standalone stage kernel keeps the table reference: the indexer's, at the
+// fused shape's 128 registers, spills with the copy.
+#ifndef MBX_TASK_IN_LDS
+#define MBX_TASK_IN_LDS 0
+#endif
+#if MONO_NVIDIA && MBX_TASK_IN_LDS
 // tasks[i] into held[i % 2] by the CTA's first four threads, 16 bytes each, asynchronously
 // (`cp.async`): the copy lands while the task before runs. mbx_fetch_wait, then a block barrier,
 // before anyone reads it.
@@ -348,7 +354,7 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
   (void)trace;
 #endif
   const u32 end = offsets[cta + 1];
-#if MONO_NVIDIA
+#if MONO_NVIDIA && MBX_TASK_IN_LDS
   // The task a CTA runs, in LDS, the next one copied in while this one runs: every wait's acquire
   // empties L1, so a field read from the table after it (the outputs at the publish, the next
   // task's kind) would be an L2 round trip on the chain.
@@ -358,7 +364,7 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
   mono_sync_block();
 #endif
   for (u32 i = offsets[cta]; i < end; ++i) {
-#if MONO_NVIDIA
+#if MONO_NVIDIA && MBX_TASK_IN_LDS
     if (i + 1 < end) mbx_fetch_task(held, tasks, i + 1);
     const mbx_task& task = held[i & 1u];
 #else
@@ -372,7 +378,7 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
     const u64 start_cycles = stamps ? mono_clock_cycles() : 0ull;
 #endif
     if (!body(c, task)) return;
-#if MONO_NVIDIA
+#if MONO_NVIDIA && MBX_TASK_IN_LDS
     mbx_fetch_wait();
 #endif
     mono_sync_block();

@@ -123,7 +123,8 @@ pub fn fused_source(
     let mut source = KernelSource::new(format!("{name}.hip"), text)
         .header(mailbox::gpu::HEADER.0, mailbox::gpu::HEADER.1)
         .define("MONO_CTA_THREADS", shape.threads)
-        .define("MONO_CTA_SHARED_BYTES", shape.shared_bytes);
+        .define("MONO_CTA_SHARED_BYTES", shape.shared_bytes)
+        .define("MBX_TASK_IN_LDS", 1);
     let mut seen: std::collections::BTreeMap<String, String> = Default::default();
     for s in stages {
         for (header, body) in &s.headers {
