@@ -4,6 +4,9 @@
 use device::{compiler_for, KernelResources, KernelSource};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// A kernel source and the workspace path of its `.hip` file.
 pub struct RegisteredSource {
@@ -164,7 +167,9 @@ pub fn build_all(targets: &[&str], require_compilers: bool) -> BuildTable {
 }
 
 /// Builds the chosen sources for each target, writing their images where `choice` says. A
-/// choice that matches no source is a failure, not an empty table.
+/// choice that matches no source is a failure, not an empty table. The builds run a thread a
+/// core (the fused kernels take minutes each, and NVRTC and clang use one core a build), the
+/// longest-expected first; the table keeps the registry's order, a target after another.
 pub fn build(targets: &[&str], require_compilers: bool, choice: &BuildChoice) -> BuildTable {
     let mut table = BuildTable::default();
     let entries: Vec<RegisteredSource> = registry()
@@ -178,49 +183,108 @@ pub fn build(targets: &[&str], require_compilers: bool, choice: &BuildChoice) ->
         ));
         return table;
     }
+    let mut compilers = Vec::new();
     for target in targets {
-        let compiler = match compiler_for(target) {
-            Ok(c) => c,
-            Err(e) if require_compilers => {
-                table.failures.push(format!("{target}: {e}"));
-                continue;
-            }
+        match compiler_for(target) {
+            Ok(c) => compilers.push((*target, c)),
+            Err(e) if require_compilers => table.failures.push(format!("{target}: {e}")),
             Err(e) => {
                 device::record_skipped_check(target, &e);
                 table.skipped.push(format!("{target}: {e}"));
-                continue;
-            }
-        };
-        for entry in &entries {
-            match compiler.compile(&entry.source) {
-                Ok(compiled) => {
-                    if let Some(dir) = &choice.images {
-                        let path = BuildChoice::image_path(dir, target, &entry.path);
-                        let written = path
-                            .parent()
-                            .map_or(Ok(()), std::fs::create_dir_all)
-                            .and_then(|()| std::fs::write(&path, &compiled.image));
-                        if let Err(e) = written {
-                            table
-                                .failures
-                                .push(format!("writing {}: {e}", path.display()));
-                        }
-                    }
-                    table
-                        .rows
-                        .extend(compiled.resources.into_iter().map(|resources| BuiltKernel {
-                            path: entry.path.clone(),
-                            target: target.to_string(),
-                            resources,
-                        }))
-                }
-                Err(e) => table
-                    .failures
-                    .push(format!("{} for {target}: {e}", entry.path)),
             }
         }
     }
+    let jobs: Vec<(usize, usize)> = (0..compilers.len())
+        .flat_map(|t| (0..entries.len()).map(move |e| (t, e)))
+        .collect();
+    let results = run_jobs(&jobs, &compilers, &entries, choice);
+    for ((t, e), result) in jobs.into_iter().zip(results) {
+        let (target, entry) = (compilers[t].0, &entries[e]);
+        match result {
+            Ok(resources) => {
+                table
+                    .rows
+                    .extend(resources.into_iter().map(|resources| BuiltKernel {
+                        path: entry.path.clone(),
+                        target: target.to_string(),
+                        resources,
+                    }))
+            }
+            Err(e) => table.failures.push(e),
+        }
+    }
     table
+}
+
+type JobResult = Result<Vec<KernelResources>, String>;
+
+/// Runs every (compiler, source) job on a pool of threads, the registry's later sources (the
+/// fused kernels, the longest builds) taken first so that no long build starts last, and
+/// reports each as it ends on stderr. Results come back in the jobs' order.
+fn run_jobs(
+    jobs: &[(usize, usize)],
+    compilers: &[(&str, Box<dyn device::Compiler>)],
+    entries: &[RegisteredSource],
+    choice: &BuildChoice,
+) -> Vec<JobResult> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&j| std::cmp::Reverse((jobs[j].1, jobs[j].0)));
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<JobResult>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                while let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let (t, e) = jobs[j];
+                    let ((target, compiler), entry) = (&compilers[t], &entries[e]);
+                    let start = Instant::now();
+                    let result = build_one(target, compiler.as_ref(), entry, choice);
+                    let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    eprintln!(
+                        "built {finished} of {}: {} for {target} ({:.1} s{})",
+                        jobs.len(),
+                        entry.path,
+                        start.elapsed().as_secs_f64(),
+                        if result.is_err() { ", failed" } else { "" }
+                    );
+                    if let Ok(mut slots) = results.lock() {
+                        slots[j] = Some(result);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err("a build thread ended without a result".to_string())))
+        .collect()
+}
+
+/// One source for one target: its kernels' resources, its image written where `choice` says.
+fn build_one(
+    target: &str,
+    compiler: &dyn device::Compiler,
+    entry: &RegisteredSource,
+    choice: &BuildChoice,
+) -> JobResult {
+    let compiled = compiler
+        .compile(&entry.source)
+        .map_err(|e| format!("{} for {target}: {e}", entry.path))?;
+    if let Some(dir) = &choice.images {
+        let path = BuildChoice::image_path(dir, target, &entry.path);
+        path.parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, &compiled.image))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(compiled.resources)
 }
 
 impl BuildTable {

@@ -100,6 +100,7 @@ enum Command {
     /// runs it on CPU threads (--preset tiny --tp 1). --synthetic traces a synthetic placement.
     Trace(executor::step::cli::TraceArgs),
     /// Build every kernel for sm_90a and gfx950 and print registers, spills, scratch and shared memory.
+    /// The builds run a thread a core, each reported on stderr as it ends.
     Kernels {
         /// Targets to build for.
         #[arg(long, default_values_t = kernels::TARGETS.map(String::from))]

@@ -383,6 +383,8 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
 #endif
     mono_sync_block();
 #if MBX_TRACE
+    // Past the barrier the other threads may already copy task i + 2 into this slot; the record
+    // reads only kind and order, the first 16 bytes, which thread 0 (this thread) copies itself.
     if (stamps) mbx_trace_store(trace + (u64)i * MBX_TRACE_WORDS, task, cta, sm, start_ns, start_cycles);
 #endif
   }
