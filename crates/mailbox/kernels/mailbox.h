@@ -357,8 +357,9 @@ MONO_DEV void mbx_run_list(mbx_ctx& c, const mbx_task* tasks, const u32* offsets
 #if MONO_NVIDIA && MBX_TASK_IN_LDS
   // The task a CTA runs, in LDS, the next one copied in while this one runs: every wait's acquire
   // empties L1, so a field read from the table after it (the outputs at the publish, the next
-  // task's kind) would be an L2 round trip on the chain.
-  __shared__ mbx_task held[2];
+  // task's kind) would be an L2 round trip on the chain. Aligned for the 16-byte copies, which
+  // fault on a slot that the kernel's other shared variables left at 4 bytes.
+  __shared__ alignas(16) mbx_task held[2];
   if (offsets[cta] < end) mbx_fetch_task(held, tasks, offsets[cta]);
   mbx_fetch_wait();
   mono_sync_block();
